@@ -22,12 +22,14 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
     "synth-model": ("verl_recipes.synth", "write a random-weight HF checkpoint and tokenizer from a config.json"),
     "dataset": ("verl_recipes.dataset", "write the embedded arithmetic dataset as verl RL parquet"),
     "train": ("verl_recipes.train", "run a recipe: rehearse on CPU, train with verl on GPU"),
-    "verify": (None, "check the install, GPUs, driver and host against the pins"),
-    "monitor": (None, "sample GPU (NVML) and host memory of a command, per PPO phase"),
-    "report": (None, "tables and a timeline PNG from a monitored run"),
-    "plan": (None, "predict per-phase, per-GPU peak memory of a verl configuration"),
-    "validate": (None, "check a run's memory and throughput against a recipe's bounds"),
-    "wheelhouse": (None, "build an offline wheelhouse of the pinned stack for a target"),
+    "docs": ("verl_recipes.docs", "regenerate the README's recipe table from the metadata"),
+    "verify": ("verl_recipes.verify", "check the install, GPUs, driver and host against the pins"),
+    "monitor": ("verl_recipes.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
+    "report": ("verl_recipes.report", "tables and a timeline PNG from a monitored run"),
+    "plan": ("verl_recipes.plan.cli", "predict per-phase, per-GPU peak memory of a verl configuration"),
+    "validate": ("verl_recipes.validate", "check a run's memory and throughput against a recipe's bounds"),
+    "ray-slurm": ("verl_recipes.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
+    "wheelhouse": ("verl_recipes.wheelhouse", "build an offline wheelhouse of the pinned stack for a target"),
 }
 
 

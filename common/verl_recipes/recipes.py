@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -84,15 +85,16 @@ class Recipe(_Strict):
     def arch_config(self) -> dict[str, Any]:
         return json.loads((ARCHS_DIR / self.model.arch / "config.json").read_text())
 
-    def config_files(self, variant: str | None = None) -> list[Path]:
-        """The recipe's config layers, base first."""
+    def config_files(self, variants: str | Sequence[str] | None = None) -> list[Path]:
+        """The recipe's config layers: config.yaml, then each named variant in order."""
+        names = [variants] if isinstance(variants, str) else list(variants or [])
         files = [self.dir / self.config]
-        if variant:
-            if variant not in self.variants:
+        for name in names:
+            if name not in self.variants:
                 raise RecipeError(
-                    f"recipe {self.id} has no variant {variant!r}; variants: {', '.join(self.variants) or 'none'}"
+                    f"recipe {self.id} has no variant {name!r}; variants: {', '.join(self.variants) or 'none'}"
                 )
-            files.append(self.dir / self.variants[variant])
+            files.append(self.dir / self.variants[name])
         return files
 
 

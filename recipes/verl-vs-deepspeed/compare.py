@@ -1,0 +1,156 @@
+"""verl vs a DeepSpeed ZeRO-3 PPO loop on one workload: run the DeepSpeed side, report both.
+
+Subcommands:
+  prep-data       write a parquet whose prompts are exactly --prompt-len tokens (both sides read it)
+  ds              run the DeepSpeed baseline (launch with torchrun or the deepspeed launcher)
+  verl-overrides  print the Hydra overrides that give verl's trainer the same workload
+  report          results.json, table.md and plot.png from a DeepSpeed run dir and a verl metrics JSONL
+
+GPU run, 2 GPUs (either launcher; both set RANK/LOCAL_RANK/WORLD_SIZE, which is all `ds` reads):
+  torchrun --standalone --nproc_per_node 2 recipes/verl-vs-deepspeed/compare.py ds \
+      --model M --data fixed.parquet --out OUT/ds
+  deepspeed --num_gpus 2 recipes/verl-vs-deepspeed/compare.py ds --model M --data fixed.parquet --out OUT/ds
+Everything `ds` measures is defined in ds_ppo/harness.py and ds_ppo/loop.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+# Set before torch is imported: three ZeRO-3 models, a KV cache and logits churn the allocator.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload (the same on the verl side)")
+    g.add_argument("--model", required=True, help="HF checkpoint dir (verl-recipes synth-model --arch qwen2-7b)")
+    g.add_argument("--data", required=True, help="verl RL parquet; use `prep-data` output for exact prompt lengths")
+    g.add_argument("--prompt-len", type=int, default=512)
+    g.add_argument("--response-len", type=int, default=512)
+    g.add_argument("--batch", type=int, default=128, help="prompts per PPO step (global)")
+    g.add_argument("--mini-batch", type=int, default=32, help="prompts per optimizer step (global)")
+    g.add_argument("--train-micro", type=int, default=4, help="sequences per GPU per update forward")
+    g.add_argument("--infer-micro", type=int, default=8, help="sequences per GPU per log-prob/value forward")
+    g.add_argument("--gen-micro", type=int, default=0, help="sequences per GPU per generate call; 0 = all")
+    g.add_argument("--warmup-steps", type=int, default=2)
+    g.add_argument("--measured-steps", type=int, default=5)
+    g.add_argument("--no-ref", action="store_true", help="no reference model and no KL in the reward")
+    g.add_argument("--seed", type=int, default=1)
+
+
+def _workload(a: argparse.Namespace) -> object:
+    from ds_ppo.workload import Workload
+
+    return Workload(
+        model=a.model, data=a.data, prompt_len=a.prompt_len, response_len=a.response_len, batch=a.batch,
+        mini_batch=a.mini_batch, train_micro_per_gpu=a.train_micro, infer_micro_per_gpu=a.infer_micro,
+        gen_micro_per_gpu=a.gen_micro, warmup_steps=a.warmup_steps, measured_steps=a.measured_steps,
+        use_ref=not a.no_ref, seed=a.seed,
+    )
+
+
+def cmd_ds(a: argparse.Namespace) -> int:
+    from ds_ppo.harness import run_ds
+
+    w = _workload(a)
+    try:
+        w.check(int(os.environ.get("WORLD_SIZE", "1")))  # type: ignore[attr-defined]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run_ds(
+        w, Path(a.out), backend=a.backend, device_type=a.device, ds_config_path=a.ds_config,  # type: ignore[arg-type]
+        time_budget_s=a.time_budget_s, headroom_gib=a.headroom_gib, skip_memory_check=a.skip_memory_check,
+        grad_ckpt=not a.no_grad_ckpt,
+    )
+
+
+def cmd_prep(a: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from ds_ppo.workload import write_fixed_parquet
+
+    tok = AutoTokenizer.from_pretrained(a.model)
+    stats = write_fixed_parquet(a.data, tok, a.prompt_len, a.out, limit=a.limit)
+    print(f"{a.out}: {stats['rows']} prompts of exactly {a.prompt_len} tokens ({stats['dropped']} dropped)")
+    return 0
+
+
+def cmd_overrides(a: argparse.Namespace) -> int:
+    from ds_ppo.losses import PPOHyper
+    from ds_ppo.workload import verl_overrides
+
+    w = _workload(a)
+    kl = PPOHyper.from_verl_defaults().kl_coef
+    print(" \\\n".join(verl_overrides(w, a.gpus, kl_coef=kl)))  # type: ignore[arg-type]
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from ds_ppo.harness import load_ds_dir, read_verl_metrics, write_report
+
+    run, steps = load_ds_dir(Path(a.ds)) if a.ds else (None, [])
+    verl = read_verl_metrics(a.verl) if a.verl else None
+    write_report(Path(a.out), run, steps, verl, a.verl_gpus, a.verl_warmup, a.verl_monitor)
+    print((Path(a.out) / "table.md").read_text())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[1:]))
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    ds = sub.add_parser("ds", help="run the DeepSpeed ZeRO-3 PPO baseline")
+    _workload_args(ds)
+    ds.add_argument("--out", required=True)
+    ds.add_argument("--backend", choices=["deepspeed", "torch"], default="deepspeed",
+                    help="torch = plain-torch stand-in for CPU tests, never a measurement")
+    ds.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ds.add_argument("--ds-config", default=None, help="base DeepSpeed config (default: ds_config.json here)")
+    ds.add_argument("--time-budget-s", type=float, default=0,
+                    help="stop before a step that would end after this many seconds of stepping (0 = no limit)")
+    ds.add_argument("--headroom-gib", type=float, default=12.0,
+                    help="per-GPU memory the pre-flight keeps free of model states for activations")
+    ds.add_argument("--skip-memory-check", action="store_true")
+    ds.add_argument("--no-grad-ckpt", action="store_true")
+    ds.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ds.set_defaults(func=cmd_ds)
+
+    prep = sub.add_parser("prep-data", help="write prompts of an exact token length")
+    prep.add_argument("--model", required=True, help="checkpoint dir whose tokenizer both sides use")
+    prep.add_argument("--data", required=True, help="source parquet (verl-recipes dataset)")
+    prep.add_argument("--prompt-len", type=int, default=512)
+    prep.add_argument("--limit", type=int, default=2048, help="rows to convert")
+    prep.add_argument("--out", required=True)
+    prep.set_defaults(func=cmd_prep)
+
+    ov = sub.add_parser("verl-overrides", help="Hydra overrides giving verl this workload")
+    _workload_args(ov)
+    ov.add_argument("--gpus", type=int, required=True)
+    ov.set_defaults(func=cmd_overrides)
+
+    rep = sub.add_parser("report", help="table and plot of a DeepSpeed run and a verl run")
+    rep.add_argument("--ds", help="the `ds` output dir")
+    rep.add_argument("--verl", help="verl metrics JSONL (trainer.logger file, or verl_recipes.phases metrics.jsonl)")
+    rep.add_argument("--verl-gpus", type=int, default=None, help="GPUs of the verl run (else from perf/throughput)")
+    rep.add_argument("--verl-warmup", type=int, default=None, help="verl warm-up steps (default: the DeepSpeed run's)")
+    rep.add_argument("--verl-monitor", help="summary.json of `verl-recipes report` on the verl run (NVML peaks)")
+    rep.add_argument("--out", required=True)
+    rep.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    return int(a.func(a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

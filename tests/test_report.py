@@ -1,0 +1,139 @@
+"""The report on a recorded run: per-phase peaks match what the toy trainer allocated in each phase.
+
+The fixture tests/fixtures/monitor/cpu-run was recorded on the CPU CI machine by
+`verl-recipes monitor` around tests/fixtures/monitor/toy_trainer.py (verl's real marked_timer and
+Tracking); it has no GPU fields (NVML is absent there, which its start record says). The GPU test
+records the same toy trainer on CUDA and checks the per-phase device peaks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from verl_recipes.monitor import SAMPLES_FILE
+from verl_recipes.report import SCHEMA, load_intervals, summarize, write_report
+
+FIXTURES = Path(__file__).parent / "fixtures" / "monitor"
+CPU_RUN = FIXTURES / "cpu-run"
+MiB = 1024**2
+GiB = 1024**3
+
+
+def _plan() -> dict[str, int]:
+    """The toy trainer's phase -> MiB held, read from its source (no verl import needed)."""
+    src = (FIXTURES / "toy_trainer.py").read_text()
+    block = src[src.index("PLAN = [") : src.index("]\n", src.index("PLAN = [")) + 1]
+    mod = ModuleType("toy_plan")
+    exec(block, mod.__dict__)
+    return dict(mod.PLAN)
+
+
+def test_report_on_recorded_cpu_run(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "report", str(CPU_RUN), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["schema"] == SCHEMA and summary["exit_code"] == 0
+    assert summary["gpus"] == [] and summary["nvml_error"]  # CPU fixture: no GPU fields, and why
+    plan = _plan()
+    assert [s["step"] for s in summary["steps"]] == [1, 2]
+    for st in summary["steps"]:
+        assert set(plan) <= set(st["phases"]) and set(plan) <= set(st["timing_s"])
+        assert st["time_s"] == pytest.approx(sum(st["timing_s"][p] for p in plan), rel=0.05)
+        assert st["throughput"] == pytest.approx(1024 / st["time_s"], rel=1e-3)
+        assert st["verl_memory_gib"] == {} and st["nvml_minus_verl_reserved_gib"] is None
+        base = st["phases"]["adv"]["host"]["rss_gib"] * GiB  # adv holds nothing
+        for phase, mib in plan.items():
+            pk = st["phases"][phase]
+            assert pk["samples"] >= 3, phase  # each phase held its buffer >= 0.5 s at 10 Hz
+            extra = pk["host"]["rss_gib"] * GiB - base
+            assert abs(extra - mib * MiB) <= 6 * MiB, (st["step"], phase, extra / MiB, mib)
+    assert summary["peak"]["host"]["rss_gib"] == max(
+        st["phases"]["update_actor"]["host"]["rss_gib"] for st in summary["steps"]
+    )
+    md = (tmp_path / "report.md").read_text()
+    assert "| 1 | update_actor |" in md and "no GPU fields" in md and "![memory timeline](timeline.png)" in md
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_after_kill_9(tmp_path: Path) -> None:
+    """A run whose monitor was killed mid-write: a torn last line is skipped, open phases are closed."""
+    run = tmp_path / "run"
+    shutil.copytree(CPU_RUN, run)
+    samples = (run / SAMPLES_FILE).read_bytes().splitlines(keepends=True)
+    phases = (run / "phases.jsonl").read_bytes().splitlines(keepends=True)
+    # cut both files in the middle of step 2's update_actor, as a kill -9 would leave them
+    cut_t = next(json.loads(x)["t"] for x in phases if b'"update_actor"' in x and b'"step":2' in x) + 0.3
+    kept = [x for x in samples if json.loads(x).get("t", 0) <= cut_t]
+    (run / SAMPLES_FILE).write_bytes(b"".join(kept) + samples[len(kept)][:40])
+    (run / "phases.jsonl").write_bytes(b"".join(x for x in phases if json.loads(x)["t"] <= cut_t))
+    summary = write_report(run)
+    assert summary["exit_code"] is None and summary["skipped_lines"] == 1
+    step2 = summary["steps"][1]
+    assert step2["phases"]["update_actor"]["samples"] >= 1
+    assert "the monitor did not finish" in (run / "report.md").read_text()
+
+
+def test_intervals_pair_nested_and_unclosed() -> None:
+    recs = [
+        {"t": 1.0, "event": "begin", "name": "step", "step": 1, "pid": 9},
+        {"t": 2.0, "event": "begin", "name": "gen", "step": 1, "pid": 9},
+        {"t": 3.0, "event": "end", "name": "gen", "step": 1, "pid": 9},
+        {"t": 3.5, "event": "begin", "name": "update_actor", "step": 1, "pid": 9},
+    ]
+    ivs = load_intervals(recs, t_end=10.0)
+    assert [(i.name, i.begin, i.end, i.open) for i in ivs] == [
+        ("step", 1.0, 10.0, True),
+        ("gen", 2.0, 3.0, False),
+        ("update_actor", 3.5, 10.0, True),
+    ]
+
+
+def test_report_without_samples_is_a_one_line_error(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "verl-recipes monitor" in r.stderr
+
+
+@pytest.mark.gpu
+def test_report_attributes_gpu_memory_per_phase(tmp_path: Path) -> None:
+    """The toy trainer on CUDA under the monitor: each phase's device peak rises by what it allocated."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if importlib.util.find_spec("verl") is None:
+        pytest.skip("the toy trainer uses verl's marked_timer and Tracking: install verl==0.9.1")
+    run = tmp_path / "gpu-run"
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "monitor", "--out", str(run), "--",
+         sys.executable, str(FIXTURES / "toy_trainer.py"), "--device", "cuda", "--hold", "0.6"],
+        timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0
+    summary = summarize(run)
+    assert summary["gpus"], summary["nvml_error"]
+    plan = _plan()
+    gpu = next(k for k, g in summary["peak"]["gpu"].items() if "driver" in g["by_class_gib"])  # NVML's index
+    for st in summary["steps"][1:]:  # step 1 includes CUDA context creation in `gen`
+        base = st["phases"]["adv"]["gpu"][gpu]["by_class_gib"]["driver"] * GiB
+        for phase, mib in plan.items():
+            got = st["phases"][phase]["gpu"][gpu]["by_class_gib"]["driver"] * GiB - base
+            assert abs(got - mib * MiB) <= max(0.01 * mib * MiB, 2 * MiB), (phase, got / MiB, mib)
+        assert st["verl_max_reserved_gib"] == pytest.approx(max(plan.values()) * MiB / GiB, rel=0.02)
+        assert st["nvml_minus_verl_reserved_gib"] > 0  # the CUDA context is outside torch's allocator
+    write_report(run)

@@ -1,0 +1,341 @@
+"""The offline wheelhouse: lock parsing, file choice for a foreign target, packing, install.sh.
+
+Most tests build tiny synthetic wheels and run the real install.sh offline. One test goes to
+PyPI (skipped when it is unreachable): it resolves the stack for a plain CPU Python 3.11 target,
+carries two small packages plus this project, and installs them into a fresh venv offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from verl_recipes import RecipeError
+from verl_recipes.lock import Pin, Target, canonical, parse_freeze, parse_lock
+from verl_recipes.paths import repo_root
+from verl_recipes.wheelhouse import (
+    CHUNK_PREFIX,
+    Excludes,
+    choose_file,
+    load_excludes,
+    pack,
+    plan,
+    render_install_sh,
+    strip_wheel,
+    target_tags,
+)
+
+ROOT = repo_root()
+LOCK_SAMPLE = """\
+# header
+Foo_Bar==1.2.0 \\
+    --hash=sha256:{a} \\
+    --hash=sha256:{b}
+    # via
+    #   verl
+    #   vllm
+torch==2.11.0 \\
+    --hash=sha256:{c}
+    # via -r requirements.in
+""".format(a="a" * 64, b="b" * 64, c="c" * 64)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_wheel(dest: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    """A minimal valid pure-Python wheel with a correct RECORD."""
+    dist = f"{name}-{version}.dist-info"
+    meta = {
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    allfiles = {**files, **meta}
+    record = "".join(f"{p},sha256={_sha(d)},{len(d)}\n" for p, d in allfiles.items()) + f"{dist}/RECORD,,\n"
+    path = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for p, d in allfiles.items():
+            z.writestr(p, d)
+        z.writestr(f"{dist}/RECORD", record)
+    return path
+
+
+# --------------------------------------------------------------------------- lock and target
+
+
+def test_parse_lock_reads_versions_hashes_and_via(tmp_path: Path) -> None:
+    (tmp_path / "lock.txt").write_text(LOCK_SAMPLE)
+    lock = parse_lock(tmp_path / "lock.txt")
+    assert set(lock) == {"foo-bar", "torch"}
+    assert lock["foo-bar"].version == "1.2.0"
+    assert lock["foo-bar"].hashes == ["a" * 64, "b" * 64]
+    assert lock["foo-bar"].via == ["verl", "vllm"]
+    assert lock["torch"].via == ["-r requirements.in"]
+
+
+def test_parse_freeze_drops_local_labels_and_normalizes(tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("PyYAML==6.0.3\ntorch==2.11.0+cu130\n# comment\n-e git+x#egg=y\n")
+    assert parse_freeze(tmp_path / "f.txt") == {"pyyaml": "6.0.3", "torch": "2.11.0"}
+    with pytest.raises(RecipeError, match="no such file"):
+        parse_freeze(tmp_path / "missing.txt")
+
+
+def test_target_tags_are_the_targets_not_this_machines() -> None:
+    tags = target_tags(Target("3.12", "manylinux_2_28_x86_64"))
+    assert tags[0] == "cp312-cp312-manylinux_2_28_x86_64"
+    assert "cp312-cp312-manylinux2014_x86_64" in tags and "py3-none-any" in tags
+    assert "cp38-abi3-manylinux_2_28_x86_64" in tags
+    assert not any("manylinux_2_31" in t or "cp311-cp311" in t or "aarch64" in t for t in tags)
+    with pytest.raises(RecipeError, match="manylinux"):
+        Target("3.12", "linux_x86_64")
+    with pytest.raises(RecipeError, match=r"major\.minor"):
+        Target("312", "manylinux_2_28_x86_64")
+
+
+def _f(name: str, sha: str) -> dict[str, object]:
+    return {"filename": name, "url": f"https://x/{name}", "hashes": {"sha256": sha}}
+
+
+def test_choose_file_prefers_best_wheel_checks_hash_and_falls_back_to_sdist() -> None:
+    tags = target_tags(Target("3.12", "manylinux_2_28_x86_64"))
+    pin = Pin("pkg", "1.0", hashes=["1" * 64, "2" * 64, "3" * 64, "4" * 64])
+    files = [
+        _f("pkg-1.0-py3-none-any.whl", "1" * 64),
+        _f("pkg-1.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "2" * 64),
+        _f("pkg-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", "3" * 64),
+        _f("pkg-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "9" * 64),  # hash not in the lock
+        _f("pkg-1.0.tar.gz", "4" * 64),
+    ]
+    assert choose_file(pin, files, tags)["filename"].startswith("pkg-1.0-cp312-cp312-manylinux_2_17")
+    newer = [_f("pkg-1.0-cp39-abi3-manylinux_2_31_x86_64.whl", "1" * 64), _f("pkg-1.0.tar.gz", "4" * 64)]
+    chosen = choose_file(pin, newer, tags)
+    assert chosen["filename"] == "pkg-1.0.tar.gz" and "newer glibc" in chosen["hint"]
+    with pytest.raises(RecipeError, match="no wheel"):
+        choose_file(pin, [_f("pkg-1.0-cp311-cp311-win_amd64.whl", "1" * 64)], tags)
+
+
+# --------------------------------------------------------------------------- plan and excludes
+
+
+def test_real_excludes_file_parses_and_every_rule_has_a_reason() -> None:
+    ex = load_excludes(ROOT / "images" / "wheelhouse-excludes.toml")
+    assert "flashinfer-cubin" in ex.packages and all(len(r) > 20 for r in ex.packages.values())
+    assert any(s.package == "vllm" and s.path.endswith("_vllm_fa2_C.abi3.so") for s in ex.strips)
+
+
+def test_excludes_rule_without_reason_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "x.toml").write_text('[[package]]\nname = "av"\n')
+    with pytest.raises(RecipeError, match="reason"):
+        load_excludes(tmp_path / "x.toml")
+
+
+def test_plan_drops_what_the_target_has_and_excludes_by_rule() -> None:
+    lock = {
+        "torch": Pin("torch", "2.11.0"),
+        "transformers": Pin("transformers", "5.10.4"),
+        "av": Pin("av", "19.0.2"),
+        "six": Pin("six", "1.17.0"),
+    }
+    have = {"torch": "2.11.0", "transformers": "5.17.0"}
+    p = plan(lock, have, Excludes({"av": "video"}, []), None)
+    assert [q.name for q in p.carry] == ["six", "transformers"]
+    assert [q.name for q in p.on_target] == ["torch"]
+    assert [(q.name, r) for q, r in p.excluded] == [("av", "video")]
+    assert [q.name for q in plan(lock, have, Excludes({}, []), {"six"}).carry] == ["six"]
+    with pytest.raises(RecipeError, match="not in the lock"):
+        plan(lock, have, Excludes({}, []), {"nope"})
+
+
+def test_strip_wheel_removes_files_and_their_record_lines(tmp_path: Path) -> None:
+    src = make_wheel(
+        tmp_path, "big", "1.0", {"big/__init__.py": b"", "big/fa2.so": b"x" * 1000, "big/sm100/k.bin": b"y"}
+    )
+    (tmp_path / "out").mkdir()
+    out, removed, freed = strip_wheel(src, ["big/fa2.so", "big/sm100/*"], tmp_path / "out")
+    assert sorted(removed) == ["big/fa2.so", "big/sm100/k.bin"] and freed == 1001
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+        record = z.read("big-1.0.dist-info/RECORD").decode()
+    assert "big/fa2.so" not in names and "big/__init__.py" in names
+    assert "fa2.so" not in record and "sm100" not in record and "big/__init__.py" in record
+
+
+# --------------------------------------------------------------------------- pack and install.sh
+
+
+@pytest.fixture
+def house(tmp_path: Path) -> Path:
+    """A wheelhouse of two synthetic wheels split into at least three chunks."""
+    stage = tmp_path / "stage"
+    (stage / "wheels").mkdir(parents=True)
+    blob = os.urandom(300_000)  # incompressible, so the xz stream needs several 100 KiB chunks
+    w1 = make_wheel(
+        stage / "wheels",
+        "tinyone",
+        "0.1",
+        {"tinyone/__init__.py": b"ANSWER = 42\n", "tinyone/blob.bin": blob},
+    )
+    w2 = make_wheel(stage / "wheels", "tinytwo", "0.2", {"tinytwo.py": b"NAME = 'two'\n"})
+    out = tmp_path / "house"
+    out.mkdir()
+    chunks = pack(stage, out, 100 * 1024)
+    wheels = [{"file": w.name, "sha256": _sha(w.read_bytes())} for w in (w1, w2)]
+    (out / "install.sh").write_text(render_install_sh(chunks, wheels))
+    (out / "install.sh").chmod(0o755)
+    (out / "manifest.json").write_text(json.dumps({"chunks": chunks}))
+    return out
+
+
+def _sh(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    full_env.pop("TARGET_DIR", None) if env is None or "TARGET_DIR" not in env else None
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def _chunks(d: Path) -> list[Path]:
+    return sorted(d.glob(CHUNK_PREFIX + "*"))
+
+
+def test_pack_splits_into_chunks_of_the_given_size(house: Path) -> None:
+    chunks = _chunks(house)
+    assert len(chunks) >= 3
+    assert all(c.stat().st_size == 100 * 1024 for c in chunks[:-1])
+    manifest = json.loads((house / "manifest.json").read_text())
+    assert [c["sha256"] for c in manifest["chunks"]] == [_sha(c.read_bytes()) for c in chunks]
+
+
+def test_install_sh_is_shellcheck_clean(house: Path) -> None:
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck not installed (apt-get install -y shellcheck)")
+    r = _sh("shellcheck", house / "install.sh")
+    assert r.returncode == 0, r.stdout
+
+
+def test_install_sh_installs_into_target_and_imports(house: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    r = _sh(house / "install.sh", "--target", target)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().count("\n") == 0 and "installed 2 wheels" in r.stdout
+    code = "import tinyone, tinytwo; print(tinyone.ANSWER, tinytwo.NAME)"
+    imp = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+    )
+    assert imp.stdout.split() == ["42", "two"], imp.stderr
+
+
+def test_install_sh_needs_a_destination(house: Path) -> None:
+    r = _sh(house / "install.sh")
+    assert r.returncode != 0 and "give --target DIR" in r.stderr
+
+
+def test_install_sh_refuses_a_corrupt_chunk(house: Path, tmp_path: Path) -> None:
+    victim = _chunks(house)[1]
+    data = bytearray(victim.read_bytes())
+    data[500] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = _sh(house / "install.sh", "--target", tmp_path / "site")
+    assert r.returncode != 0
+    assert f"{victim.name} is corrupt" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "site").exists()
+
+
+def test_install_sh_lists_missing_chunks(house: Path, tmp_path: Path) -> None:
+    gone = _chunks(house)[1:3]
+    for c in gone:
+        c.unlink()
+    r = _sh(house / "install.sh", "--target", tmp_path / "site")
+    assert r.returncode != 0
+    assert "missing chunks" in r.stderr and all(c.name in r.stderr for c in gone)
+
+
+def test_install_sh_stages_chunks_from_separate_transfers(house: Path, tmp_path: Path) -> None:
+    chunks = _chunks(house)
+    first, second = tmp_path / "t1", tmp_path / "t2"
+    for d, part in ((first, chunks[:1]), (second, chunks[1:])):
+        d.mkdir()
+        for c in part:
+            shutil.copy2(c, d / c.name)
+    shutil.copy2(house / "install.sh", first / "install.sh")
+    staging = tmp_path / "staging"
+
+    r1 = _sh(first / "install.sh", "--stage", first, "--into", staging)
+    assert r1.returncode == 0 and "staged 1 of" in r1.stdout and chunks[1].name in r1.stdout
+    early = _sh(staging / "install.sh", "--install", staging, "--target", tmp_path / "site")
+    assert early.returncode != 0 and chunks[-1].name in early.stderr
+
+    r1again = _sh(first / "install.sh", "--stage", first, "--into", staging)  # idempotent
+    assert r1again.returncode == 0 and "staged 1 of" in r1again.stdout
+    r2 = _sh(staging / "install.sh", "--stage", second, "--into", staging)
+    assert r2.returncode == 0 and "all" in r2.stdout, r2.stderr
+
+    done = _sh(staging / "install.sh", "--install", staging, "--target", tmp_path / "site")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "tinyone" / "__init__.py").is_file()
+
+
+def test_install_sh_stage_refuses_a_corrupt_chunk(house: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    c = _chunks(house)[0]
+    (bad / c.name).write_bytes(c.read_bytes()[:-10])
+    r = _sh(house / "install.sh", "--stage", bad, "--into", tmp_path / "staging")
+    assert r.returncode != 0 and "corrupt" in r.stderr
+    assert not (tmp_path / "staging" / c.name).exists()
+
+
+# --------------------------------------------------------------------------- the real thing, small
+
+
+def _pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _pypi_reachable(), reason="needs PyPI to resolve and download")
+def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path) -> None:
+    """The real pipeline for a CPU 3.11 target: lock, download, sdist build, project wheel, install."""
+    have = tmp_path / "freeze.txt"
+    have.write_text("pip==23.2.1\n")
+    out, lock = tmp_path / "house", tmp_path / "lock.txt"
+    cmd = [
+        sys.executable, "-m", "verl_recipes.cli", "wheelhouse", "--python", "3.11",
+        "--platform", "manylinux_2_28_x86_64", "--have", str(have), "--out", str(out), "--lock", str(lock),
+        "--only", "six,antlr4-python3-runtime,verl-recipes", "--chunk-mib", "0.25",
+    ]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert {w["name"] for w in m["wheels"]} == {"six", "antlr4-python3-runtime", "verl-recipes"}
+    antlr = next(w for w in m["wheels"] if w["name"] == "antlr4-python3-runtime")
+    assert "built_from_sdist" in antlr["source"] and antlr["why"]
+    assert sum(w["size"] for w in m["wheels"]) < 2 * 2**20 and len(m["chunks"]) >= 2
+    assert "torch" in {canonical(n.split("==")[0]) for n in lock.read_text().split() if "==" in n}
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    env = {"PYTHON": str(py), "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
+    inst = _sh(out / "install.sh", "--system", env=env)
+    assert inst.returncode == 0, inst.stderr
+    check = "import six, antlr4, verl_recipes; print(verl_recipes.__version__)"
+    imp = subprocess.run(
+        [str(py), "-c", check], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}
+    )
+    assert imp.stdout.strip() == "0.1.0", imp.stderr
+    assert io is not None
