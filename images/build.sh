@@ -10,6 +10,8 @@
 #   --deepspeed      also build images/deepspeed/Dockerfile (GPU stack only).
 #   --ca-bundle FILE let pip in the builder stages trust FILE (a TLS-intercepting proxy's CA bundle);
 #                    also from VERL_RECIPES_CA_BUNDLE. The final images never contain it.
+#   --base-image TAG the OS image to build on instead of the pinned one (a mirror's copy, a local
+#                    image with the same Python); it must exist here or be pullable.
 #   --build-arg N=V  passed to every `docker build` after ours (e.g. to see a wrong pin refused).
 #
 # Versions, tags and the base image come from images/versions.toml through
@@ -29,6 +31,7 @@ deepspeed=0
 ca_bundle="${VERL_RECIPES_CA_BUNDLE:-}"
 extra_args=()
 no_cache=()
+base_image=""
 
 while (($# > 0)); do
   case "$1" in
@@ -39,14 +42,16 @@ while (($# > 0)); do
       shift ;;
     --deepspeed) deepspeed=1; shift ;;
     --ca-bundle) [[ $# -ge 2 ]] || die "--ca-bundle needs a file"; ca_bundle="$2"; shift 2 ;;
+    --base-image) [[ $# -ge 2 ]] || die "--base-image needs an image tag"; base_image="$2"; shift 2 ;;
     --build-arg) [[ $# -ge 2 ]] || die "--build-arg needs NAME=VALUE"; extra_args+=(--build-arg "$2"); shift 2 ;;
     --no-cache) no_cache=(--no-cache); shift ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 
 [[ "$stack" == gpu || "$stack" == cpu ]] || die "--stack must be gpu or cpu, got '$stack'"
+[[ "$deepspeed" == 0 || "$stack" == gpu ]] || die "the DeepSpeed image is GPU-only (drop --deepspeed or use --stack gpu)"
 [[ -z "$ca_bundle" || -s "$ca_bundle" ]] || die "CA bundle '$ca_bundle' does not exist or is empty"
 command -v "$python" >/dev/null 2>&1 || die "no '$python' to read images/versions.toml (set PYTHON=...)"
 command -v docker >/dev/null 2>&1 || die "no docker client; run .ci/docker-up.sh"
@@ -68,6 +73,7 @@ for key in VERL_VERSION VLLM_VERSION TORCH_VERSION CUDA_VERSION DEEPSPEED_VERSIO
            CPU_BASE_IMAGE BASE_REF DEEPSPEED_REF PROJECT_VERSION SOURCE; do
   [[ -v "info[$key]" ]] || die "pins_check build-info did not print $key"
 done
+[[ -z "$base_image" ]] || info[BASE_IMAGE]="$base_image"
 
 revision=unknown
 if git -C "$root" rev-parse --verify -q HEAD >/dev/null 2>&1; then
@@ -79,6 +85,7 @@ source_url="${source_url:-unknown}"
 
 common_args=(
   --network host
+  --force-rm
   --build-arg "VERL_VERSION=${info[VERL_VERSION]}"
   --build-arg "VLLM_VERSION=${info[VLLM_VERSION]}"
   --build-arg "TORCH_VERSION=${info[TORCH_VERSION]}"
@@ -98,14 +105,14 @@ ensure_os_image() {
   docker image inspect "$tag" >/dev/null 2>&1 && return 0
   if [[ "$tag" != "${info[CPU_BASE_IMAGE]}" ]]; then
     echo "build.sh: $tag is not here; pulling it"
-    docker pull "$tag" || die "cannot pull $tag (the GPU variant needs Python ${tag#python:}; Debian 12 has only 3.11, so it cannot be made here with mmdebstrap). Load it with 'docker load', or pass --build-arg BASE_IMAGE=<a local image with that Python>"
+    docker pull "$tag" || die "cannot pull $tag. The GPU variant needs the Python its lock is for (images/versions.toml [python] gpu); Debian 12 has only 3.11, so mmdebstrap cannot make it here. 'docker load' the image, or pass --base-image <a local image with that Python>"
     return 0
   fi
   command -v mmdebstrap >/dev/null 2>&1 || die "mmdebstrap is missing; run .ci/docker-up.sh (it installs it)"
   echo "build.sh: making $tag from Debian 12 (bookworm) with mmdebstrap"
   local start=$SECONDS
   mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
-    --aptopt='APT::Install-Recommends "false"' \
+    --aptopt='APT::Install-Recommends "false"' --dpkgopt=force-unsafe-io \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     bookworm "$work/rootfs.tar" \
@@ -155,7 +162,6 @@ for id in "${recipes[@]}"; do
   [[ "$base_kind" != deepspeed || "$stack" != gpu ]] || need_ds=1
 done
 if ((need_ds)); then
-  [[ "$stack" == gpu ]] || die "the DeepSpeed image is GPU-only (drop --deepspeed or use --stack gpu)"
   ctx="$work/deepspeed"
   stage_common "$ctx"
   cp "$root/images/deepspeed/Dockerfile" "$ctx/Dockerfile"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.compose import compose_file, compose_recipe

@@ -40,10 +40,7 @@ def test_classify_names_verl_and_vllm_processes() -> None:
     assert classify(["ray::TaskRunnerV1.run"])[0] == "ray_worker"
     assert classify(["ray::AgentLoopWorkerTQ"])[0] == "ray_worker"
     assert classify(["ray::IDLE"])[0] == "ray_worker"
-    assert (
-        classify(["/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet", "--x"])[0]
-        == "ray_system"
-    )
+    assert classify(["/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet", "--x"])[0] == "ray_system"
     assert classify(["python3", "-m", "verl.trainer.main_ppo"], is_root=True) == (
         "driver",
         "python3 -m verl.trainer.main_ppo",
@@ -85,9 +82,7 @@ def test_host_ram_of_process_tree_and_exit_code(tmp_path: Path) -> None:
     assert max(s["host"]["uss"] or 0 for s in samples) >= 300 * MiB
     recs, _ = read_jsonl(run / SAMPLES_FILE)
     assert recs[0]["kind"] == "start"
-    assert (recs[0]["gpus"] == []) == (
-        recs[0]["nvml_error"] is not None
-    )  # on a CPU host: no GPU fields, a reason
+    assert (recs[0]["gpus"] == []) == (recs[0]["nvml_error"] is not None)  # on a CPU host: no GPU fields, a reason
     assert recs[-1]["kind"] == "exit" and recs[-1]["rc"] == 5
 
 
@@ -143,9 +138,7 @@ def test_env_tagged_process_outside_the_tree_is_monitored(tmp_path: Path) -> Non
     run = tmp_path / "run"
     run.mkdir()
     code = "x = bytearray(b'\\x01') * (64 << 20); import time; time.sleep(30)"
-    tagged = subprocess.Popen(
-        [sys.executable, "-c", code], env={**os.environ, RUN_DIR_ENV: str(run.resolve())}
-    )
+    tagged = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, RUN_DIR_ENV: str(run.resolve())})
     untagged = subprocess.Popen([sys.executable, "-c", code])
     root = subprocess.Popen(["sleep", "30"])
     try:
@@ -245,9 +238,7 @@ def test_gpu_memory_attributed_per_process(tmp_path: Path) -> None:
         mon.stop()
         b, a = per_pid(before), per_pid(after)
         for k, size in zip(kids, sizes, strict=True):
-            assert k.pid in a, (
-                f"NVML pids {sorted(a)} are not this pid namespace's (a container without --pid=host?)"
-            )
+            assert k.pid in a, f"NVML pids {sorted(a)} are not this pid namespace's (a container without --pid=host?)"
             delta = a[k.pid] - b[k.pid]
             assert abs(delta - size * GiB) <= 0.01 * size * GiB, (size, delta / GiB)
         dev = (
@@ -255,9 +246,7 @@ def test_gpu_memory_attributed_per_process(tmp_path: Path) -> None:
             - next(g for g in before["gpus"] if g["index"] == 0)["used"]
         )
         assert abs(dev - sum(sizes) * GiB) <= 0.01 * sum(sizes) * GiB, dev / GiB
-        print(
-            f"\nNVML sampler: {mon.sampler_cpu_s / mon.samples * 1e3:.2f} ms/sample, {len(a)} GPU processes"
-        )
+        print(f"\nNVML sampler: {mon.sampler_cpu_s / mon.samples * 1e3:.2f} ms/sample, {len(a)} GPU processes")
     finally:
         for k in kids:
             k.kill()
@@ -300,9 +289,7 @@ _PHASES_BEFORE = textwrap.dedent(
 )
 
 
-needs_verl = pytest.mark.skipif(
-    importlib.util.find_spec("verl") is None, reason="needs verl==0.9.1 installed"
-)
+needs_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="needs verl==0.9.1 installed")
 
 
 def _jsonl(path: Path) -> list[dict]:

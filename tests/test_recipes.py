@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.recipes import discover, get_recipe, load_recipe

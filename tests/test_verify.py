@@ -58,9 +58,7 @@ def test_without_recipe_a_missing_gpu_is_a_warning() -> None:
         "flash-attn",
     ):
         assert name in checks
-        assert checks[name]["status"] == "pass" or checks[name]["fix"], (
-            name
-        )  # every warn/fail says what to do
+        assert checks[name]["status"] == "pass" or checks[name]["fix"], name  # every warn/fail says what to do
     assert checks["verl"]["status"] == "pass"  # /opt/dev has verl 0.9.1, the pin
 
 
@@ -76,9 +74,7 @@ def test_without_checkout_recipe_checks_are_skipped(tmp_path: Path) -> None:
 
 def test_unknown_recipe_is_a_one_line_error() -> None:
     r = subprocess.run([*CLI, "--recipe", "7b-lroa"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and r.stderr.startswith(
-        "error: unknown recipe '7b-lroa' (did you mean '7b-lora'?)"
-    )
+    assert r.returncode == 2 and r.stderr.startswith("error: unknown recipe '7b-lroa' (did you mean '7b-lora'?)")
 
 
 def test_fallback_pins_equal_versions_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

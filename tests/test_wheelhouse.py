@@ -8,7 +8,6 @@ carries two small packages plus this project, and installs them into a fresh ven
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -20,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from verl_recipes import RecipeError
-from verl_recipes.lock import Pin, Target, canonical, parse_freeze, parse_lock
+from verl_recipes.lock import Pin, Target, canonical, gpu_target, parse_freeze, parse_lock
 from verl_recipes.paths import repo_root
+from verl_recipes.versions import gpu_pins
 from verl_recipes.wheelhouse import (
     CHUNK_PREFIX,
     Excludes,
@@ -29,8 +29,9 @@ from verl_recipes.wheelhouse import (
     load_excludes,
     pack,
     plan,
+    ready_text,
     render_install_sh,
-    strip_wheel,
+    repack_wheel,
     target_tags,
 )
 
@@ -81,6 +82,18 @@ def test_parse_lock_reads_versions_hashes_and_via(tmp_path: Path) -> None:
     assert lock["foo-bar"].hashes == ["a" * 64, "b" * 64]
     assert lock["foo-bar"].via == ["verl", "vllm"]
     assert lock["torch"].via == ["-r requirements.in"]
+
+
+def test_committed_lock_matches_the_pins() -> None:
+    """A pin changed in images/versions.toml without `nox -s lock` fails here."""
+    lock = parse_lock(gpu_target(ROOT).default_lock(ROOT))
+    stale = {
+        name: (version, lock[canonical(name)].version if canonical(name) in lock else None)
+        for name, version in gpu_pins(ROOT / "images" / "versions.toml").items()
+        if name != "cuda" and (canonical(name) not in lock or lock[canonical(name)].version != version)
+    }
+    assert not stale, f"pin -> (versions.toml, lock): {stale}; run `nox -s lock`"
+    assert all(pin.hashes for pin in lock.values())
 
 
 def test_parse_freeze_drops_local_labels_and_normalizes(tmp_path: Path) -> None:
@@ -161,21 +174,40 @@ def test_strip_wheel_removes_files_and_their_record_lines(tmp_path: Path) -> Non
         tmp_path, "big", "1.0", {"big/__init__.py": b"", "big/fa2.so": b"x" * 1000, "big/sm100/k.bin": b"y"}
     )
     (tmp_path / "out").mkdir()
-    out, removed, freed = strip_wheel(src, ["big/fa2.so", "big/sm100/*"], tmp_path / "out")
+    out, removed, freed = repack_wheel(src, tmp_path / "out", ["big/fa2.so", "big/sm100/*"], stored=True)
     assert sorted(removed) == ["big/fa2.so", "big/sm100/k.bin"] and freed == 1001
     with zipfile.ZipFile(out) as z:
         names = z.namelist()
         record = z.read("big-1.0.dist-info/RECORD").decode()
     assert "big/fa2.so" not in names and "big/__init__.py" in names
     assert "fa2.so" not in record and "sm100" not in record and "big/__init__.py" in record
+    assert {i.compress_type for i in zipfile.ZipFile(out).infolist()} == {zipfile.ZIP_STORED}
+
+
+def test_ready_lists_sizes_chunks_and_the_15_biggest_wheels() -> None:
+    wheels = [{"name": f"p{i}", "version": "1", "file": f"p{i}.whl", "size": i * 2**20} for i in range(1, 21)]
+    m = {
+        "target": {"python": "3.12", "platform": "manylinux_2_28_x86_64"},
+        "wheels": wheels,
+        "on_target": [],
+        "excluded": [],
+        "chunks": [{"file": CHUNK_PREFIX + "000"}, {"file": CHUNK_PREFIX + "001"}],
+        "total_wheel_bytes": 210 * 2**20,
+        "total_chunk_bytes": 120 * 2**20,
+        "compression": "xz -6",
+    }
+    text = ready_text(m)
+    assert "wheels: 20 (210.0 MiB)" in text and "chunks: 2 (120.0 MiB" in text
+    listed = [ln.split()[-1] for ln in text.splitlines() if ln.endswith(".whl")]
+    assert listed == [f"p{i}.whl" for i in range(20, 5, -1)]
 
 
 # --------------------------------------------------------------------------- pack and install.sh
 
 
-@pytest.fixture
-def house(tmp_path: Path) -> Path:
-    """A wheelhouse of two synthetic wheels split into at least three chunks."""
+@pytest.fixture(params=[6, None], ids=["xz", "plain-tar"])
+def house(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A wheelhouse of two synthetic wheels split into at least three chunks, xz or plain tar."""
     stage = tmp_path / "stage"
     (stage / "wheels").mkdir(parents=True)
     blob = os.urandom(300_000)  # incompressible, so the xz stream needs several 100 KiB chunks
@@ -188,7 +220,7 @@ def house(tmp_path: Path) -> Path:
     w2 = make_wheel(stage / "wheels", "tinytwo", "0.2", {"tinytwo.py": b"NAME = 'two'\n"})
     out = tmp_path / "house"
     out.mkdir()
-    chunks = pack(stage, out, 100 * 1024)
+    chunks = pack(stage, out, 100 * 1024, xz_level=request.param)
     wheels = [{"file": w.name, "sha256": _sha(w.read_bytes())} for w in (w1, w2)]
     (out / "install.sh").write_text(render_install_sh(chunks, wheels))
     (out / "install.sh").chmod(0o755)
@@ -197,18 +229,22 @@ def house(tmp_path: Path) -> Path:
 
 
 def _sh(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    full_env.pop("TARGET_DIR", None) if env is None or "TARGET_DIR" not in env else None
+    base = {k: v for k, v in os.environ.items() if k != "TARGET_DIR"}
+    full_env = {**base, "PYTHON": sys.executable, **(env or {})}
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, env=full_env, timeout=300)
 
 
 def _chunks(d: Path) -> list[Path]:
-    return sorted(d.glob(CHUNK_PREFIX + "*"))
+    return sorted(d.glob("wheelhouse.tar*.part-*"))
 
 
 def test_pack_splits_into_chunks_of_the_given_size(house: Path) -> None:
     chunks = _chunks(house)
     assert len(chunks) >= 3
+    xz = (house / "install.sh").read_text().count("COMPRESSION=xz") == 1
+    assert all(c.name.startswith(CHUNK_PREFIX if xz else "wheelhouse.tar.part-") for c in chunks)
+    if xz:
+        assert chunks[0].read_bytes()[:6] == b"\xfd7zXZ\x00"
     assert all(c.stat().st_size == 100 * 1024 for c in chunks[:-1])
     manifest = json.loads((house / "manifest.json").read_text())
     assert [c["sha256"] for c in manifest["chunks"]] == [_sha(c.read_bytes()) for c in chunks]
@@ -307,7 +343,9 @@ def _pypi_reachable() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _pypi_reachable(), reason="needs PyPI to resolve and download")
+@pytest.mark.skipif(not (shutil.which("uv") or Path(sys.executable).with_name("uv").exists()), reason="pip install uv")
 def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path) -> None:
     """The real pipeline for a CPU 3.11 target: lock, download, sdist build, project wheel, install."""
     have = tmp_path / "freeze.txt"
@@ -316,7 +354,7 @@ def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path)
     cmd = [
         sys.executable, "-m", "verl_recipes.cli", "wheelhouse", "--python", "3.11",
         "--platform", "manylinux_2_28_x86_64", "--have", str(have), "--out", str(out), "--lock", str(lock),
-        "--only", "six,antlr4-python3-runtime,verl-recipes", "--chunk-mib", "0.25",
+        "--only", "six,antlr4-python3-runtime,verl-recipes", "--chunk-mib", "0.05",
     ]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -334,8 +372,5 @@ def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path)
     inst = _sh(out / "install.sh", "--system", env=env)
     assert inst.returncode == 0, inst.stderr
     check = "import six, antlr4, verl_recipes; print(verl_recipes.__version__)"
-    imp = subprocess.run(
-        [str(py), "-c", check], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}
-    )
+    imp = subprocess.run([str(py), "-c", check], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
     assert imp.stdout.strip() == "0.1.0", imp.stderr
-    assert io is not None

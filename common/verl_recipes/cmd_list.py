@@ -8,7 +8,7 @@ import json
 from verl_recipes.recipes import discover
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list the recipes found under recipes/*/recipe.yaml")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

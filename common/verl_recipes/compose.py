@@ -63,7 +63,7 @@ def _all_keys(node: Any, prefix: str = "") -> list[str]:
     out: list[str] = []
     if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
         for key in node:
-            full = f"{prefix}.{key}" if prefix else str(key)
+            full = f"{prefix}.{key!s}" if prefix else str(key)
             out.append(full)
             out.extend(_all_keys(node._get_node(key), full))
     return out
@@ -97,7 +97,7 @@ def merge_strict(base: Any, delta: Any, source: str) -> Any:
     try:
         return OmegaConf.merge(base, delta)
     except (ConfigKeyError, ConfigAttributeError) as e:
-        full_key = getattr(e, "full_key", None) or str(getattr(e, "key", "?"))
+        full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
         hint = _suggest(base, full_key)
         did = f"; did you mean '{hint}'?" if hint else ""
         raise RecipeError(f"{source}: unknown verl config key '{full_key}'{did}") from None
@@ -149,7 +149,7 @@ def compose_file(path: Path, config_name: str = "ppo_trainer", overrides: Sequen
     return cfg
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="compose a recipe against verl's Hydra config and print it")
     p.add_argument("recipe", help="recipe id, or a path to a config.yaml of deltas")
     p.add_argument(

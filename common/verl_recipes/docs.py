@@ -58,7 +58,7 @@ def render_readme(text: str, table: str) -> str:
     return f"{head}{BEGIN}\n{table}\n{END}{tail}"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("docs", help="regenerate the README's recipe table from the metadata")
     p.add_argument("--write", action="store_true", help="rewrite README.md in place")
     p.set_defaults(func=run)

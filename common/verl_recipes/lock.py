@@ -9,6 +9,7 @@ has wherever the pins allow it, and the offline wheelhouse then carries only the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -44,9 +45,7 @@ class Target:
         if not re.fullmatch(r"3\.\d+", self.python):
             raise RecipeError(f"--python {self.python!r}: give major.minor, e.g. --python 3.12")
         if not _PLATFORM_RE.match(self.platform):
-            raise RecipeError(
-                f"--platform {self.platform!r}: give a manylinux tag, e.g. manylinux_2_28_x86_64"
-            )
+            raise RecipeError(f"--platform {self.platform!r}: give a manylinux tag, e.g. manylinux_2_28_x86_64")
 
     @property
     def uv_platform(self) -> str:
@@ -157,6 +156,11 @@ def compile_lock(
     deepspeed is sdist-only and its setup.py imports torch, so uv builds its metadata with this
     interpreter's environment (no build isolation, DS_BUILD_OPS=0) instead of an isolated one.
     """
+    if any(r.startswith("deepspeed") for r in requirements) and importlib.util.find_spec("torch") is None:
+        raise RecipeError(
+            f"locking deepspeed needs torch in {sys.prefix} (its setup.py imports it): "
+            "pip install torch there, or run from the dev environment"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         req_in = Path(tmp) / "requirements.in"
@@ -165,9 +169,7 @@ def compile_lock(
         if seed is not None and seed.is_file():
             # Preferences only: the versions the target has (local labels like +cu130 stripped).
             work_out.write_text(
-                "".join(f"{n}=={v}\n" for n, v in parse_freeze(seed).items())
-                if seed != out
-                else seed.read_text()
+                "".join(f"{n}=={v}\n" for n, v in parse_freeze(seed).items()) if seed != out else seed.read_text()
             )
         env = {
             **os.environ,

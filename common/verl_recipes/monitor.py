@@ -521,9 +521,7 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self.start()
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
 
@@ -538,9 +536,7 @@ def monitor_command(cmd: Sequence[str], out_dir: str | os.PathLike[str], interva
     try:
         proc = subprocess.Popen(list(cmd), env=env)
     except OSError as e:
-        raise RecipeError(
-            f"cannot start {cmd[0]!r}: {e.strerror}; give a runnable command after --"
-        ) from None
+        raise RecipeError(f"cannot start {cmd[0]!r}: {e.strerror}; give a runnable command after --") from None
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -581,9 +577,7 @@ def run(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise RecipeError(
-            "give the command to monitor after --: verl-recipes monitor --out DIR -- CMD ARGS..."
-        )
+        raise RecipeError("give the command to monitor after --: verl-recipes monitor --out DIR -- CMD ARGS...")
     return monitor_command(cmd, args.out, args.interval)
 
 

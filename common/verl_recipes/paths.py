@@ -23,7 +23,9 @@ def repo_root() -> Path:
     if env:
         p = Path(env).resolve()
         if not _is_root(p):
-            raise RecipeError(f"VERL_RECIPES_ROOT={env} has no recipes/ and images/versions.toml; point it at a checkout")
+            raise RecipeError(
+                f"VERL_RECIPES_ROOT={env} has no recipes/ and images/versions.toml; point it at a checkout"
+            )
         return p
     for start in (Path.cwd().resolve(), PACKAGE_DIR):
         for p in (start, *start.parents):

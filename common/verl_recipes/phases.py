@@ -101,9 +101,7 @@ class _PhaseTimer:
         )
         return self.inner.__enter__()
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> Any:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> Any:
         try:
             return self.inner.__exit__(et, ev, tb)
         finally:

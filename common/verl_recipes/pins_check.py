@@ -116,9 +116,7 @@ def check_build_args(
         errors.append(f"STACK={stack}: must be one of {', '.join(STACKS)}")
     for name, value in values.items():
         if name not in VERSION_ARGS:
-            errors.append(
-                f"{name}={value}: not a version argument this project knows ({', '.join(VERSION_ARGS)})"
-            )
+            errors.append(f"{name}={value}: not a version argument this project knows ({', '.join(VERSION_ARGS)})")
             continue
         want = _pin(pins, name)
         if value != want:
@@ -135,9 +133,7 @@ def check_build_args(
             f"(images/versions.toml [python] gpu); use BASE_IMAGE={gpu_base_image(pins)}"
         )
     elif stack == "cpu" and not (_vt(str(py["min"])) <= python < _vt(str(py["max_exclusive"]))):
-        errors.append(
-            f"STACK=cpu: the base image has Python {have}; verl needs >={py['min']},<{py['max_exclusive']}"
-        )
+        errors.append(f"STACK=cpu: the base image has Python {have}; verl needs >={py['min']},<{py['max_exclusive']}")
     return errors
 
 
@@ -158,12 +154,7 @@ def dockerfile_args(path: Path) -> list[tuple[int, str, str | None]]:
         m = _ARG_RE.match(line)
         if m:
             default = m.group(2)
-            if (
-                default is not None
-                and len(default) >= 2
-                and default[0] == default[-1]
-                and default[0] in "\"'"
-            ):
+            if default is not None and len(default) >= 2 and default[0] == default[-1] and default[0] in "\"'":
                 default = default[1:-1]
             out.append((i, m.group(1), default))
     return out
@@ -202,23 +193,17 @@ def check_dockerfile(path: Path, root: Path, pins: Mapping[str, Any]) -> list[Pr
             project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
             want = str(project.get("version"))
             if default is not None and default != want:
-                problems.append(
-                    Problem(rel, line, "verl-recipes", f"ARG {name}={default}, pyproject.toml says {want}")
-                )
+                problems.append(Problem(rel, line, "verl-recipes", f"ARG {name}={default}, pyproject.toml says {want}"))
             continue
         if not name.endswith("_VERSION"):
             continue
         if name not in VERSION_ARGS:
-            problems.append(
-                Problem(rel, line, name, "unknown version argument; map it in pins_check.VERSION_ARGS")
-            )
+            problems.append(Problem(rel, line, name, "unknown version argument; map it in pins_check.VERSION_ARGS"))
             continue
         table, key = VERSION_ARGS[name]
         want = _pin(pins, name)
         if default is not None and default != want:
-            problems.append(
-                Problem(rel, line, key, f"ARG {name}={default}, versions.toml [{table}] says {want}")
-            )
+            problems.append(Problem(rel, line, key, f"ARG {name}={default}, versions.toml [{table}] says {want}"))
     for name in sorted({n for _, n, _ in args if n in VERSION_ARGS or n == "BASE_IMAGE"}):
         if all(d is None for _, n, d in args if n == name):
             first = next(i for i, n, _ in args if n == name)
@@ -314,9 +299,7 @@ def check_lock(path: Path, root: Path, pins: Mapping[str, Any]) -> list[Problem]
     for name, (line, have) in locked.items():
         m = re.fullmatch(r"nvidia-cuda-runtime(-cu(\d+))?", name)
         if m and not (m.group(2) in (None, cuda.split(".")[0]) and have.startswith(cuda + ".")):
-            problems.append(
-                Problem(rel, line, "cuda", f"locks {name}=={have}, versions.toml pins CUDA {cuda}")
-            )
+            problems.append(Problem(rel, line, "cuda", f"locks {name}=={have}, versions.toml pins CUDA {cuda}"))
     if path.name.startswith("gpu-"):
         for name in ("verl", "vllm", "torch"):
             if name not in locked:
@@ -345,10 +328,32 @@ def check_verify_source(path: Path, root: Path, pins: Mapping[str, Any]) -> list
             for t in node.targets:
                 if isinstance(t, ast.Name) and t.id.upper().endswith("_VERSION"):
                     pairs.append((t.id.upper().removesuffix("_VERSION"), node.value.value, node.lineno))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and len(node.args) == 2
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args)
+        ):
+            key_node, val_node = node.args
+            assert isinstance(key_node, ast.Constant) and isinstance(val_node, ast.Constant)
+            pairs.append((str(key_node.value), val_node.value, node.lineno))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             m = re.fullmatch(r"([A-Za-z0-9._-]+)==([0-9][^\s,;]*)", node.value)
             if m:
                 pairs.append((m.group(1), m.group(2), node.lineno))
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            want_driver = str(pins["driver"]["min_cuda13"])
+            for t in node.targets:
+                if isinstance(t, ast.Name) and "CUDA13_DRIVER" in t.id.upper() and node.value.value != want_driver:
+                    problems.append(
+                        Problem(
+                            rel,
+                            node.lineno,
+                            "driver",
+                            f"{t.id} = {node.value.value!r}, versions.toml says {want_driver!r}",
+                        )
+                    )
         for key, value, line in pairs:
             name = _norm(str(key))
             if (
@@ -357,9 +362,7 @@ def check_verify_source(path: Path, root: Path, pins: Mapping[str, Any]) -> list
                 and re.fullmatch(r"[0-9][0-9A-Za-z.+]*", value)
                 and value != gpu[name]
             ):
-                problems.append(
-                    Problem(rel, line, name, f"verify expects {value}, versions.toml says {gpu[name]}")
-                )
+                problems.append(Problem(rel, line, name, f"verify expects {value}, versions.toml says {gpu[name]}"))
     return problems
 
 
@@ -400,9 +403,10 @@ def docker_run_line(recipe: Recipe, pins: Mapping[str, Any] | None = None, comma
         f"(>= {pins['driver']['min_cuda13']} for CUDA {pins['gpu']['cuda']}) into the container",
         "#   --ipc=host     Ray's object store and NCCL/CUDA IPC need shared memory; Docker's own",
         "#                  /dev/shm is 64 MB. Where --ipc=host is not allowed, use --shm-size=32g instead",
-        "#   --ulimit       NCCL and pinned host memory want unlimited locked memory",
+        "#   --ulimit       NCCL and pinned host memory want unlimited locked memory; Ray opens a",
+        "#                  socket per worker (verify warns below 65536 open files)",
     ]
-    flags = ["--rm", "--gpus all", "--ipc=host", "--ulimit memlock=-1", "--ulimit stack=67108864"]
+    flags = ["--rm", "--gpus all", "--ipc=host", "--ulimit memlock=-1", "--ulimit nofile=1048576:1048576"]
     if recipe.gpus.nodes > 1:
         lines.append("#   --network host Ray and NCCL talk between nodes; one container per node (launch.sh)")
         flags.append("--network host")
@@ -467,6 +471,19 @@ def split_lock(text: str, take: set[str]) -> tuple[str, str]:
     return "".join(taken), "".join(rest)
 
 
+def light_requirements(pyproject_text: str, names: Sequence[str]) -> list[str]:
+    """pyproject.toml's own requirement lines for `names`: the light (CPU) image installs only
+    these, at the versions the project asks for. A name the project does not list is an error."""
+    deps = tomllib.loads(pyproject_text)["project"]["dependencies"]
+    by_name: dict[str, list[str]] = {}
+    for d in deps:
+        by_name.setdefault(_norm(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]), []).append(d)
+    missing = [n for n in names if _norm(n) not in by_name]
+    if missing:
+        raise ValueError(f"not in pyproject.toml [project] dependencies: {', '.join(missing)}")
+    return [d for n in names for d in by_name[_norm(n)]]
+
+
 def _parse_kv(items: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -478,14 +495,10 @@ def _parse_kv(items: Sequence[str]) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m verl_recipes.pins_check", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m verl_recipes.pins_check", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_args = sub.add_parser("build-args", help="check an image build's arguments (used inside the builds)")
-    p_args.add_argument(
-        "--versions", type=Path, required=True, help="the versions.toml copied into the build"
-    )
+    p_args.add_argument("--versions", type=Path, required=True, help="the versions.toml copied into the build")
     p_args.add_argument("--stack", required=True)
     p_args.add_argument("values", nargs="*", metavar="NAME=VALUE")
     p_check = sub.add_parser("check", help="check a checkout's Dockerfiles, pyproject, lock files and verify")
@@ -500,6 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_split.add_argument("--take", action="append", required=True, help="package to move to --taken")
     p_split.add_argument("--taken", type=Path, required=True)
     p_split.add_argument("--rest", type=Path, required=True)
+    p_light = sub.add_parser("light-requirements", help="print pyproject's requirement lines for NAMEs")
+    p_light.add_argument("--pyproject", type=Path, required=True)
+    p_light.add_argument("names", nargs="+")
     p_run = sub.add_parser("docker-run", help="print the docker run line of a recipe's image")
     p_run.add_argument("recipe")
     args = parser.parse_args(argv)
@@ -524,6 +540,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "build-info":
         for k, v in build_info(args.versions, args.stack, args.pyproject, args.recipe_dockerfile).items():
             print(f"{k}={v}")
+        return 0
+    if args.cmd == "light-requirements":
+        try:
+            print("\n".join(light_requirements(args.pyproject.read_text(), args.names)))
+        except ValueError as e:
+            print(f"light-requirements: {e}", file=sys.stderr)
+            return 1
         return 0
     if args.cmd == "split-lock":
         want = {_norm(n) for n in args.take}

@@ -15,8 +15,19 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("verl", "vllm", "torch", "transformers", "tokenizers", "ray", "peft", "tensordict", "deepspeed",
-            "nvidia-ml-py", "verl-recipes")
+PACKAGES = (
+    "verl",
+    "vllm",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "ray",
+    "peft",
+    "tensordict",
+    "deepspeed",
+    "nvidia-ml-py",
+    "verl-recipes",
+)
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -44,12 +55,20 @@ def gpus() -> dict[str, Any]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            devs.append({"index": i, "name": name if isinstance(name, str) else name.decode(),
-                         "memory_total_bytes": int(mem.total)})
+            devs.append(
+                {
+                    "index": i,
+                    "name": name if isinstance(name, str) else name.decode(),
+                    "memory_total_bytes": int(mem.total),
+                }
+            )
         drv = pynvml.nvmlSystemGetDriverVersion()
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-        return {"driver": drv if isinstance(drv, str) else drv.decode(),
-                "cuda_driver": f"{cuda // 1000}.{(cuda % 1000) // 10}", "gpus": devs}
+        return {
+            "driver": drv if isinstance(drv, str) else drv.decode(),
+            "cuda_driver": f"{cuda // 1000}.{(cuda % 1000) // 10}",
+            "gpus": devs,
+        }
     finally:
         pynvml.nvmlShutdown()
 
@@ -61,8 +80,9 @@ def git_commit(root: Path | None = None) -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if out.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                                   timeout=10).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
             return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass

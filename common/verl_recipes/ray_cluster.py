@@ -56,7 +56,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,7 @@ def _env_flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
 
 # --- Slurm's compressed lists -------------------------------------------------------------------
 
+
 def _split_top(spec: str) -> list[str]:
     """Split on commas that are not inside brackets."""
     parts, depth, cur = [], 0, ""
@@ -207,6 +208,7 @@ def gpus_from_slurm(env: Mapping[str, str]) -> int:
 
 # --- ports --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Ports:
     """Every port a job's Ray uses, so a firewall or a second job on the node can be planned for."""
@@ -248,8 +250,7 @@ class Ports:
         return lo, lo + chunk - 1
 
     def check(self, slots: int) -> None:
-        fixed = {"RAY_PORT": self.gcs, "RAY_DASHBOARD_PORT": self.dashboard,
-                 "RAY_CLIENT_SERVER_PORT": self.client}
+        fixed = {"RAY_PORT": self.gcs, "RAY_DASHBOARD_PORT": self.dashboard, "RAY_CLIENT_SERVER_PORT": self.client}
         for s in range(slots):
             fixed.update({f"{k} (slot {s})": v for k, v in self.node(s).items()})
         for name, port in fixed.items():
@@ -273,6 +274,7 @@ class Ports:
 
 
 # --- the validated launch settings ---------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -305,7 +307,6 @@ class Settings:
     hold_s: int = 0
     verify: bool = True
     dry_run: bool = False
-    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def ray_nodes(self) -> int:
@@ -320,11 +321,15 @@ class Settings:
         return self.total_gpus // (self.tp * self.pp) if self.total_gpus else 0
 
     def summary(self) -> str:
-        shape = (f"{self.ray_nodes} Ray nodes x {self.gpus_per_node} GPUs = {self.total_gpus}"
-                 f" (TP{self.tp} x PP{self.pp} x DP{self.dp})")
+        shape = (
+            f"{self.ray_nodes} Ray nodes x {self.gpus_per_node} GPUs = {self.total_gpus}"
+            f" (TP{self.tp} x PP{self.pp} x DP{self.dp})"
+        )
         mode = "rehearsal (CPU, logical GPUs)" if self.rehearsal else "train"
-        return (f"job {self.job_id} on {','.join(self.hosts)}: {shape}; runtime {self.runtime}; {mode}; "
-                f"job dir {self.job_dir}")
+        return (
+            f"job {self.job_id} on {','.join(self.hosts)}: {shape}; runtime {self.runtime}; {mode}; "
+            f"job dir {self.job_dir}"
+        )
 
 
 def _looks_like_path(s: str) -> bool:
@@ -345,8 +350,10 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
 
     nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
     if not nodelist:
-        raise RecipeError("no Slurm allocation (SLURM_JOB_NODELIST is unset): submit with sbatch, "
-                          "or set DRY_RUN=1 SLURM_JOB_NODELIST=node[1-4] to print the plan")
+        raise RecipeError(
+            "no Slurm allocation (SLURM_JOB_NODELIST is unset): submit with sbatch, "
+            "or set DRY_RUN=1 SLURM_JOB_NODELIST=node[1-4] to print the plan"
+        )
     hosts = tuple(job_hosts(nodelist))
     job_id = env.get("SLURM_JOB_ID", "").strip() or ("dry-run" if dry_run else "")
     if not job_id:
@@ -354,39 +361,54 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
 
     per_host = _env_int(env, "RAY_NODES_PER_HOST", 1, 1)
     if per_host > 1 and not rehearsal:
-        raise RecipeError(f"RAY_NODES_PER_HOST={per_host} stacks Ray nodes on one host and is for "
-                          "REHEARSAL=1 only; unset it or set REHEARSAL=1")
+        raise RecipeError(
+            f"RAY_NODES_PER_HOST={per_host} stacks Ray nodes on one host and is for "
+            "REHEARSAL=1 only; unset it or set REHEARSAL=1"
+        )
 
     gpus = _env_int(env, "GPUS_PER_NODE", -1, 0)
     if gpus < 0:
         gpus = 0 if rehearsal else gpus_from_slurm(env)
     if gpus == 0 and not rehearsal:
-        raise RecipeError("the allocation has no GPUs: submit with --gpus-per-node=N (or set GPUS_PER_NODE), "
-                          "or set REHEARSAL=1 for a CPU rehearsal")
+        raise RecipeError(
+            "the allocation has no GPUs: submit with --gpus-per-node=N (or set GPUS_PER_NODE), "
+            "or set REHEARSAL=1 for a CPU rehearsal"
+        )
 
     tp = _env_int(env, "TP", 1, 1)
     pp = _env_int(env, "PP", 1, 1)
     nodes = len(hosts) * per_host
     if gpus:
         if tp > gpus:
-            raise RecipeError(f"TP={tp} exceeds the {gpus} GPUs of a node; tensor parallel must stay inside "
-                              "a node: lower TP or use nodes with more GPUs")
+            raise RecipeError(
+                f"TP={tp} exceeds the {gpus} GPUs of a node; tensor parallel must stay inside "
+                "a node: lower TP or use nodes with more GPUs"
+            )
         if (nodes * gpus) % (tp * pp):
-            raise RecipeError(f"{nodes * gpus} GPUs ({nodes} nodes x {gpus}) do not divide by TP x PP = "
-                              f"{tp} x {pp} = {tp * pp}; change TP/PP or the node or GPU count")
+            raise RecipeError(
+                f"{nodes * gpus} GPUs ({nodes} nodes x {gpus}) do not divide by TP x PP = "
+                f"{tp} x {pp} = {tp * pp}; change TP/PP or the node or GPU count"
+            )
     elif tp * pp > 1:
         raise RecipeError(f"TP x PP = {tp * pp} needs GPUs; set GPUS_PER_NODE (logical GPUs in a rehearsal)")
 
     model = env.get("MODEL_PATH", "").strip() or None
     if not rehearsal:
         if not model:
-            raise RecipeError("MODEL_PATH is not set; set it to a Hugging Face checkpoint folder "
-                              "every node sees")
+            raise RecipeError("MODEL_PATH is not set; set it to a Hugging Face checkpoint folder every node sees")
         if _looks_like_path(model):
             mp = Path(model).expanduser()
             if not (mp / "config.json").is_file():
-                raise RecipeError(f"MODEL_PATH={model} is not a folder with config.json; point it at an HF "
-                                  "checkpoint on a filesystem every node sees")
+                raise RecipeError(
+                    f"MODEL_PATH={model} is not a folder with config.json; point it at an HF "
+                    "checkpoint on a filesystem every node sees"
+                )
+
+    train_cmd = env.get("TRAIN_CMD", "").strip() or None
+    if not rehearsal and not train_cmd:
+        raise RecipeError(
+            "TRAIN_CMD is not set; set it to the command the head runs once Ray is up (the templates set one)"
+        )
 
     image = env.get("CONTAINER_IMAGE", "").strip() or None
     if runtime != "bare":
@@ -405,21 +427,38 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
 
     obj = _env_int(env, "RAY_OBJECT_STORE_BYTES", 0, 0) or (200_000_000 if rehearsal else None)
     return Settings(
-        runtime=runtime, rehearsal=rehearsal, hosts=hosts, gpus_per_node=gpus, tp=tp, pp=pp,
-        ray_nodes_per_host=per_host, job_id=job_id, root=root, job_dir=job_dir,
-        ray_tmpdir=env.get("RAY_TMPDIR") or f"/tmp/ray-{job_id}", ports=ports,
-        recipe=env.get("RECIPE") or None, model_path=model, train_cmd=env.get("TRAIN_CMD") or None,
-        image=image, mounts=mounts, container_python=env.get("CONTAINER_PYTHON") or "python3",
+        runtime=runtime,
+        rehearsal=rehearsal,
+        hosts=hosts,
+        gpus_per_node=gpus,
+        tp=tp,
+        pp=pp,
+        ray_nodes_per_host=per_host,
+        job_id=job_id,
+        root=root,
+        job_dir=job_dir,
+        ray_tmpdir=env.get("RAY_TMPDIR") or f"/tmp/ray-{job_id}",
+        ports=ports,
+        recipe=env.get("RECIPE") or None,
+        model_path=model,
+        train_cmd=train_cmd,
+        image=image,
+        mounts=mounts,
+        container_python=env.get("CONTAINER_PYTHON") or "python3",
         dashboard=_env_flag(env, "RAY_DASHBOARD", True),
         dashboard_host=env.get("RAY_DASHBOARD_HOST") or "127.0.0.1",
-        object_store_bytes=obj, ready_timeout_s=_env_int(env, "RAY_READY_TIMEOUT_S", 600, 1),
+        object_store_bytes=obj,
+        ready_timeout_s=_env_int(env, "RAY_READY_TIMEOUT_S", 600, 1),
         stop_grace_s=_env_int(env, "RAY_STOP_GRACE_S", 20, 1),
-        nofile=_env_int(env, "RAY_NOFILE", 65536, 1024), hold_s=_env_int(env, "REHEARSAL_HOLD_S", 0, 0),
-        verify=_env_flag(env, "VERIFY", True), dry_run=dry_run,
+        nofile=_env_int(env, "RAY_NOFILE", 65536, 1024),
+        hold_s=_env_int(env, "REHEARSAL_HOLD_S", 0, 0),
+        verify=_env_flag(env, "VERIFY", True),
+        dry_run=dry_run,
     )
 
 
 # --- the srun lines ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Step:
@@ -441,23 +480,35 @@ class Planner:
     def logs(self) -> Path:
         return self.s.job_dir / "logs"
 
-    def _srun(self, name: str, hosts: Sequence[str], log: Path | None = None,
-              label: bool = False) -> list[str]:
-        argv = ["srun", "--overlap", f"--job-name={name}", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}",
-                "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", "--kill-on-bad-exit=1"]
+    def _srun(self, name: str, hosts: Sequence[str], log: Path | None = None, label: bool = False) -> list[str]:
+        argv = [
+            "srun",
+            "--overlap",
+            f"--job-name={name}",
+            f"--nodes={len(hosts)}",
+            f"--ntasks={len(hosts)}",
+            "--ntasks-per-node=1",
+            f"--nodelist={','.join(hosts)}",
+            "--kill-on-bad-exit=1",
+        ]
         if log is not None:
             argv.append(f"--output={log}")
         if label:
             argv.append("--label")
         if self.s.runtime == "pyxis":
-            argv += [f"--container-image={self.s.image}", f"--container-name=verl-recipes-{self.s.job_id}",
-                     f"--container-mounts={','.join(self.mounts())}", f"--container-workdir={os.getcwd()}"]
+            mounts = [m if ":" in m else f"{m}:{m}" for m in self.mounts()]
+            argv += [
+                f"--container-image={self.s.image}",
+                f"--container-name=verl-recipes-{self.s.job_id}",
+                f"--container-mounts={','.join(mounts)}",
+                f"--container-workdir={self.s.root}",
+            ]
         argv.append("--")
         if self.s.runtime == "apptainer":
             argv += ["apptainer", "exec", "--nv"]
             for m in self.mounts():
                 argv += ["--bind", m]
-            argv += ["--pwd", os.getcwd(), str(self.s.image)]
+            argv += ["--pwd", str(self.s.root), str(self.s.image)]
         return argv
 
     def mounts(self) -> list[str]:
@@ -486,39 +537,60 @@ class Planner:
         log = self.logs / f"{name}-{host}-{slot}.log"
         lo, hi = self.s.ports.workers(slot, self.s.ray_nodes_per_host)
         ray_args = [f"--{k}={v}" for k, v in self.s.ports.node(slot).items()]
-        ray_args += [f"--min-worker-port={lo}", f"--max-worker-port={hi}", f"--temp-dir={self.s.ray_tmpdir}",
-                     "--disable-usage-stats"]
+        ray_args += [
+            f"--min-worker-port={lo}",
+            f"--max-worker-port={hi}",
+            f"--temp-dir={self.s.ray_tmpdir}",
+            "--disable-usage-stats",
+        ]
         if self.s.object_store_bytes:
             ray_args.append(f"--object-store-memory={self.s.object_store_bytes}")
         if head_address is None:
-            ray_args += ["--head", f"--port={self.s.ports.gcs}",
-                         f"--ray-client-server-port={self.s.ports.client}",
-                         f"--include-dashboard={str(self.s.dashboard).lower()}",
-                         f"--dashboard-host={self.s.dashboard_host}",
-                         f"--dashboard-port={self.s.ports.dashboard}"]
+            ray_args += [
+                "--head",
+                f"--port={self.s.ports.gcs}",
+                f"--ray-client-server-port={self.s.ports.client}",
+                f"--include-dashboard={str(self.s.dashboard).lower()}",
+                f"--dashboard-host={self.s.dashboard_host}",
+                f"--dashboard-port={self.s.ports.dashboard}",
+            ]
         else:
             ray_args.append(f"--address={head_address}")
-        me = self._me("node", f"--slot={slot}", f"--slots={self.s.ray_nodes_per_host}",
-                      f"--gpus={self.s.gpus_per_node}", f"--nofile={self.s.nofile}",
-                      f"--job-dir={self.s.job_dir}", f"--temp-dir={self.s.ray_tmpdir}",
-                      f"--job={self.s.job_id}")
+        me = self._me(
+            "node",
+            f"--slot={slot}",
+            f"--slots={self.s.ray_nodes_per_host}",
+            f"--gpus={self.s.gpus_per_node}",
+            f"--nofile={self.s.nofile}",
+            f"--job-dir={self.s.job_dir}",
+            f"--temp-dir={self.s.ray_tmpdir}",
+            f"--job={self.s.job_id}",
+        )
         if head_address is None:
             me.append("--write-head")
         return Step(name, [*self._srun(name, [host], log=log), *me, "--", *ray_args], log)
 
     def driver(self, head_address: str) -> Step:
-        me = self._me("driver", f"--address={head_address}", f"--nodes={self.s.ray_nodes}",
-                      f"--gpus={self.s.total_gpus}", f"--timeout={self.s.ready_timeout_s}",
-                      f"--nofile={self.s.nofile}")
+        me = self._me(
+            "driver",
+            f"--address={head_address}",
+            f"--nodes={self.s.ray_nodes}",
+            f"--gpus={self.s.total_gpus}",
+            f"--timeout={self.s.ready_timeout_s}",
+            f"--nofile={self.s.nofile}",
+        )
         if self.s.rehearsal:
             me += ["--probe", f"--hold={self.s.hold_s}"]
         else:
-            me += ["--", "bash", "-c", self.s.train_cmd or "echo 'TRAIN_CMD is not set' >&2; exit 2"]
+            me += ["--", "bash", "-c", self.s.train_cmd or "exit 2"]
         return Step("ray-driver", self._srun("ray-driver", [self.s.hosts[0]]) + me)
 
     def reap(self) -> Step:
-        return Step("ray-reap", self._srun("ray-reap", self.s.hosts, label=True)
-                    + self._me("reap", f"--temp-dir={self.s.ray_tmpdir}", f"--job={self.s.job_id}"))
+        return Step(
+            "ray-reap",
+            self._srun("ray-reap", self.s.hosts, label=True)
+            + self._me("reap", f"--temp-dir={self.s.ray_tmpdir}", f"--job={self.s.job_id}"),
+        )
 
     def node_slots(self) -> list[tuple[str, int]]:
         """(host, slot) of every Ray node; (hosts[0], 0) is the head."""
@@ -528,17 +600,20 @@ class Planner:
 def step_env(s: Settings, base: Mapping[str, str], token_path: Path) -> dict[str, str]:
     """The environment srun passes to every step (srun exports the launcher's environment)."""
     env = dict(base)
-    env.update({
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(token_path),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": base.get("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "5"),
-        "PYTHONUNBUFFERED": "1",
-        "NNODES": str(s.ray_nodes),
-        "GPUS_PER_NODE": str(s.gpus_per_node),
-        "VERL_RECIPES_ROOT": str(s.root),
-    })
+    env.update(
+        {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token_path),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": base.get("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "5"),
+            "PYTHONUNBUFFERED": "1",
+            "NNODES": str(s.ray_nodes),
+            "GPUS_PER_NODE": str(s.gpus_per_node),
+            "VERL_RECIPES_ROOT": str(s.root),
+        }
+    )
     env.pop("RAY_AUTH_TOKEN", None)  # the file is the one source of the token
+    env.pop("RAY_ADDRESS", None)  # set for the driver once the head is up; `ray start` must not see one
     if s.runtime != "bare":
         # The launcher's checkout is mounted in the container: steps run the same code.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(s.root / "common"), base.get("PYTHONPATH")) if p)
@@ -546,6 +621,7 @@ def step_env(s: Settings, base: Mapping[str, str], token_path: Path) -> dict[str
 
 
 # --- the launcher (batch step) -------------------------------------------------------------------
+
 
 class _Stop(Exception):
     """Raised from a signal handler so the launcher unwinds into its teardown."""
@@ -592,8 +668,9 @@ class Launcher:
 
     def _fail_node(self, step: Step, rc: int) -> RecipeError:
         tail = _tail(step.log)
-        return RecipeError(f"{step.name} step exited {rc} before the run finished; log {step.log}"
-                           + (f"\n{tail}" if tail else ""))
+        return RecipeError(
+            f"{step.name} step exited {rc} before the run finished; log {step.log}" + (f"\n{tail}" if tail else "")
+        )
 
     def run_verify(self) -> None:
         if not self.s.verify:
@@ -603,8 +680,10 @@ class Launcher:
         _say(f"verify on {len(self.s.hosts)} node(s): {shlex.join(step.argv)}")
         rc = subprocess.run(step.argv, env=self.env, stdin=subprocess.DEVNULL).returncode
         if rc != 0:
-            raise RecipeError(f"`verl-recipes verify` failed (exit {rc}) on at least one node; "
-                              "fix what it printed above, or set VERIFY=0 to skip it knowingly")
+            raise RecipeError(
+                f"`verl-recipes verify` failed (exit {rc}) on at least one node; "
+                "fix what it printed above, or set VERIFY=0 to skip it knowingly"
+            )
 
     def wait_started(self, started: Sequence[tuple[Step, subprocess.Popen[bytes]]]) -> None:
         """Wait until each node step's log says its Ray node is up.
@@ -624,8 +703,10 @@ class Launcher:
                     pending.remove((step, proc))
             if pending and time.monotonic() > deadline:
                 logs = ", ".join(str(st.log) for st, _ in pending)
-                raise RecipeError(f"{len(pending)} Ray node(s) not up within RAY_READY_TIMEOUT_S="
-                                  f"{self.s.ready_timeout_s}s; logs: {logs}")
+                raise RecipeError(
+                    f"{len(pending)} Ray node(s) not up within RAY_READY_TIMEOUT_S="
+                    f"{self.s.ready_timeout_s}s; logs: {logs}"
+                )
             time.sleep(0.5)
 
     def run(self) -> int:
@@ -642,7 +723,11 @@ class Launcher:
         # One wave per slot: different hosts start together, stacked slots of a host one by one.
         for slot in range(self.s.ray_nodes_per_host):
             wave = [self.p.node(h, sl, head_address=address) for h, sl in slots[1:] if sl == slot]
-            self.wait_started([(st, self.start(st)) for st in wave])
+            if wave:
+                self.wait_started([(st, self.start(st)) for st in wave])
+                _say(
+                    f"{len(wave)} worker node(s) up ({', '.join(h for h, sl in slots[1:] if sl == slot)}, slot {slot})"
+                )
         self.env["RAY_ADDRESS"] = address
         driver = self.start(self.p.driver(address))
         while True:
@@ -657,8 +742,9 @@ class Launcher:
 
     def _step_ids(self, names: set[str]) -> list[str]:
         """Slurm step ids (job.step) of this job's running steps with these names."""
-        res = subprocess.run(["squeue", "-h", "-s", "-j", self.s.job_id, "-o", "%i %j"],
-                             capture_output=True, text=True, check=False)
+        res = subprocess.run(
+            ["squeue", "-h", "-s", "-j", self.s.job_id, "-o", "%i %j"], capture_output=True, text=True, check=False
+        )
         ids = []
         for line in res.stdout.splitlines():
             sid, _, name = line.strip().partition(" ")
@@ -666,27 +752,29 @@ class Launcher:
                 ids.append(sid)
         return ids
 
-    def _wait(self, procs: Sequence[subprocess.Popen[bytes]],
-              seconds: float) -> list[subprocess.Popen[bytes]]:
+    def _wait(self, procs: Sequence[subprocess.Popen[bytes]], seconds: float) -> list[subprocess.Popen[bytes]]:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
         return [p for p in procs if p.poll() is None]
 
     def teardown(self) -> None:
-        """Stop every step, reap what is left on every node, drop the token.
+        """Drop the token, stop every step, reap what is left on every node.
 
         `scancel --signal=TERM <step>` reaches every process of a step, and `ray start --block`
         stops its node cleanly on SIGTERM; SIGTERM to srun itself would make srun kill the step
         outright. What is still running after RAY_STOP_GRACE_S gets SIGKILL.
         """
+        # First what must not outlive the job, in case Slurm's KillWait cuts the rest short.
+        self.token_path.unlink(missing_ok=True)
+        (self.s.job_dir / "head.json").unlink(missing_ok=True)
         live = [(st, p) for st, p in self.procs if p.poll() is None]
         if live:
             names = {st.name for st, _ in live}
             ids = self._step_ids(names)
             _say(f"stopping {len(live)} step(s) ({', '.join(sorted(names))}) with SIGTERM")
             if ids:
-                subprocess.run(["scancel", "--signal=TERM", *ids], check=False)
+                subprocess.run(["scancel", "--signal=TERM", *ids], capture_output=True, check=False)
             else:  # squeue unavailable (job ending): srun forwards and then kills the step itself
                 for _, p in live:
                     with contextlib.suppress(ProcessLookupError):
@@ -694,10 +782,12 @@ class Launcher:
             left = self._wait([p for _, p in live], self.s.stop_grace_s)
             if left:
                 ids = self._step_ids(names)
-                _say(f"{len(left)} step(s) still running after RAY_STOP_GRACE_S={self.s.stop_grace_s}s; "
-                     f"killing {' '.join(ids) or 'their srun'}")
+                _say(
+                    f"{len(left)} step(s) still running after RAY_STOP_GRACE_S={self.s.stop_grace_s}s; "
+                    f"killing {' '.join(ids) or 'their srun'}"
+                )
                 if ids:
-                    subprocess.run(["scancel", "--signal=KILL", *ids], check=False)
+                    subprocess.run(["scancel", "--signal=KILL", *ids], capture_output=True, check=False)
                 for p in self._wait(left, 10):
                     p.kill()
                     p.wait()
@@ -707,8 +797,6 @@ class Launcher:
                 subprocess.run(reap.argv, env=self.env, stdin=subprocess.DEVNULL, timeout=60, check=False)
             except subprocess.TimeoutExpired:
                 _say("the reap step did not finish in 60s; Slurm kills what is left when the job ends")
-        self.token_path.unlink(missing_ok=True)
-        (self.s.job_dir / "head.json").unlink(missing_ok=True)
         _say("teardown done")
 
 
@@ -766,8 +854,7 @@ def launch(s: Settings, env: Mapping[str, str]) -> int:
             signal.signal(sig, signal.SIG_IGN)  # a second scancel must not cut the teardown short
         launcher.teardown()
     if requeue:
-        _say(f"time limit near: requeueing job {s.job_id}; the next run resumes through "
-             "trainer.resume_mode=auto")
+        _say(f"time limit near: requeueing job {s.job_id}; the next run resumes through trainer.resume_mode=auto")
         res = subprocess.run(["scontrol", "requeue", s.job_id], capture_output=True, text=True, check=False)
         if res.returncode:
             _say(f"scontrol requeue failed: {res.stderr.strip()} (submit with --requeue to allow it)")
@@ -775,6 +862,7 @@ def launch(s: Settings, env: Mapping[str, str]) -> int:
 
 
 # --- in-step commands ----------------------------------------------------------------------------
+
 
 def match_ifnames(spec: str, names: Sequence[str]) -> list[str]:
     """Interfaces NCCL_SOCKET_IFNAME selects, in `names` order: prefixes, ``^`` excludes, ``=`` exact."""
@@ -816,8 +904,10 @@ def node_ip(env: Mapping[str, str]) -> tuple[str, str | None]:
             ip = iface_ipv4(name)
             if ip:
                 return ip, name
-        raise RecipeError(f"NCCL_SOCKET_IFNAME={spec} matches no interface with an IPv4 address on "
-                          f"{socket.gethostname()} (interfaces: {', '.join(names)})")
+        raise RecipeError(
+            f"NCCL_SOCKET_IFNAME={spec} matches no interface with an IPv4 address on "
+            f"{socket.gethostname()} (interfaces: {', '.join(names)})"
+        )
     try:
         ip = socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -840,8 +930,11 @@ def raise_nofile(target: int) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         soft = want
     if soft < target:
-        print(f"ray-slurm: warning: open-files limit is {soft} (hard limit), below RAY_NOFILE={target}",
-              file=sys.stderr, flush=True)
+        print(
+            f"ray-slurm: warning: open-files limit is {soft} (hard limit), below RAY_NOFILE={target}",
+            file=sys.stderr,
+            flush=True,
+        )
     return soft
 
 
@@ -869,8 +962,15 @@ def cmd_node(args: argparse.Namespace) -> int:
         head.with_suffix(".tmp").replace(head)
     ray = Path(sys.executable).with_name("ray")
     exe = str(ray) if ray.is_file() else "ray"
-    argv = [exe, "start", "--block", f"--node-ip-address={ip}", f"--num-cpus={cpus}",
-            f"--num-gpus={args.gpus}", *ray_args]
+    argv = [
+        exe,
+        "start",
+        "--block",
+        f"--node-ip-address={ip}",
+        f"--num-cpus={cpus}",
+        f"--num-gpus={args.gpus}",
+        *ray_args,
+    ]
     print(f"ray-slurm: {socket.gethostname()} slot {args.slot}: {shlex.join(argv)}", flush=True)
     os.execvp(exe, argv)
     return 0  # not reached
@@ -887,12 +987,17 @@ def wait_ready(address: str, nodes: int, gpus: int, timeout_s: float) -> list[di
         have = sum(int(n["Resources"].get("GPU", 0)) for n in alive)
         if len(alive) >= nodes and have >= gpus:
             cpus = sum(int(n["Resources"].get("CPU", 0)) for n in alive)
-            print(f"ray-slurm: Ray ready after {time.monotonic() - t0:.1f}s: {len(alive)}/{nodes} nodes, "
-                  f"{have}/{gpus} GPUs, {cpus} CPUs", flush=True)
+            print(
+                f"ray-slurm: Ray ready after {time.monotonic() - t0:.1f}s: {len(alive)}/{nodes} nodes, "
+                f"{have}/{gpus} GPUs, {cpus} CPUs",
+                flush=True,
+            )
             return alive
         if time.monotonic() - t0 > timeout_s:
-            raise RecipeError(f"Ray not ready after RAY_READY_TIMEOUT_S={timeout_s:.0f}s: {len(alive)}/"
-                              f"{nodes} nodes and {have}/{gpus} GPUs registered; see the job dir's ray-*.log")
+            raise RecipeError(
+                f"Ray not ready after RAY_READY_TIMEOUT_S={timeout_s:.0f}s: {len(alive)}/"
+                f"{nodes} nodes and {have}/{gpus} GPUs registered; see the job dir's ray-*.log"
+            )
         time.sleep(1)
 
 
@@ -903,30 +1008,46 @@ def probe(alive: Sequence[Mapping[str, Any]], timeout_s: float = 120) -> list[di
 
     @ray.remote(num_cpus=1)
     def where() -> dict[str, Any]:
-        return {"host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
-                "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+        return {
+            "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
 
-    refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False))
-            .remote() for n in alive]
+    refs = [
+        where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)).remote()
+        for n in alive
+    ]
     got = ray.get(refs, timeout=timeout_s)
     for n, r in zip(alive, got):  # noqa: B905 - same length by construction; zip(strict) needs 3.10
         if r["node_id"] != n["NodeID"]:
-            raise RecipeError(f"probe for node {n['NodeID'][:12]} ran on {r['node_id'][:12]}; "
-                              "node affinity failed")
+            raise RecipeError(f"probe for node {n['NodeID'][:12]} ran on {r['node_id'][:12]}; node affinity failed")
         gpus = int(n["Resources"].get("GPU", 0))
-        print(f"ray-slurm: probe node {r['node_id'][:12]} host {r['host']} ip {r['ip']} pid {r['pid']} "
-              f"GPUs {gpus}", flush=True)
+        print(
+            f"ray-slurm: probe node {r['node_id'][:12]} host {r['host']} ip {r['ip']} pid {r['pid']} GPUs {gpus}",
+            flush=True,
+        )
     return got
+
+
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def cmd_driver(args: argparse.Namespace) -> int:
     raise_nofile(args.nofile)
     alive = wait_ready(args.address, args.nodes, args.gpus, args.timeout)
+    # Ray's core installs a crash handler that dumps a stack on SIGTERM; a stop is not a crash.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.probe:
         got = probe(alive)
         hosts = sorted({r["host"] for r in got})
-        print(f"ray-slurm: probe ok: {len(got)}/{args.nodes} Ray nodes answered on {len(hosts)} host(s) "
-              f"({', '.join(hosts)}); {args.gpus} GPUs", flush=True)
+        print(
+            f"ray-slurm: probe ok: {len(got)}/{args.nodes} Ray nodes answered on {len(hosts)} host(s) "
+            f"({', '.join(hosts)}); {args.gpus} GPUs",
+            flush=True,
+        )
         if args.hold:
             print(f"ray-slurm: holding Ray up for {args.hold}s (REHEARSAL_HOLD_S)", flush=True)
             time.sleep(args.hold)
@@ -1007,6 +1128,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 # --- command line --------------------------------------------------------------------------------
 
+
 def cmd_check(args: argparse.Namespace) -> int:
     _say("check ok: " + check(os.environ, args.runtime).summary())
     return 0
@@ -1063,8 +1185,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ray-slurm", help="bootstrap Ray on a Slurm allocation and run a recipe",
-                       description=(__doc__ or "").splitlines()[0])
+    p = sub.add_parser(
+        "ray-slurm",
+        help="bootstrap Ray on a Slurm allocation and run a recipe",
+        description=(__doc__ or "").splitlines()[0],
+    )
     add_commands(p.add_subparsers(dest="ray_command", metavar="COMMAND", required=True))
 
 

@@ -63,7 +63,7 @@ class Recipe(_Strict):
     algorithm: Literal["ppo", "grpo"]
     backend: Literal["fsdp", "megatron", "deepspeed"]
     gpus: GPUSpec
-    smoke: SmokeSpec = SmokeSpec()
+    smoke: SmokeSpec = Field(default_factory=lambda: SmokeSpec())
     config: str = "config.yaml"
     variants: dict[str, str] = Field(default_factory=dict, description="name -> extra config file layered on config")
     expected: list[str] = Field(default_factory=list, description="bounds files, relative to the recipe folder")

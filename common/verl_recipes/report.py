@@ -105,15 +105,11 @@ class Peaks:
             "gpu": {
                 str(i): {
                     "used_gib": _gib(used),
-                    "by_class_gib": {
-                        c: _gib(self.gpu_class[i][c]) for c in _ordered(self.gpu_class.get(i, {}))
-                    },
+                    "by_class_gib": {c: _gib(self.gpu_class[i][c]) for c in _ordered(self.gpu_class.get(i, {}))},
                 }
                 for i, used in sorted(self.gpu_used.items())
             },
-            "host": {
-                f"{k}_gib": _gib(self.host[k]) if k in self.host else None for k in ("rss", "pss", "uss")
-            },
+            "host": {f"{k}_gib": _gib(self.host[k]) if k in self.host else None for k in ("rss", "pss", "uss")},
         }
 
 
@@ -147,9 +143,7 @@ def load_intervals(records: list[dict[str, Any]], t_end: float) -> list[Interval
                     break
     for stack in stacks.values():
         for b in stack:
-            out.append(
-                Interval(b["name"], b.get("step"), b["t"], max(t_end, b["t"]), b.get("pid"), open=True)
-            )
+            out.append(Interval(b["name"], b.get("step"), b["t"], max(t_end, b["t"]), b.get("pid"), open=True))
     return sorted(out, key=lambda i: i.begin)
 
 
@@ -173,16 +167,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     """Build summary.json's content from a run directory."""
     recs, bad = read_jsonl(run_dir / SAMPLES_FILE)
     if not recs:
-        raise RecipeError(
-            f"{run_dir / SAMPLES_FILE}: no samples; run `verl-recipes monitor --out {run_dir} -- CMD`"
-        )
+        raise RecipeError(f"{run_dir / SAMPLES_FILE}: no samples; run `verl-recipes monitor --out {run_dir} -- CMD`")
     start = next((r for r in recs if r.get("kind") == "start"), {})
     exit_ = next((r for r in recs if r.get("kind") == "exit"), None)
     samples = [r for r in recs if r.get("kind") == "sample"]
     if not samples:
-        raise RecipeError(
-            f"{run_dir / SAMPLES_FILE}: no sample records; the monitored command ended at once?"
-        )
+        raise RecipeError(f"{run_dir / SAMPLES_FILE}: no sample records; the monitored command ended at once?")
     t_end = samples[-1]["t"]
     ph_recs, bad_ph = read_jsonl(run_dir / PHASES_FILE)
     intervals = load_intervals(ph_recs, t_end)
@@ -229,9 +219,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             timing = {k: round(v, 6) for k, v in durations.get(step, {}).items() if k != "step"}
             if step in step_wall:
                 timing["step"] = round(step_wall[step], 6)
-        verl_mem = {
-            k: v for k, v in m.items() if k.endswith(("max_memory_allocated_gb", "max_memory_reserved_gb"))
-        }
+        verl_mem = {k: v for k, v in m.items() if k.endswith(("max_memory_allocated_gb", "max_memory_reserved_gb"))}
         reserved = [v for k, v in verl_mem.items() if k.endswith("max_memory_reserved_gb")]
         pk = by_step.get(step, Peaks())
         pk.duration_s = timing.get("step")
@@ -266,8 +254,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "skipped_lines": bad + bad_ph + bad_met,
         "nvml_error": start.get("nvml_error"),
         "gpus": [
-            {"index": g["index"], "name": g["name"], "total_gib": _gib(g["total_bytes"])}
-            for g in start.get("gpus", [])
+            {"index": g["index"], "name": g["name"], "total_gib": _gib(g["total_bytes"])} for g in start.get("gpus", [])
         ],
         "peak": total.to_json(),
         "phases": {n: by_phase[n].to_json() for n in _phase_order(by_phase, intervals)},
@@ -307,17 +294,14 @@ def render_markdown(summary: dict[str, Any], png: str | None) -> str:
     cmd = " ".join(summary["cmd"] or ["?"])
     lines.append(f"- command: `{cmd[:300]}`")
     ec = summary["exit_code"]
-    lines.append(
-        f"- exit code: {ec}" if ec is not None else "- exit code: none: the monitor did not finish (killed?)"
-    )
+    lines.append(f"- exit code: {ec}" if ec is not None else "- exit code: none: the monitor did not finish (killed?)")
     lines.append(
         f"- {summary['samples']} samples every {summary['interval_s']} s over {summary['wall_s']:.1f} s"
         + (f"; {summary['skipped_lines']} unreadable lines skipped" if summary["skipped_lines"] else "")
     )
     if summary["gpus"]:
         lines.append(
-            "- GPUs: "
-            + "; ".join(f"{g['index']}: {g['name']} {g['total_gib']:.1f} GiB" for g in summary["gpus"])
+            "- GPUs: " + "; ".join(f"{g['index']}: {g['name']} {g['total_gib']:.1f} GiB" for g in summary["gpus"])
         )
     else:
         lines.append(f"- no GPU fields: {summary['nvml_error']}")
@@ -443,15 +427,9 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
         ax.legend(loc="upper left", fontsize=8)
     hax = axes[-1][0]
     hax.plot(ts, [s["host"]["rss"] / GIB for s in samples], lw=1.2, color="black", label="host RSS (sum)")
-    pss = [
-        (t, s["host"]["pss"] / GIB)
-        for t, s in zip(ts, samples, strict=True)
-        if s["host"].get("pss") is not None
-    ]
+    pss = [(t, s["host"]["pss"] / GIB) for t, s in zip(ts, samples, strict=True) if s["host"].get("pss") is not None]
     if pss:
-        hax.plot(
-            [p[0] for p in pss], [p[1] for p in pss], "o", ms=2.5, color="tab:purple", label="host PSS (sum)"
-        )
+        hax.plot([p[0] for p in pss], [p[1] for p in pss], "o", ms=2.5, color="tab:purple", label="host PSS (sum)")
     hax.set_ylabel("host, GiB")
     hax.set_xlabel("seconds since start")
     hax.legend(loc="upper left", fontsize=8)

@@ -75,9 +75,7 @@ def resolve_arch(arch: str) -> dict[str, Any]:
     elif path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise RecipeError(
-            f"--arch {arch}: not a bundled arch ({', '.join(bundled_archs())}) nor a config.json path"
-        )
+        raise RecipeError(f"--arch {arch}: not a bundled arch ({', '.join(bundled_archs())}) nor a config.json path")
     try:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -129,11 +127,7 @@ def hf_config(cfg: dict[str, Any], dtype: str = "bf16") -> PretrainedConfig:
 
     if dtype not in DTYPES:
         raise RecipeError(f"--dtype {dtype}: use one of {', '.join(DTYPES)}")
-    kw = {
-        k: v
-        for k, v in cfg.items()
-        if k not in ("model_type", "torch_dtype", "dtype", "transformers_version")
-    }
+    kw = {k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype", "dtype", "transformers_version")}
     try:
         config = AutoConfig.for_model(cfg["model_type"], **kw)
     except ValueError as e:
@@ -186,7 +180,7 @@ def tensor_plan(model: PreTrainedModel) -> list[_Tensor]:
         )
     plan = []
     for name, p in model.named_parameters():  # deduplicated: a tied lm_head is not written, as HF does
-        ones = p.dim() == 1 and "norm" in name.rsplit(".", 2)[-2]
+        ones = p.dim() == 1 and "norm" in "".join(name.split(".")[-2:-1])  # e.g. input_layernorm.weight
         plan.append(_Tensor(name, tuple(p.shape), "ones" if ones else "normal"))
     return plan
 
@@ -250,9 +244,7 @@ def write_weights(
     itemsize = torch.empty((), dtype=tdtype).element_size()
     shards = shard_plan(plan, itemsize, max_shard_bytes)
     n = len(shards)
-    names = (
-        ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    )
+    names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
     q: queue.Queue[torch.Tensor | None] = queue.Queue(maxsize=2)
     errors: list[BaseException] = []
@@ -485,9 +477,7 @@ def load_for_check(path: str | Path, device: str = "cpu", dtype: Any = None) -> 
     model, info = loaded
     bad = list(info.get("missing_keys") or []) + [str(m) for m in info.get("mismatched_keys") or []]
     if bad:
-        raise RecipeError(
-            f"{path}: checkpoint lacks or mis-shapes {len(bad)} weights (e.g. {bad[0]}); rewrite it"
-        )
+        raise RecipeError(f"{path}: checkpoint lacks or mis-shapes {len(bad)} weights (e.g. {bad[0]}); rewrite it")
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.to(device).eval(), tokenizer
 
@@ -498,9 +488,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write a random-weight HF checkpoint and tokenizer from a config.json",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    p.add_argument(
-        "--arch", required=True, help=f"bundled ({', '.join(bundled_archs())}) or a config.json path"
-    )
+    p.add_argument("--arch", required=True, help=f"bundled ({', '.join(bundled_archs())}) or a config.json path")
     p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
     p.add_argument("--scale", choices=["full-width", "tiny"], default="full-width")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")

@@ -72,10 +72,7 @@ def ensure_dataset(out: Path | None) -> Path:
     return path
 
 
-def launcher_settings(
-    recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int,
-    vllm_util: float | None,
-) -> Any:
+def launcher_settings(recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int) -> Any:
     """What the launcher owns in verl's config: paths, GPUs, steps, logging, the Ray hook."""
     from omegaconf import OmegaConf
 
@@ -95,10 +92,7 @@ def launcher_settings(
             "default_local_dir": str(run_dir / "checkpoints"),
         },
     }
-    if vllm_util is not None:
-        settings["actor_rollout_ref"]["rollout"] = {"gpu_memory_utilization": round(vllm_util, 4)}
-    cfg = OmegaConf.create(settings)
-    return cfg
+    return OmegaConf.create(settings)
 
 
 def _open_runtime_env(cfg: Any) -> Any:
@@ -127,18 +121,22 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
     print("== 1/5 install verification")
     _run([*CLI, "verify", "--recipe", recipe.id], "verify", check=False)
     print(f"== 2/5 composed against verl's schema: {run_dir / 'verl_config.yaml'}")
-    print(f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
-          f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}")
+    print(
+        f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
+        f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
+    )
     print("== 3/5 memory plan")
-    _run([*CLI, "plan", recipe.id, *sum((["--variant", v] for v in args.variant), [])], "plan", check=False)
+    _run([*CLI, "plan", recipe.id, *[x for v in args.variant for x in ("--variant", v)]], "plan", check=False)
     print("== 4/5 synthetic model (tiny on CPU) and dataset")
     model = Path(cfg.actor_rollout_ref.model.path)
     data = Path(cfg.data.train_files).parent
     _check_model_and_data(model, data, cfg)
     print("== 5/5 the command a GPU host runs")
     print(f"   {(run_dir / 'command.sh').read_text().strip().splitlines()[-1]}")
-    print(f"training needs an NVIDIA GPU ({recipe.gpus.count} x {recipe.gpus.target}); {reason}. "
-          "Everything above is what a CPU can check; run the same command on a GPU host to train.")
+    print(
+        f"training needs an NVIDIA GPU ({recipe.gpus.count} x {recipe.gpus.target}); {reason}. "
+        "Everything above is what a CPU can check; run the same command on a GPU host to train."
+    )
     return 0
 
 
@@ -152,10 +150,13 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
     print(f"   model {model}: {n:,} parameters loaded in transformers")
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)
+    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)  # type: ignore[arg-type]
     item = ds[0]
-    print(f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset; first prompt {len(item['raw_prompt'])} "
-          "message(s)" if "raw_prompt" in item else f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset")
+    print(
+        f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset; first prompt {len(item['raw_prompt'])} message(s)"
+        if "raw_prompt" in item
+        else f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,6 +164,12 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = get_recipe(args.recipe)
     variants = args.variant
+    if args.model and not (args.model / "config.json").is_file():
+        raise RecipeError(f"--model {args.model}: no config.json there; point it at a Hugging Face checkpoint folder")
+    if args.data and not (args.data / "train.parquet").is_file():
+        raise RecipeError(
+            f"--data {args.data}: no train.parquet there; write one with `verl-recipes dataset --out DIR`"
+        )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = "-".join([recipe.id, *variants]) + ("-smoke" if args.smoke else "")
     run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
@@ -175,32 +182,36 @@ def run(args: argparse.Namespace) -> int:
     if args.rehearse or not gpu_ok:
         per_node = args.gpus or (1 if args.smoke else recipe.gpus.count)
 
-    vllm_util = None
     env = dict(os.environ)
+    cap_scale = None
     if args.cap_gib:
         if not gpu_ok:
             raise RecipeError("--cap-gib needs a GPU: the cap is a fraction of the GPU's total memory")
         if args.cap_gib >= gpu_gib:
             raise RecipeError(f"--cap-gib {args.cap_gib} is not below this GPU's {gpu_gib:.1f} GiB; drop it")
-        vllm_util = (args.cap_gib - args.cap_reserve_gib) / gpu_gib
-        env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{(args.cap_gib - args.cap_reserve_gib) / gpu_gib:.4f}"
+        # Each torch process may use at most the cap; vLLM gets the same GiB it would get on a
+        # card of cap_gib (its gpu_memory_utilization is a fraction of the card's total).
+        cap_scale = args.cap_gib / gpu_gib
+        env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{cap_scale:.4f}"
 
     model = args.model or Path("/nonexistent/model-made-at-launch")
     data = args.data or _cache_dir() / "data" / "arith"
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, vllm_util)
+    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     runtime_env = _open_runtime_env(cfg)
     cfg_path = run_dir / "verl_config.yaml"
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir),
-           "--config-name", "verl_config"]
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", "verl_config"]
     (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
 
     if args.rehearse or not gpu_ok:
-        reason = ("--rehearse was given" if args.rehearse else
-                  f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {per_node}")
+        reason = (
+            "--rehearse was given"
+            if args.rehearse
+            else f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {per_node}"
+        )
         if not args.model:
             model = ensure_model(recipe, recipe.smoke.layers, "tiny", "cpu", args.model_out, args.arch)
-            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, None)
+            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node)
             cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
             _open_runtime_env(cfg)
         OmegaConf.save(cfg, cfg_path)
@@ -212,22 +223,39 @@ def run(args: argparse.Namespace) -> int:
         scale = recipe.smoke.scale if args.smoke else "full-width"
         model = ensure_model(recipe, layers, scale, "cuda", args.model_out, args.arch)
     data = ensure_dataset(args.data)
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, vllm_util)
+    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     _open_runtime_env(cfg)
+    vllm_util = None
+    if cap_scale is not None:
+        rollout = cfg.actor_rollout_ref.rollout
+        vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
+        rollout.gpu_memory_utilization = vllm_util
     OmegaConf.save(cfg, cfg_path)
 
-    env.update({
-        "VERL_RECIPES_RUN_DIR": str(run_dir),
-        "VERL_FILE_LOGGER_PATH": str(run_dir / "verl_metrics.jsonl"),
-        "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
-        "PYTHONUNBUFFERED": "1",
-    })
-    prov = record(cmd, {"recipe": recipe.id, "variants": variants, "sets": args.sets, "steps": args.steps,
-                        "model": str(model), "data": str(data), "cap_gib": args.cap_gib,
-                        "vllm_gpu_memory_utilization": vllm_util,
-                        "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
-                        "runtime_env": runtime_env})
+    env.update(
+        {
+            "VERL_RECIPES_RUN_DIR": str(run_dir),
+            "VERL_FILE_LOGGER_PATH": str(run_dir / "verl_metrics.jsonl"),
+            "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    prov = record(
+        cmd,
+        {
+            "recipe": recipe.id,
+            "variants": variants,
+            "sets": args.sets,
+            "steps": args.steps,
+            "model": str(model),
+            "data": str(data),
+            "cap_gib": args.cap_gib,
+            "vllm_gpu_memory_utilization": vllm_util,
+            "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
+            "runtime_env": runtime_env,
+        },
+    )
     (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
     mon = [*CLI, "monitor", "--out", str(run_dir), "--", *cmd]
     with open(run_dir / "train.log", "wb") as logf:
@@ -249,24 +277,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run a recipe: rehearse on CPU, train with verl on GPU")
     p.add_argument("recipe")
     p.add_argument("--variant", action="append", default=[], help="variant from recipe.yaml; repeatable")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="a verl config override, checked against verl's schema")
-    p.add_argument("--model", type=Path, help="an HF checkpoint folder (default: a synthetic one)")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a verl config override, checked against verl's schema",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=_env_path("MODEL_PATH"),
+        help="an HF checkpoint folder (default: $MODEL_PATH, else a synthetic one)",
+    )
     p.add_argument("--model-out", type=Path, help="where to write the synthetic model")
     p.add_argument("--arch", help="another bundled architecture for the synthetic model (bring-up, scaling)")
     p.add_argument("--layers", type=int, help="truncate the synthetic model to this many layers")
-    p.add_argument("--data", type=Path, help="folder with train.parquet and test.parquet in verl's format")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=_env_path("DATA_DIR"),
+        help="folder with train.parquet and test.parquet in verl's format (default: $DATA_DIR)",
+    )
     p.add_argument("--run-dir", type=Path)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--gpus", type=int, help="GPUs per node to use (default: the recipe's)")
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
     p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
     p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")
-    p.add_argument("--cap-reserve-gib", type=float, default=2.0,
-                   help="GiB of the cap left for the other processes' CUDA contexts")
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
     p.set_defaults(func=run)

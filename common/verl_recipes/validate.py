@@ -26,8 +26,18 @@ from verl_recipes.recipes import Recipe, get_recipe
 SCHEMA = "verl-recipes/expected/1"
 UPPER, LOWER = 1.05, 0.8
 #: phases whose peaks are bounded: verl's marked_timer names, as the report attributes them.
-BOUNDED_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic",
-                  "update_actor", "update_weights", "step")
+BOUNDED_PHASES = (
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+    "step",
+)
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
@@ -85,8 +95,10 @@ def write_bounds(run_dir: Path, out: Path, recipe: Recipe, note: str = "") -> di
             "throughput_tok_s": band(m["throughput_tok_s"]),
             "min_steps": m["steps"],
         },
-        "provenance": {k: prov.get(k) for k in ("date_utc", "command", "packages", "gpu", "git_commit",
-                                                "variants", "sets", "cap_gib", "steps")},
+        "provenance": {
+            k: prov.get(k)
+            for k in ("date_utc", "command", "packages", "gpu", "git_commit", "variants", "sets", "cap_gib", "steps")
+        },
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -126,8 +138,10 @@ def check(summary: dict[str, Any], bounds_doc: dict[str, Any], label: str) -> li
 def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | None = None) -> list[str]:
     names = [expected] if expected else recipe.expected
     if not names:
-        raise RecipeError(f"recipe {recipe.id} has no expected/ bounds yet; measure a run and write them with "
-                          "`verl-recipes validate --write-bounds RUN --out recipes/<id>/expected/<gpu>x<n>.yaml`")
+        raise RecipeError(
+            f"recipe {recipe.id} has no expected/ bounds yet; measure a run and write them with "
+            "`verl-recipes validate --write-bounds RUN --out recipes/<id>/expected/<gpu>x<n>.yaml`"
+        )
     errors: list[str] = []
     for name in names:
         path = recipe.dir / name
@@ -141,7 +155,7 @@ def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | Non
     return errors
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a run's memory and throughput against a recipe's bounds")
     p.add_argument("recipe")
     p.add_argument("--run", type=Path, help="a run folder (default: each bounds file's source run)")

@@ -124,9 +124,7 @@ def _recipe(recipe_id: str | None) -> tuple[Any, Check | None]:
     from verl_recipes.recipes import get_recipe
 
     r = get_recipe(recipe_id)  # an unknown id is a RecipeError: exit 2 with the valid ids
-    return r, Check(
-        "recipe", "pass", f"{r.id}: {r.gpus.count} GPU(s) x {r.gpus.per_gpu_gib} GiB, {r.backend}"
-    )
+    return r, Check("recipe", "pass", f"{r.id}: {r.gpus.count} GPU(s) x {r.gpus.per_gpu_gib} GiB, {r.backend}")
 
 
 def check_python(pins: _Pins) -> Check:
@@ -190,9 +188,7 @@ def check_driver(nv: _NV, torch: Any, pins: _Pins, need_gpu: bool) -> Check:
     cv = int(nv.nv.nvmlSystemGetCudaDriverVersion_v2())
     drv_cuda = (cv // 1000, (cv % 1000) // 10)
     runtime = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
-    detail = (
-        f"driver {driver} (supports CUDA {drv_cuda[0]}.{drv_cuda[1]}), torch CUDA runtime {runtime or 'none'}"
-    )
+    detail = f"driver {driver} (supports CUDA {drv_cuda[0]}.{drv_cuda[1]}), torch CUDA runtime {runtime or 'none'}"
     if runtime:
         rt = _v(runtime)
         if rt[0] >= 13 and _v(driver) < _v(pins.min_cuda13):
@@ -261,9 +257,7 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
             ecc = nvm.nvmlDeviceGetEccMode(h)[0]
             notes.append("ECC on" if ecc else "ECC off")
             if ecc:
-                ue = nvm.nvmlDeviceGetTotalEccErrors(
-                    h, nvm.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvm.NVML_VOLATILE_ECC
-                )
+                ue = nvm.nvmlDeviceGetTotalEccErrors(h, nvm.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvm.NVML_VOLATILE_ECC)
                 if ue:
                     status, fix = "warn", "uncorrected ECC errors since boot: drain the GPU / reset it"
                     notes.append(f"{ue} uncorrected ECC errors")
@@ -286,9 +280,7 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
             tc = torch.cuda.device_count()
         except Exception as e:
             tc = 0
-            out.append(
-                Check("gpu-torch", "fail", f"torch cannot see the GPUs: {e}", "check the driver check above")
-            )
+            out.append(Check("gpu-torch", "fail", f"torch cannot see the GPUs: {e}", "check the driver check above"))
         if tc == 0:
             out.append(
                 Check(
@@ -406,12 +398,8 @@ def _allreduce_check(world: int, timeout: float = 180.0) -> Check:
         )
     res = json.loads(outs[0][0].strip().splitlines()[-1])
     if not res["ok"]:
-        return Check(
-            "nccl-allreduce", "fail", "all-reduce gave a wrong sum", "report this GPU/driver combination"
-        )
-    return Check(
-        "nccl-allreduce", "pass", f"{world} GPUs, right sum, bus bandwidth {res['busbw_gbs']:.0f} GB/s"
-    )
+        return Check("nccl-allreduce", "fail", "all-reduce gave a wrong sum", "report this GPU/driver combination")
+    return Check("nccl-allreduce", "pass", f"{world} GPUs, right sum, bus bandwidth {res['busbw_gbs']:.0f} GB/s")
 
 
 # package -> why it is needed; the pins are images/versions.toml [gpu]
@@ -433,17 +421,11 @@ def check_packages(pins: _Pins, recipe: Any, gpu_host: bool) -> list[Check]:
             why = "needed" if required else "not needed here"
             pin = f"=={want}" if want else ""
             out.append(
-                Check(
-                    name, "fail" if required else "warn", f"not installed ({why})", f"pip install {name}{pin}"
-                )
+                Check(name, "fail" if required else "warn", f"not installed ({why})", f"pip install {name}{pin}")
             )
         elif want and _v(have)[:3] != _v(want)[:3]:
             core = name == "verl"  # the recipes are written against verl 0.9.1's config and code
-            out.append(
-                Check(
-                    name, "fail" if core else "warn", f"{have}; pinned {want}", f"pip install {name}=={want}"
-                )
-            )
+            out.append(Check(name, "fail" if core else "warn", f"{have}; pinned {want}", f"pip install {name}=={want}"))
         else:
             out.append(Check(name, "pass", have + ("" if want else " (no exact pin)")))
     return out
@@ -482,9 +464,7 @@ def check_shm() -> Check:
             f"docker run --shm-size={want}g (or --ipc=host)",
         )
     if size < want * GIB * 0.99:
-        return Check(
-            "shm", "warn", detail + f"; Ray wants ~30% of RAM ({want} GiB)", f"docker run --shm-size={want}g"
-        )
+        return Check("shm", "warn", detail + f"; Ray wants ~30% of RAM ({want} GiB)", f"docker run --shm-size={want}g")
     return Check("shm", "pass", detail)
 
 
@@ -501,9 +481,7 @@ def check_ulimits() -> list[Check]:
             )
         )
     else:
-        out.append(
-            Check("ulimit-n", "pass", f"open files {'unlimited' if soft == resource.RLIM_INFINITY else soft}")
-        )
+        out.append(Check("ulimit-n", "pass", f"open files {'unlimited' if soft == resource.RLIM_INFINITY else soft}"))
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     if soft != resource.RLIM_INFINITY:
         out.append(
@@ -603,11 +581,7 @@ def run(args: argparse.Namespace) -> int:
     checks = run_checks(args.recipe, allreduce=not args.no_allreduce)
     failed = [c for c in checks if c.status == "fail"]
     if args.json:
-        print(
-            json.dumps(
-                {"ok": not failed, "recipe": args.recipe, "checks": [asdict(c) for c in checks]}, indent=1
-            )
-        )
+        print(json.dumps({"ok": not failed, "recipe": args.recipe, "checks": [asdict(c) for c in checks]}, indent=1))
     else:
         for c in checks:
             line = f"{c.status.upper():4s}  {c.name:15s} {c.detail}"

@@ -62,7 +62,6 @@ def _make_build_lora_module(original: Any) -> Any:
         ):
             return original(self, module)
         from peft import LoraConfig, TaskType, get_peft_model
-
         from verl.utils.py_functional import convert_to_regular_types
 
         module.enable_input_require_grads()
@@ -124,6 +123,6 @@ def apply() -> list[str]:
     engine = transformer_impl.FSDPEngine
     if not hasattr(engine._build_lora_module, "__wrapped__"):
         ORIGINALS["_build_lora_module"] = engine._build_lora_module
-        engine._build_lora_module = _make_build_lora_module(engine._build_lora_module)
+        engine._build_lora_module = _make_build_lora_module(engine._build_lora_module)  # type: ignore[method-assign]
     applied.append("critic-lora-token-cls")
     return applied

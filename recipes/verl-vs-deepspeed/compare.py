@@ -6,10 +6,19 @@ Subcommands:
   verl-overrides  print the Hydra overrides that give verl's trainer the same workload
   report          results.json, table.md and plot.png from a DeepSpeed run dir and a verl metrics JSONL
 
-GPU run, 2 GPUs (either launcher; both set RANK/LOCAL_RANK/WORLD_SIZE, which is all `ds` reads):
-  torchrun --standalone --nproc_per_node 2 recipes/verl-vs-deepspeed/compare.py ds \
-      --model M --data fixed.parquet --out OUT/ds
-  deepspeed --num_gpus 2 recipes/verl-vs-deepspeed/compare.py ds --model M --data fixed.parquet --out OUT/ds
+On the GPU host (keep NVLink multicast off: NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+NVSHMEM_DISABLE_NVLS=1; PYTHONUNBUFFERED=1 for live logs):
+  verl-recipes synth-model --arch qwen2-7b --device cuda --out /tmp/m/qwen2-7b
+  verl-recipes dataset --out /tmp/d
+  C=recipes/verl-vs-deepspeed/compare.py M=/tmp/m/qwen2-7b
+  python3 $C prep-data --model $M --data /tmp/d/train.parquet --out /tmp/d/fixed512.parquet
+  python3 -m torch.distributed.run --standalone --nproc_per_node 2 $C ds --model $M \\
+      --data /tmp/d/fixed512.parquet --out OUT/ds
+(torch.distributed.run is torchrun.) `deepspeed --num_gpus 2 $C ds ...` works the same: both
+launchers set RANK/LOCAL_RANK/WORLD_SIZE, which is all `ds` reads; --local_rank is accepted.
+Full Qwen2-7B needs two H200s: ZeRO-3 model states are 233 GiB in all (the pre-flight says so and
+stops on one GPU). On one GPU use a full-width checkpoint with fewer layers: synth-model --layers 8
+(85 GiB of states; 12 layers, 115 GiB, is the most that passes the pre-flight).
 Everything `ds` measures is defined in ds_ppo/harness.py and ds_ppo/loop.py.
 """
 
@@ -19,6 +28,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ds_ppo.workload import Workload
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -44,14 +57,23 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1)
 
 
-def _workload(a: argparse.Namespace) -> object:
+def _workload(a: argparse.Namespace) -> Workload:
     from ds_ppo.workload import Workload
 
     return Workload(
-        model=a.model, data=a.data, prompt_len=a.prompt_len, response_len=a.response_len, batch=a.batch,
-        mini_batch=a.mini_batch, train_micro_per_gpu=a.train_micro, infer_micro_per_gpu=a.infer_micro,
-        gen_micro_per_gpu=a.gen_micro, warmup_steps=a.warmup_steps, measured_steps=a.measured_steps,
-        use_ref=not a.no_ref, seed=a.seed,
+        model=a.model,
+        data=a.data,
+        prompt_len=a.prompt_len,
+        response_len=a.response_len,
+        batch=a.batch,
+        mini_batch=a.mini_batch,
+        train_micro_per_gpu=a.train_micro,
+        infer_micro_per_gpu=a.infer_micro,
+        gen_micro_per_gpu=a.gen_micro,
+        warmup_steps=a.warmup_steps,
+        measured_steps=a.measured_steps,
+        use_ref=not a.no_ref,
+        seed=a.seed,
     )
 
 
@@ -60,21 +82,26 @@ def cmd_ds(a: argparse.Namespace) -> int:
 
     w = _workload(a)
     try:
-        w.check(int(os.environ.get("WORLD_SIZE", "1")))  # type: ignore[attr-defined]
+        w.check(int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return run_ds(
-        w, Path(a.out), backend=a.backend, device_type=a.device, ds_config_path=a.ds_config,  # type: ignore[arg-type]
-        time_budget_s=a.time_budget_s, headroom_gib=a.headroom_gib, skip_memory_check=a.skip_memory_check,
-        grad_ckpt=not a.no_grad_ckpt,
+        w,
+        Path(a.out),
+        backend=a.backend,
+        device_type=a.device,
+        ds_config_path=a.ds_config,
+        time_budget_s=a.time_budget_s,
+        headroom_gib=a.headroom_gib,
+        skip_memory_check=a.skip_memory_check,
+        grad_ckpt=a.grad_ckpt,
     )
 
 
 def cmd_prep(a: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     from ds_ppo.workload import write_fixed_parquet
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.model)
     stats = write_fixed_parquet(a.data, tok, a.prompt_len, a.out, limit=a.limit)
@@ -88,7 +115,7 @@ def cmd_overrides(a: argparse.Namespace) -> int:
 
     w = _workload(a)
     kl = PPOHyper.from_verl_defaults().kl_coef
-    print(" \\\n".join(verl_overrides(w, a.gpus, kl_coef=kl)))  # type: ignore[arg-type]
+    print(" \\\n".join(verl_overrides(w, a.gpus, kl_coef=kl)))
     return 0
 
 
@@ -103,23 +130,43 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[1:]))
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     ds = sub.add_parser("ds", help="run the DeepSpeed ZeRO-3 PPO baseline")
     _workload_args(ds)
     ds.add_argument("--out", required=True)
-    ds.add_argument("--backend", choices=["deepspeed", "torch"], default="deepspeed",
-                    help="torch = plain-torch stand-in for CPU tests, never a measurement")
+    ds.add_argument(
+        "--backend",
+        choices=["deepspeed", "torch"],
+        default="deepspeed",
+        help="torch = plain-torch stand-in for CPU tests, never a measurement",
+    )
     ds.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ds.add_argument("--ds-config", default=None, help="base DeepSpeed config (default: ds_config.json here)")
-    ds.add_argument("--time-budget-s", type=float, default=0,
-                    help="stop before a step that would end after this many seconds of stepping (0 = no limit)")
-    ds.add_argument("--headroom-gib", type=float, default=12.0,
-                    help="per-GPU memory the pre-flight keeps free of model states for activations")
+    ds.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=0,
+        help="stop before a step that would end after this many seconds of stepping (0 = no limit)",
+    )
+    ds.add_argument(
+        "--headroom-gib",
+        type=float,
+        default=12.0,
+        help="per-GPU memory the pre-flight keeps free of model states for activations",
+    )
     ds.add_argument("--skip-memory-check", action="store_true")
-    ds.add_argument("--no-grad-ckpt", action="store_true")
+    ds.add_argument(
+        "--grad-ckpt",
+        choices=["non-reentrant", "reentrant", "off"],
+        default="non-reentrant",
+        help="gradient checkpointing of actor and critic (the seed's baseline uses it)",
+    )
     ds.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     ds.set_defaults(func=cmd_ds)
 

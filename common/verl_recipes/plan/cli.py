@@ -26,13 +26,17 @@ from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
     p.add_argument("target", nargs="?", help="recipe id, or a path to a config.yaml of deltas")
     p.add_argument("--variant", action="append", default=[], help="a recipe variant (repeatable)")
-    p.add_argument("--gpu", action="append", default=[], metavar="ID|NGiB",
-                   help=f"GPU to judge against (repeatable): {', '.join(catalogue())} or a size like 24GiB; "
-                   "default: all of them")  # fmt: skip
+    p.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        metavar="ID|NGiB",
+        help=f"GPU to judge against (repeatable): {', '.join(catalogue())} or a size like 24GiB; default: all of them",
+    )
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--arch", help="bundled arch name or path to a config.json (for a config path)")
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
@@ -140,8 +144,9 @@ def _constants_line(c: Constants) -> str:
     )
 
 
-def render_text(label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], costs: list[str],
-                c: Constants) -> str:  # fmt: skip
+def render_text(
+    label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], costs: list[str], c: Constants
+) -> str:
     out = [f"plan: {label}", *describe(s), _constants_line(c), ""]
     names = [p.gpu.id for p in plans]
     w = max(10, *(len(n) for n in names))
@@ -164,56 +169,89 @@ def render_text(label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[st
     out.append("")
     for p in plans:
         if p.fits:
-            out.append(f"{p.gpu.id}: fits; highest phase {p.peak.phase} {_g(p.peak.total)} of "
-                       f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
-                       f"(batch: {p.batch_seqs_per_replica} sequences of {s.seq_len} per vLLM replica)")  # fmt: skip
+            out.append(
+                f"{p.gpu.id}: fits; highest phase {p.peak.phase} {_g(p.peak.total)} of "
+                f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
+                f"(batch: {p.batch_seqs_per_replica} sequences of {s.seq_len} per vLLM replica)"
+            )
             continue
         out.append(f"{p.gpu.id}: does NOT fit: " + "; ".join(p.problems))
         sg = suggestions.get(p.gpu.id) or {}
         best = sg.get("best")
         if best:
             verdict = "then fits" if best.plan.fits else f"still short by {_g(best.plan.shortfall)} GiB"
-            out.append(f"  best single knob: {best.knob.name}: --set {' --set '.join(best.knob.sets)} "
-                       f"(saves {_g(best.saves)} GiB; {verdict})")  # fmt: skip
+            out.append(
+                f"  best single knob: {best.knob.name}: --set {' --set '.join(best.knob.sets)} "
+                f"(saves {_g(best.saves)} GiB; {verdict})"
+            )
         path, more = sg.get("path"), sg.get("more_gpus_path")
         for title, steps in ((f"to fit on {s.world} GPU(s)", path), ("to fit with more GPUs", more)):
             if steps:
                 sets = [x for step in steps for x in step.knob.sets]
-                out.append(f"  {title}: {' + '.join(st.knob.name for st in steps)}: --set {' --set '.join(sets)} "
-                           f"(peak {_g(steps[-1].plan.peak.total)} GiB)")  # fmt: skip
+                out.append(
+                    f"  {title}: {' + '.join(st.knob.name for st in steps)}: --set {' --set '.join(sets)} "
+                    f"(peak {_g(steps[-1].plan.peak.total)} GiB)"
+                )
         if not path:
-            out.append(f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
-                       + ("" if more else ", nor with more GPUs"))
+            out.append(
+                f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
+                + ("" if more else ", nor with more GPUs")
+            )
     if costs:
         out += ["", *costs]
     return "\n".join(out)
 
 
-def plan_json(label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], cost: list[dict[str, Any]],
-              c: Constants) -> dict[str, Any]:  # fmt: skip
+def plan_json(
+    label: str,
+    s: Setup,
+    plans: list[GPUPlan],
+    suggestions: dict[str, Any],
+    cost: list[dict[str, Any]],
+    c: Constants,
+) -> dict[str, Any]:
     def knob(sg: Any) -> dict[str, Any]:
-        return {"name": sg.knob.name, "sets": list(sg.knob.sets), "saves_bytes": sg.saves,
-                "peak_bytes": sg.plan.peak.total, "fits": sg.plan.fits}  # fmt: skip
+        return {
+            "name": sg.knob.name,
+            "sets": list(sg.knob.sets),
+            "saves_bytes": sg.saves,
+            "peak_bytes": sg.plan.peak.total,
+            "fits": sg.plan.fits,
+        }
 
     gpus = []
     for p in plans:
         sg = suggestions.get(p.gpu.id) or {}
-        gpus.append({
-            "gpu": asdict(p.gpu),
-            "fits": p.fits,
-            "problems": p.problems,
-            "peak_phase": p.peak.phase,
-            "peak_bytes": p.peak.total,
-            "vllm": {"budget_bytes": p.vllm_budget, "free_at_start_bytes": p.vllm_start_free,
-                     "kv_cache_bytes": p.kv_bytes, "kv_cache_tokens": p.kv_tokens,
-                     "max_model_len": p.max_model_len, "batch_sequences_per_replica": p.batch_seqs_per_replica},
-            "phases": {ph.phase: {"total_bytes": ph.total, "by_process": ph.by_process(),
-                                  "terms": [{"name": t.name, "bytes": t.bytes, "process": t.process}
-                                            for t in ph.terms if t.bytes]} for ph in p.phases},
-            "best_knob": knob(sg["best"]) if sg.get("best") else None,
-            "path_to_fit": [knob(x) for x in sg["path"]] if sg.get("path") else None,
-            "path_to_fit_more_gpus": [knob(x) for x in sg["more_gpus_path"]] if sg.get("more_gpus_path") else None,
-        })  # fmt: skip
+        gpus.append(
+            {
+                "gpu": asdict(p.gpu),
+                "fits": p.fits,
+                "problems": p.problems,
+                "peak_phase": p.peak.phase,
+                "peak_bytes": p.peak.total,
+                "vllm": {
+                    "budget_bytes": p.vllm_budget,
+                    "free_at_start_bytes": p.vllm_start_free,
+                    "kv_cache_bytes": p.kv_bytes,
+                    "kv_cache_tokens": p.kv_tokens,
+                    "max_model_len": p.max_model_len,
+                    "batch_sequences_per_replica": p.batch_seqs_per_replica,
+                },
+                "phases": {
+                    ph.phase: {
+                        "total_bytes": ph.total,
+                        "by_process": ph.by_process(),
+                        "terms": [
+                            {"name": t.name, "bytes": t.bytes, "process": t.process} for t in ph.terms if t.bytes
+                        ],
+                    }
+                    for ph in p.phases
+                },
+                "best_knob": knob(sg["best"]) if sg.get("best") else None,
+                "path_to_fit": [knob(x) for x in sg["path"]] if sg.get("path") else None,
+                "path_to_fit_more_gpus": [knob(x) for x in sg["more_gpus_path"]] if sg.get("more_gpus_path") else None,
+            }
+        )
     return {
         "target": label,
         "model": {"params": s.arch.params(), **asdict(s.arch)},
@@ -224,17 +262,22 @@ def plan_json(label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str,
     }
 
 
-def _costs(s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str,
-           recipe: Any) -> tuple[list[str], list[dict[str, Any]]]:  # fmt: skip
+def _costs(
+    s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
+) -> tuple[list[str], list[dict[str, Any]]]:
     from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
 
     rate, where = tokens_per_s, "--tokens-per-s"
     if rate is None and recipe is not None:
+        from verl_recipes.plan.cost import from_verl_throughput
         from verl_recipes.plan.validate import measured_runs
 
-        runs = [r for r in measured_runs() if r.recipe == recipe.id and r.tokens_per_s]
+        runs = [r for r in measured_runs() if r.recipe == recipe.id and r.per_gpu_throughput]
         if runs:
-            rate, where = runs[-1].tokens_per_s, f"measured run {runs[-1].path.parent.name}"
+            run = runs[-1]
+            assert run.per_gpu_throughput is not None
+            rate = from_verl_throughput(run.per_gpu_throughput, s.world)
+            where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
     if rate is None:
         return [], []
     offers = load_prices(prices_file())
@@ -247,8 +290,10 @@ def _costs(s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str 
             lines.append(f"  {g.id}: no sourced price in validation/prices.yaml")
             continue
         c = compute_cost(o, s.world, rate, tokens)
-        lines.append(f"  {g.id}: ${c.usd_per_step:.4f}/step ({c.step_seconds:.1f} s), ${c.usd_per_million_tokens:.2f} "
-                     f"per million tokens at {o.provider} ${o.usd_per_gpu_hour}/GPU-h ({o.date}, {o.source})")  # fmt: skip
+        lines.append(
+            f"  {g.id}: ${c.usd_per_step:.4f}/step ({c.step_seconds:.1f} s), ${c.usd_per_million_tokens:.2f} "
+            f"per million tokens at {o.provider} ${o.usd_per_gpu_hour}/GPU-h ({o.date}, {o.source})"
+        )
         js.append({**asdict(c), "offer": asdict(o)})
     return lines, js
 
@@ -271,8 +316,11 @@ def run(args: argparse.Namespace) -> int:
         if not p.fits:
             sg = helpful(s, p.gpu, c)
             same = path_to_fit(s, p.gpu, c, more_gpus=False)
-            suggestions[p.gpu.id] = {"best": sg[0] if sg else None, "path": same,
-                                     "more_gpus_path": None if same else path_to_fit(s, p.gpu, c)}
+            suggestions[p.gpu.id] = {
+                "best": sg[0] if sg else None,
+                "path": same,
+                "more_gpus_path": None if same else path_to_fit(s, p.gpu, c),
+            }
     cost_lines, cost_js = _costs(s, gpus, args.tokens_per_s, args.provider, label, recipe)
     if args.json:
         json.dump(plan_json(label, s, plans, suggestions, cost_js, c), sys.stdout, indent=2)

@@ -130,15 +130,22 @@ class Setup:
 
 
 def _sel(cfg: Any, key: str, default: Any = None, required: bool = True) -> Any:
-    """A value from the composed config, interpolations resolved; absent keys fail by name."""
-    from omegaconf import OmegaConf
+    """A value from the composed config, interpolations resolved; absent keys fail by name.
 
-    sentinel = object()
-    val = OmegaConf.select(cfg, key, default=sentinel, throw_on_missing=False)
-    if val is sentinel:
+    A key that exists but is unset (null, or `???` like verl's `rollout.name`) gives `default`.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, throw_on_missing=False) if parent_key else cfg
+    # `in` on a DictConfig is False for `???` values, so look the key up among the keys.
+    if not isinstance(parent, DictConfig) or leaf not in list(parent.keys()):
         if required:
             raise RecipeError(f"the configuration has no {key}: compose it from verl 0.9.1's Hydra config")
         return default
+    if OmegaConf.is_missing(parent, leaf):
+        return default
+    val = OmegaConf.select(cfg, key)
     if val is None:
         return default
     if OmegaConf.is_config(val):
@@ -193,10 +200,22 @@ def _is_megatron(strategy: Any) -> bool:
     return str(strategy) == "megatron"
 
 
-def _fsdp_role(cfg: Any, name: str, base: str, engine: str, model: str, micro_train: int, micro_infer: int,
-               dynamic: bool, max_train: int, max_infer: int) -> Role:  # fmt: skip
-    sp = max(int(_sel(cfg, f"{engine}.ulysses_sequence_parallel_size", 1)),
-             int(_sel(cfg, f"{base}.ulysses_sequence_parallel_size", 1, required=False)))  # fmt: skip
+def _fsdp_role(
+    cfg: Any,
+    name: str,
+    base: str,
+    engine: str,
+    model: str,
+    micro_train: int,
+    micro_infer: int,
+    dynamic: bool,
+    max_train: int,
+    max_infer: int,
+) -> Role:
+    sp = max(
+        int(_sel(cfg, f"{engine}.ulysses_sequence_parallel_size", 1)),
+        int(_sel(cfg, f"{base}.ulysses_sequence_parallel_size", 1, required=False)),
+    )
     return Role(
         name=name,
         backend="fsdp",
@@ -217,8 +236,18 @@ def _fsdp_role(cfg: Any, name: str, base: str, engine: str, model: str, micro_tr
     )
 
 
-def _mcore_role(cfg: Any, name: str, engine: str, model: str, lora_key: str, micro_train: int, micro_infer: int,
-                dynamic: bool, max_train: int, max_infer: int) -> Role:  # fmt: skip
+def _mcore_role(
+    cfg: Any,
+    name: str,
+    engine: str,
+    model: str,
+    lora_key: str,
+    micro_train: int,
+    micro_infer: int,
+    dynamic: bool,
+    max_train: int,
+    max_infer: int,
+) -> Role:
     gran = _sel(cfg, f"{engine}.override_transformer_config.recompute_granularity", None, required=False)
     rank = int(_sel(cfg, f"{lora_key}.rank", 0, required=False) or _sel(cfg, f"{model}.lora_rank", 0))
     targets = _sel(cfg, f"{lora_key}.target_modules", None, required=False)
@@ -258,8 +287,9 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
     micro_train = _micro(cfg, f"{a}.ppo_micro_batch_size_per_gpu", dyn)
     micro_lp = _micro(cfg, f"{r}.log_prob_micro_batch_size_per_gpu", dyn)
     if mega:
-        actor = _mcore_role(cfg, "actor", f"{a}.megatron", m, f"{m}.lora", micro_train, micro_lp, dyn, max_train,
-                            max_infer)  # fmt: skip
+        actor = _mcore_role(
+            cfg, "actor", f"{a}.megatron", m, f"{m}.lora", micro_train, micro_lp, dyn, max_train, max_infer
+        )
     else:
         actor = _fsdp_role(cfg, "actor", a, f"{a}.fsdp_config", m, micro_train, micro_lp, dyn, max_train, max_infer)
 
@@ -274,8 +304,9 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
         ref_micro = _micro(cfg, f"{rf}.log_prob_micro_batch_size_per_gpu", ref_dyn)
         ref_max = int(_sel(cfg, f"{rf}.log_prob_max_token_len_per_gpu", max_train))
         if mega:
-            ref_role = _mcore_role(cfg, "ref", f"{rf}.megatron", m, f"{m}.lora", ref_micro, ref_micro, ref_dyn,
-                                   ref_max, ref_max)  # fmt: skip
+            ref_role = _mcore_role(
+                cfg, "ref", f"{rf}.megatron", m, f"{m}.lora", ref_micro, ref_micro, ref_dyn, ref_max, ref_max
+            )
             ref_role = _replace(ref_role, lora_rank=0)
         else:
             base = _fsdp_role(cfg, "ref", rf, f"{rf}.fsdp_config", m, ref_micro, ref_micro, ref_dyn, ref_max, ref_max)
@@ -293,8 +324,18 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
         cmax = int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", 32768))
         cfmax = int(_sel(cfg, f"{c}.forward_max_token_len_per_gpu", cmax, required=False))
         if _is_megatron(_sel(cfg, f"{c}.strategy")):
-            critic = _mcore_role(cfg, "critic", f"{c}.megatron", f"{c}.model", f"{c}.model.lora", cmicro, cfwd, cdyn,
-                                 cmax, cfmax)  # fmt: skip
+            critic = _mcore_role(
+                cfg,
+                "critic",
+                f"{c}.megatron",
+                f"{c}.model",
+                f"{c}.model.lora",
+                cmicro,
+                cfwd,
+                cdyn,
+                cmax,
+                cfmax,
+            )
         else:
             critic = _fsdp_role(cfg, "critic", c, f"{c}.fsdp", f"{c}.model", cmicro, cfwd, cdyn, cmax, cfmax)
 
@@ -363,31 +404,24 @@ def validate_layout(s: Setup) -> None:
         )
     if arch.kv_heads % ro.tp and ro.tp % arch.kv_heads:
         raise RecipeError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tp} neither divides nor is a multiple of "
-            f"num_key_value_heads={arch.kv_heads}"
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tp} neither divides nor is a "
+            f"multiple of num_key_value_heads={arch.kv_heads}"
         )
     infer_world = ro.tp * ro.dp * ro.pp
     if s.world % infer_world:
         raise RecipeError(
-            f"world size {s.world} (trainer.nnodes x trainer.n_gpus_per_node) is not divisible by the rollout's "
-            f"tensor x data x pipeline parallel size {infer_world}"
+            f"world size {s.world} (trainer.nnodes x trainer.n_gpus_per_node) is not divisible by the "
+            f"rollout's tensor x data x pipeline parallel size {infer_world}"
         )
     for role in (s.actor, s.critic, s.ref_role):
         if role is None:
             continue
-        key = "actor_rollout_ref.actor" if role.name in ("actor", "ref") else "critic"
-        if role.name == "ref":
-            key = "actor_rollout_ref.ref"
+        key = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref"}.get(role.name, "critic")
         if role.backend == "megatron":
             eng = f"{key}.megatron"
-            if arch.heads % role.tp:
-                raise RecipeError(
-                    f"{eng}.tensor_model_parallel_size={role.tp} does not divide num_attention_heads={arch.heads}"
-                )
-            if arch.kv_heads % role.tp:
-                raise RecipeError(
-                    f"{eng}.tensor_model_parallel_size={role.tp} does not divide num_key_value_heads={arch.kv_heads}"
-                )
+            for what, n in (("num_attention_heads", arch.heads), ("num_key_value_heads", arch.kv_heads)):
+                if n % role.tp:
+                    raise RecipeError(f"{eng}.tensor_model_parallel_size={role.tp} does not divide {what}={n}")
             if arch.layers % role.pp:
                 raise RecipeError(
                     f"{eng}.pipeline_model_parallel_size={role.pp} does not divide num_hidden_layers={arch.layers}"
@@ -400,18 +434,15 @@ def validate_layout(s: Setup) -> None:
         else:
             sp = role.ulysses_sp
             if s.world % sp:
-                raise RecipeError(f"world size {s.world} is not divisible by {key} ulysses_sequence_parallel_size={sp}")
+                raise RecipeError(f"world size {s.world} is not divisible by {key}.ulysses_sequence_parallel_size={sp}")
             if arch.heads % sp:
                 raise RecipeError(
-                    f"{key} ulysses_sequence_parallel_size={sp} does not divide num_attention_heads={arch.heads}"
+                    f"{key}.ulysses_sequence_parallel_size={sp} does not divide num_attention_heads={arch.heads}"
                 )
     # verl.utils.config.validate_config and ActorConfig.validate, which verl runs at start.
     if not s.actor.dynamic_bsz:
         rows = s.train_batch_size * ro.n
-        if s.actor.backend == "megatron":
-            minimal = s.dp(s.actor) * s.actor.micro_train
-        else:
-            minimal = s.world
+        minimal = s.dp(s.actor) * s.actor.micro_train if s.actor.backend == "megatron" else s.world
         if rows % minimal:
             raise RecipeError(
                 f"data.train_batch_size x rollout.n = {rows} is not a multiple of {minimal} "
@@ -419,6 +450,7 @@ def validate_layout(s: Setup) -> None:
             )
         if s.train_batch_size < s.ppo_mini_batch_size:
             raise RecipeError(
-                f"data.train_batch_size={s.train_batch_size} is below actor_rollout_ref.actor.ppo_mini_batch_size="
-                f"{s.ppo_mini_batch_size} (verl rejects it); lower ppo_mini_batch_size to at most {s.train_batch_size}"
+                f"data.train_batch_size={s.train_batch_size} is below actor_rollout_ref.actor."
+                f"ppo_mini_batch_size={s.ppo_mini_batch_size} (verl rejects it); "
+                f"lower ppo_mini_batch_size to at most {s.train_batch_size}"
             )

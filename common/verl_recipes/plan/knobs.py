@@ -1,6 +1,10 @@
 """What to change when a plan does not fit: try each memory knob, report the one that helps most.
 
-Each knob is a change to the `Setup` plus the `--set` lines that make the same change in the verl
+The knobs: param_offload and optimizer_offload (actor, critic), FSDP2's CPU `offload_policy`,
+bf16 `model_dtype`, gradient checkpointing (Megatron: full recompute), halved micro-batches, the
+vLLM budget set to the least that holds one max_model_len sequence (lower or higher), vLLM tensor
+parallel x2, a smaller weight-sync bucket, `free_cache_engine`, LoRA (actor, critic) and twice
+the GPUs. Each knob is a change to the `Setup` plus the `--set` lines that make the same change in the verl
 configuration. The planner re-predicts every phase with the knob applied and scores it by the
 bytes still missing on that GPU (`GPUPlan.shortfall`), then by the highest phase peak. Knobs
 that do not apply (already on, already 1, no critic) are skipped. `path_to_fit` applies the best
@@ -59,17 +63,37 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
     for which, role in _roles(s):
         key = _engine_key(s, role)
         if not role.param_offload:
-            knobs.append(Knob(f"{which} param_offload", (f"{key}.param_offload=true",),
-                              _with(s, which, replace(role, param_offload=True))))  # fmt: skip
+            knobs.append(
+                Knob(
+                    f"{which} param_offload",
+                    (f"{key}.param_offload=true",),
+                    _with(s, which, replace(role, param_offload=True)),
+                )
+            )
         if not role.optimizer_offload:
-            knobs.append(Knob(f"{which} optimizer_offload", (f"{key}.optimizer_offload=true",),
-                              _with(s, which, replace(role, optimizer_offload=True))))  # fmt: skip
+            knobs.append(
+                Knob(
+                    f"{which} optimizer_offload",
+                    (f"{key}.optimizer_offload=true",),
+                    _with(s, which, replace(role, optimizer_offload=True)),
+                )
+            )
         if role.backend == "fsdp" and role.fsdp2 and not role.offload_policy:
-            knobs.append(Knob(f"{which} FSDP2 CPU offload_policy", (f"{key}.offload_policy=true",),
-                              _with(s, which, replace(role, offload_policy=True))))  # fmt: skip
+            knobs.append(
+                Knob(
+                    f"{which} FSDP2 CPU offload_policy",
+                    (f"{key}.offload_policy=true",),
+                    _with(s, which, replace(role, offload_policy=True)),
+                )
+            )
         if role.backend == "fsdp" and role.param_bytes == 4:
-            knobs.append(Knob(f"{which} model_dtype bf16", (f"{key}.model_dtype=bf16",),
-                              _with(s, which, replace(role, param_bytes=2))))  # fmt: skip
+            knobs.append(
+                Knob(
+                    f"{which} model_dtype bf16",
+                    (f"{key}.model_dtype=bf16",),
+                    _with(s, which, replace(role, param_bytes=2)),
+                )
+            )
     # gradient checkpointing / full recompute, for every trained role at once
     ck = s
     sets: list[str] = []
@@ -78,8 +102,11 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
             continue
         if role.backend == "megatron":
             base = _engine_key(s, role) + ".override_transformer_config"
-            sets += [f"{base}.recompute_granularity=full", f"{base}.recompute_method=uniform",
-                     f"{base}.recompute_num_layers=1"]  # fmt: skip
+            sets += [
+                f"{base}.recompute_granularity=full",
+                f"{base}.recompute_method=uniform",
+                f"{base}.recompute_num_layers=1",
+            ]
             ck = _with(ck, which, replace(role, grad_ckpt=True, recompute_full=True))
         else:
             model = "actor_rollout_ref.model" if which == "actor" else "critic.model"
@@ -110,7 +137,10 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         cr = s.critic
         if cr.micro_train > 1 or cr.micro_infer > 1:
             mt, mi = max(1, cr.micro_train // 2), max(1, cr.micro_infer // 2)
-            sets += [f"critic.ppo_micro_batch_size_per_gpu={mt}", f"critic.forward_micro_batch_size_per_gpu={mi}"]
+            sets += [
+                f"critic.ppo_micro_batch_size_per_gpu={mt}",
+                f"critic.forward_micro_batch_size_per_gpu={mi}",
+            ]
             mb = replace(mb, critic=replace(cr, micro_train=mt, micro_infer=mi))
     if sets:
         knobs.append(Knob("smaller micro-batches", tuple(sets), mb))
@@ -119,8 +149,13 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
     u = min_utilization(s, gpu, c)
     u = int(u * 100 + 0.999) / 100
     if 0 < u <= 1 and abs(u - s.rollout.gpu_memory_utilization) >= 0.01:
-        knobs.append(Knob(f"gpu_memory_utilization {u:g}", (f"{a}.rollout.gpu_memory_utilization={u:g}",),
-                          replace(s, rollout=replace(s.rollout, gpu_memory_utilization=u))))  # fmt: skip
+        knobs.append(
+            Knob(
+                f"gpu_memory_utilization {u:g}",
+                (f"{a}.rollout.gpu_memory_utilization={u:g}",),
+                replace(s, rollout=replace(s.rollout, gpu_memory_utilization=u)),
+            )
+        )
     # vLLM tensor parallel x2: half its weights and KV heads per GPU (needs the GPUs and the heads)
     tp2 = s.rollout.tp * 2
     if s.world % (tp2 * s.rollout.pp * s.rollout.dp) == 0 and s.arch.heads % tp2 == 0:
@@ -133,20 +168,39 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
     # a smaller weight-sync bucket (verl's default is 2048 MB)
     bucket_mb = max(SYNC_BUCKET_MB, -(-2 * s.arch.largest_tensor_params() // 1024**2))
     if s.rollout.bucket_bytes > bucket_mb * 1024**2:
-        knobs.append(Knob(f"sync bucket {bucket_mb} MB",
-                          (f"{a}.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb}",),
-                          replace(s, rollout=replace(s.rollout, bucket_bytes=bucket_mb * 1024**2))))  # fmt: skip
+        knobs.append(
+            Knob(
+                f"sync bucket {bucket_mb} MB",
+                (f"{a}.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb}",),
+                replace(s, rollout=replace(s.rollout, bucket_bytes=bucket_mb * 1024**2)),
+            )
+        )
     if not s.rollout.free_cache_engine:
-        knobs.append(Knob("free_cache_engine", (f"{a}.rollout.free_cache_engine=true",),
-                          replace(s, rollout=replace(s.rollout, free_cache_engine=True))))  # fmt: skip
+        knobs.append(
+            Knob(
+                "free_cache_engine",
+                (f"{a}.rollout.free_cache_engine=true",),
+                replace(s, rollout=replace(s.rollout, free_cache_engine=True)),
+            )
+        )
     # LoRA on the actor (and its reference becomes the actor with the adapter off)
     if s.actor.lora_rank == 0 and s.actor.backend == "fsdp":
         ref = "in_actor" if s.ref != "none" else "none"
-        knobs.append(Knob(f"actor LoRA rank {LORA_RANK}", (f"{a}.model.lora_rank={LORA_RANK}",),
-                          replace(s, actor=replace(s.actor, lora_rank=LORA_RANK), ref=ref)))  # fmt: skip
+        knobs.append(
+            Knob(
+                f"actor LoRA rank {LORA_RANK}",
+                (f"{a}.model.lora_rank={LORA_RANK}",),
+                replace(s, actor=replace(s.actor, lora_rank=LORA_RANK), ref=ref),
+            )
+        )
     if s.critic is not None and s.critic.lora_rank == 0 and s.critic.backend == "fsdp":
-        knobs.append(Knob(f"critic LoRA rank {LORA_RANK}", (f"critic.model.lora_rank={LORA_RANK}",),
-                          replace(s, critic=replace(s.critic, lora_rank=LORA_RANK))))  # fmt: skip
+        knobs.append(
+            Knob(
+                f"critic LoRA rank {LORA_RANK}",
+                (f"critic.model.lora_rank={LORA_RANK}",),
+                replace(s, critic=replace(s.critic, lora_rank=LORA_RANK)),
+            )
+        )
     # more GPUs: twice the data-parallel world (fill a node to 8 first, then add nodes)
     if s.gpus_per_node < 8:
         more = replace(s, gpus_per_node=min(8, s.gpus_per_node * 2))
@@ -210,13 +264,14 @@ def path_to_fit(
     if not plan.fits:
         return None
     for i, st in enumerate(steps):
-        if st.knob.name.startswith("gpu_memory_utilization"):
-            u = int(min_utilization(cur, gpu, c) * 100 + 0.999) / 100
-            trial = replace(cur, rollout=replace(cur.rollout, gpu_memory_utilization=u))
-            p2 = plan_gpu(trial, gpu, c)
-            if p2.fits and u != cur.rollout.gpu_memory_utilization:
-                k = Knob(f"gpu_memory_utilization {u:g}",
-                         (f"actor_rollout_ref.rollout.gpu_memory_utilization={u:g}",), trial)  # fmt: skip
-                steps[i] = Suggestion(k, p2, st.saves)
-                steps[-1] = Suggestion(steps[-1].knob, p2, steps[-1].saves) if i != len(steps) - 1 else steps[i]
+        if not st.knob.name.startswith("gpu_memory_utilization"):
+            continue
+        u = int(min_utilization(cur, gpu, c) * 100 + 0.999) / 100
+        trial = replace(cur, rollout=replace(cur.rollout, gpu_memory_utilization=u))
+        final = plan_gpu(trial, gpu, c)
+        if final.fits and u != cur.rollout.gpu_memory_utilization:
+            sets = (f"actor_rollout_ref.rollout.gpu_memory_utilization={u:g}",)
+            steps[i] = Suggestion(Knob(f"gpu_memory_utilization {u:g}", sets, trial), final, st.saves)
+            steps[-1] = replace(steps[-1], plan=final)  # the last step carries the final plan
+        break
     return steps

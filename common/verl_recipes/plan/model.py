@@ -51,9 +51,25 @@ from verl_recipes import RecipeError
 
 # Model types that are not decoder-only causal LMs: their configs may carry the same keys.
 _NOT_DECODER = {
-    "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
-    "mpnet", "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "whisper", "encoder-decoder",
-}  # fmt: skip
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "albert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "mpnet",
+    "t5",
+    "mt5",
+    "umt5",
+    "bart",
+    "mbart",
+    "pegasus",
+    "marian",
+    "whisper",
+    "encoder-decoder",
+}
 _REQUIRED = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 # Linear modules a LoRA `target_modules: all-linear` reaches in a Llama-style layer (peft excludes
 # the output layer): name -> (input width, output width) as functions of the architecture.

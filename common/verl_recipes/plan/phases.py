@@ -249,7 +249,9 @@ def _fsdp_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) ->
         terms.append(Term(f"{who} activations ({t} tokens, {how})", act, "trainer"))
         terms.append(Term(f"{who} unsharded fp32 gradient of one unit", 4 * p.trainable_unit, "trainer"))
     else:
-        terms.append(Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token(), "trainer"))
+        terms.append(
+            Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token(), "trainer")
+        )
     if not critic:
         per = c.logits_train_bytes if train else c.logits_fwd_bytes
         terms.append(Term(f"{who} logits ({t} x {a.vocab} x {per} B)", t * a.vocab * per, "trainer"))
@@ -286,7 +288,11 @@ def _mcore_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -
         terms.append(Term(f"{who} activations ({t} tokens x {in_flight} in flight, {how})", act, "trainer"))
     else:
         terms.append(
-            Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token() // tp, "trainer")
+            Term(
+                f"{who} forward transient ({t} tokens)",
+                t * a.forward_transient_bytes_per_token() // tp,
+                "trainer",
+            )
         )
     if not critic:
         per = c.logits_train_bytes if train else c.logits_fwd_bytes
@@ -341,8 +347,11 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
         Term("vLLM NCCL buffers", _nccl_vllm(s, c), "vllm"),
     ]
     vllm_full = [
-        Term(f"vLLM budget ({r.gpu_memory_utilization:g} x {total / GIB:.1f} GiB: weights, activations, KV cache)",
-             budget, "vllm"),  # fmt: skip
+        Term(
+            f"vLLM budget ({r.gpu_memory_utilization:g} x {total / GIB:.1f} GiB: weights, activations, KV cache)",
+            budget,
+            "vllm",
+        ),
         Term("vLLM CUDA graphs", graphs, "vllm"),
     ]
     vllm_asleep = [Term("vLLM CUDA graphs (asleep)", graphs, "vllm")]
@@ -355,14 +364,24 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
         first = phase == "loaded"
         terms: list[Term] = []
         for role, is_critic, active in (
-            (actor, False, phase in ("old_log_prob", "update_actor", "update_weights") or (phase == "ref" and s.ref == "in_actor")),
+            (
+                actor,
+                False,
+                phase in ("old_log_prob", "update_actor", "update_weights") or (phase == "ref" and s.ref == "in_actor"),
+            ),
             (critic, True, phase in ("values", "update_critic")),
         ):
             if role is None:
                 continue
             updating = phase == ("update_critic" if is_critic else "update_actor")
             on_gpu = active or not role.param_offload
-            if phase == "update_weights" and not is_critic and role.backend == "fsdp" and role.fsdp2 and not role.lora_rank:
+            if (
+                phase == "update_weights"
+                and not is_critic
+                and role.backend == "fsdp"
+                and role.fsdp2
+                and not role.lora_rank
+            ):
                 # FSDP2 without LoRA streams each shard to the GPU on its own (`_skip_staging`).
                 on_gpu = not role.param_offload
             if updating:
@@ -403,10 +422,15 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
         sync_terms.append(Term("LoRA merge: adapter backup", lora * actor.param_bytes // s.world, "trainer"))
     vllm_weights_only = [Term("vLLM weights (awake, bf16)", vllm_weights(s), "vllm"), *vllm_asleep]
     phases.append(
-        PhasePlan("update_weights", base + resident("update_weights") + sync_terms + (vllm_weights_only if r.free_cache_engine else vllm_full))
+        PhasePlan(
+            "update_weights",
+            base + resident("update_weights") + sync_terms + (vllm_weights_only if r.free_cache_engine else vllm_full),
+        )
     )
     phases.append(PhasePlan("gen", base + resident("gen") + vllm_full))
-    phases.append(PhasePlan("old_log_prob", base + resident("old_log_prob") + _work(s, actor, False, False, c) + vllm_idle))
+    phases.append(
+        PhasePlan("old_log_prob", base + resident("old_log_prob") + _work(s, actor, False, False, c) + vllm_idle)
+    )
     if s.ref == "in_actor":
         ref_role = replace(actor, micro_infer=s.ref_role.micro_infer if s.ref_role else actor.micro_infer)
         phases.append(PhasePlan("ref", base + resident("ref") + _work(s, ref_role, False, False, c) + vllm_idle))
@@ -416,9 +440,14 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     if critic is not None:
         phases.append(PhasePlan("values", base + resident("values") + _work(s, critic, True, False, c) + vllm_idle))
         phases.append(
-            PhasePlan("update_critic", base + resident("update_critic") + _work(s, critic, True, True, c) + vllm_idle)
+            PhasePlan(
+                "update_critic",
+                base + resident("update_critic") + _work(s, critic, True, True, c) + vllm_idle,
+            )
         )
-    phases.append(PhasePlan("update_actor", base + resident("update_actor") + _work(s, actor, False, True, c) + vllm_idle))
+    phases.append(
+        PhasePlan("update_actor", base + resident("update_actor") + _work(s, actor, False, True, c) + vllm_idle)
+    )
 
     # vLLM start (after the trainer loaded): free memory must cover the requested budget.
     start_used = sum(t.bytes for t in base + loaded_trainer)

@@ -1,9 +1,12 @@
 """The planner against measured runs: `verl-recipes plan --validate` / `nox -s validate-planner`.
 
-Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.report`)
-is re-planned from the configuration it ran (`verl_config.yaml` beside it when present, else the
-recipe composed with the run's variants and `--set`s) on the GPU it ran on (its total memory as
-NVML reported it), and every measured phase peak on every GPU is compared:
+Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.report`,
+schema verl-recipes/monitor-summary/1) is re-planned from the configuration it ran (the
+`verl_config.yaml` the launcher saved beside it; the model's config.json as `model_config.json`
+beside it when the model was not the recipe's full architecture, e.g. a truncated smoke model) on
+the GPU it ran on (its total memory as NVML reported it), and every measured phase peak (the
+report's per-phase NVML device peak over all steps; `outside` = loading and vLLM start-up =
+`loaded`) on every GPU is compared:
 
     error = (predicted - measured) / measured
 
@@ -24,26 +27,28 @@ from typing import Any
 from verl_recipes import ARCHS_DIR, RecipeError
 from verl_recipes.plan.gpus import GIB, GPU
 from verl_recipes.plan.model import Arch
-from verl_recipes.plan.phases import Constants, plan_gpu
+from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 
 SUMMARY = "summary.json"
-# Phase names a report may use for the planner's phases.
-_ALIASES = {"init": "loaded", "startup": "loaded", "model_loaded": "loaded", "before_step_1": "loaded",
-            "sync": "update_weights", "weight_sync": "update_weights"}  # fmt: skip
-_PEAK_KEYS = ("gpu_peak_bytes", "per_gpu_peak_bytes", "peak_bytes_per_gpu", "peak_used_bytes", "peak_bytes")
+SCHEMA = "verl-recipes/monitor-summary/1"  # verl_recipes.report.SCHEMA
+# The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
+# outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
+_ALIASES = {"outside": "loaded"}
 
 
 @dataclass
 class MeasuredRun:
     path: Path  # the summary.json
     recipe: str
-    variants: list[str]
-    sets: list[str]
-    gpu_total_bytes: int | None
+    gpu_totals: dict[int, int]  # GPU index -> total memory, bytes
     gpu_name: str
-    phases: dict[str, dict[int, int]]  # phase -> GPU index -> peak device bytes
-    tokens_per_s: float | None = None
+    phases: dict[str, dict[int, int]]  # planner phase -> GPU index -> peak device bytes
+    per_gpu_throughput: float | None = None  # verl's perf/throughput (tokens/s per GPU), after step 1
     raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent
 
 
 @dataclass(frozen=True)
@@ -59,115 +64,80 @@ class Row:
         return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
 
 
-def _peaks(val: Any) -> dict[int, int]:
-    """One phase's peak per GPU index from the forms a summary may use."""
-    if isinstance(val, (int, float)):
-        return {0: int(val)}
-    if isinstance(val, list):
-        return {i: int(v) for i, v in enumerate(val) if isinstance(v, (int, float))}
-    if isinstance(val, dict):
-        for k in _PEAK_KEYS:
-            if k in val:
-                return _peaks(val[k])
-        if val and all(str(k).isdigit() for k in val):
-            return {int(k): int(v) for k, v in val.items() if isinstance(v, (int, float))}
-    return {}
-
-
-def _gpu_total(run_dir: Path, summary: dict[str, Any]) -> tuple[int | None, str]:
-    for key in ("gpus", "gpu"):
-        g = summary.get(key)
-        if isinstance(g, list) and g:
-            g = g[0]
-        if isinstance(g, dict) and g.get("total_bytes"):
-            return int(g["total_bytes"]), str(g.get("name", ""))
-    samples = run_dir / "samples.jsonl"  # the monitor's start record
-    if samples.is_file():
-        with samples.open() as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if rec.get("kind") == "start" and rec.get("gpus"):
-                    g0 = rec["gpus"][0]
-                    return int(g0["total_bytes"]), str(g0.get("name", ""))
-                break
-    return None, ""
-
-
 def read_run(path: Path) -> MeasuredRun:
+    """A report summary.json (schema verl-recipes/monitor-summary/1) as the planner needs it."""
     try:
         s = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise RecipeError(f"{path}: not readable JSON: {e}") from None
-    phases_raw = s.get("phases") or {}
+    if s.get("schema") != SCHEMA:
+        raise RecipeError(f"{path}: schema {s.get('schema')!r}, expected {SCHEMA!r}; rerun verl-recipes report")
+    totals = {int(g["index"]): round(float(g["total_gib"]) * GIB) for g in s.get("gpus") or []}
     phases: dict[str, dict[int, int]] = {}
-    if isinstance(phases_raw, list):
-        for item in phases_raw:
-            name = _ALIASES.get(str(item.get("name")), str(item.get("name")))
-            phases.setdefault(name, {}).update(_peaks(item))
-    else:
-        for name, val in phases_raw.items():
-            phases[_ALIASES.get(str(name), str(name))] = _peaks(val)
-    total, name = _gpu_total(path.parent, s)
-    tps = s.get("tokens_per_s")
-    if tps is None and isinstance(s.get("throughput"), dict):
-        tps = s["throughput"].get("tokens_per_s")
-    recipe = str(s.get("recipe") or path.parent.parent.parent.name)
-    return MeasuredRun(path, recipe, list(s.get("variants") or []), list(s.get("sets") or []), total, name,
-                       {k: v for k, v in phases.items() if v}, float(tps) if tps else None, s)  # fmt: skip
+    for name, pk in (s.get("phases") or {}).items():
+        per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
+        if per:
+            phases[_ALIASES.get(name, name)] = per
+    rates = [st["throughput"] for st in (s.get("steps") or [])[1:] if st.get("throughput")]
+    parts = path.parts
+    recipe = parts[len(parts) - 1 - parts[::-1].index("results") - 1] if "results" in parts else ""
+    name = str((s.get("gpus") or [{}])[0].get("name", ""))
+    return MeasuredRun(path, recipe, totals, name, phases, statistics.mean(rates) if rates else None, s)
 
 
 def measured_runs(root: Path | None = None) -> list[MeasuredRun]:
     from verl_recipes.paths import repo_root
 
     base = root or repo_root()
-    return [read_run(p) for p in sorted(base.glob(f"recipes/*/results/*/{SUMMARY}"))]
+    return [read_run(p) for p in sorted(base.glob(f"recipes/*/results/**/{SUMMARY}"))]
 
 
 def _run_setup(run: MeasuredRun) -> Any:
-    """The Setup the run trained with: its saved verl config when present, else recomposed."""
+    """The Setup the run trained with, from the verl_config.yaml the launcher saved beside it and
+    the model's config.json (`model_config.json` beside it, else the one at the config's model
+    path, else the recipe's bundled architecture)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.plan.cli import load_setup
     from verl_recipes.plan.inputs import setup_from_config
 
-    arch_cfg = run.raw.get("arch_config")
-    model_cfg = run.path.parent / "model_config.json"
-    saved = run.path.parent / "verl_config.yaml"
-    if isinstance(arch_cfg, dict):
-        arch = Arch.from_config(arch_cfg, f"{run.path}: arch_config")
-    elif model_cfg.is_file():
-        arch = Arch.from_file(model_cfg)
+    saved = run.run_dir / "verl_config.yaml"
+    if not saved.is_file():
+        raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
+    cfg = OmegaConf.load(saved)
+    model_path = OmegaConf.select(cfg, "actor_rollout_ref.model.path")
+    for cand in (run.run_dir / "model_config.json", Path(str(model_path or "/nonexistent")) / "config.json"):
+        if cand.is_file():
+            arch = Arch.from_file(cand)
+            break
     else:
         from verl_recipes.recipes import get_recipe
 
         arch = Arch.from_file(ARCHS_DIR / get_recipe(run.recipe).model.arch / "config.json")
-    if saved.is_file():
-        return setup_from_config(OmegaConf.load(saved), arch)
-    return load_setup(run.recipe, run.variants, run.sets)[1]
+    return setup_from_config(cfg, arch)
 
 
-def validate_all(root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None) -> tuple[list[Row], bool]:
+def validate_all(
+    root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None
+) -> tuple[list[Row], bool]:
     """Predicted vs measured for every committed run: (rows, every |error| <= tolerance)."""
+    from verl_recipes.paths import repo_root
+
+    base = root or repo_root()
     rows: list[Row] = []
-    for run in measured_runs(root):
+    for run in measured_runs(base):
         if not run.phases:
-            raise RecipeError(f"{run.path}: no per-phase GPU peaks in it; regenerate it with verl-recipes report")
-        if not run.gpu_total_bytes:
-            raise RecipeError(f"{run.path}: no GPU total memory in it or in samples.jsonl beside it")
+            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU run cannot validate the planner")
         setup = _run_setup(run)
-        gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=run.gpu_total_bytes,
-                  visible_bytes=run.gpu_total_bytes)  # fmt: skip
-        plan = plan_gpu(setup, gpu, c)
-        label = str(run.path.parent.relative_to(run.path.parents[3]))
-        for phase, per_gpu in sorted(run.phases.items()):
-            pp = plan.phase(phase)
-            if pp is None:
-                continue  # a phase the planner does not model (reward, adv, testing, ...)
-            for idx, measured in sorted(per_gpu.items()):
-                rows.append(Row(label, phase, idx, measured, pp.total))
+        label = str(run.run_dir.relative_to(base))
+        for idx, total in sorted(run.gpu_totals.items()):
+            gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
+            plan = plan_gpu(setup, gpu, c)
+            for phase, per_gpu in run.phases.items():
+                pp = plan.phase(phase)
+                if pp is None or idx not in per_gpu:
+                    continue  # a phase the planner does not model (step, reward, adv, testing, ...)
+                rows.append(Row(label, phase, idx, per_gpu[idx], pp.total))
+    rows.sort(key=lambda r: (r.run, PHASES.index(r.phase), r.gpu))
     ok = bool(rows) and all(abs(r.error) <= tolerance for r in rows)
     return rows, ok
 
@@ -176,14 +146,18 @@ def format_table(rows: list[Row], tolerance: float) -> str:
     out = [f"{'run':40s} {'phase':15s} {'gpu':>3s} {'measured':>9s} {'predicted':>9s} {'error':>7s}"]
     for r in rows:
         flag = "" if abs(r.error) <= tolerance else "  FAIL"
-        out.append(f"{r.run:40s} {r.phase:15s} {r.gpu:3d} {r.measured / GIB:9.2f} {r.predicted / GIB:9.2f} "
-                   f"{r.error:+7.1%}{flag}")  # fmt: skip
+        out.append(
+            f"{r.run:40s} {r.phase:15s} {r.gpu:3d} {r.measured / GIB:9.2f} {r.predicted / GIB:9.2f} "
+            f"{r.error:+7.1%}{flag}"
+        )
     by_phase: dict[str, list[int]] = {}
     for r in rows:
         by_phase.setdefault(r.phase, []).append(r.measured - r.predicted)
     if by_phase:
-        out.append("mean residual (measured - predicted), GiB, to refit phases.Constants from: " + ", ".join(
-            f"{p} {statistics.mean(v) / GIB:+.2f}" for p, v in sorted(by_phase.items())))  # fmt: skip
+        out.append(
+            "mean residual (measured - predicted), GiB, to refit phases.Constants from: "
+            + ", ".join(f"{p} {statistics.mean(v) / GIB:+.2f}" for p, v in sorted(by_phase.items()))
+        )
     return "\n".join(out)
 
 
@@ -192,8 +166,7 @@ def main_validate(tolerance: float = 0.10, allow_empty: bool = False, root: Path
         raise RecipeError(f"--tolerance {tolerance}: give a fraction such as 0.10")
     rows, ok = validate_all(root, tolerance)
     if not rows:
-        msg = ("validate-planner: no measured runs found (recipes/*/results/*/summary.json); "
-               "the planner is unvalidated")  # fmt: skip
+        msg = "validate-planner: no measured runs found (recipes/*/results/*/summary.json); the planner is unvalidated"
         print(msg + ("; passing because of --allow-empty" if allow_empty else ""))
         return 0 if allow_empty else 1
     print(format_table(rows, tolerance))

@@ -12,12 +12,14 @@ Choices, and why:
   body plus a fresh 1-output `score` head, dropout 0): the architecture verl 0.9.1's critic loads
   (`verl.utils.model.load_valuehead_model`), so both sides train the same critic.
 - Optimizer = `torch.optim.AdamW` passed to `deepspeed.initialize`, not DeepSpeed's FusedAdam:
-  FusedAdam is a CUDA extension compiled at first use, and the GPU hosts have no nvcc.
-  Hyper-parameters are verl's defaults (losses.PPOHyper).
+  FusedAdam is a CUDA extension compiled at first use (minutes, and only where nvcc exists), and
+  verl's FSDP side uses torch's AdamW too. Hyper-parameters are verl's defaults (losses.PPOHyper).
 - `backward(loss)` never divides by the accumulation steps: the losses are already normalised
   over the global mini-batch, as verl's are (see losses.py).
-- Gradient checkpointing uses HF's non-reentrant checkpoint, which ZeRO-3's parameter hooks
-  support (it re-runs each layer's forward, whose pre-forward hook gathers the weights again).
+- Gradient checkpointing uses HF's non-reentrant checkpoint by default: ZeRO-3's pre-forward hooks
+  gather the weights again in the recompute. Its known failure (CheckpointError "recomputed
+  shape [0]", DeepSpeed PR #8148) needs frozen parameters inside a checkpointed layer, which a full
+  fine-tune has not; `--grad-ckpt reentrant` is the fallback should it appear.
 """
 
 from __future__ import annotations
@@ -54,8 +56,13 @@ class TorchEngine:
     clipping to `grad_clip`) only on every `accumulation_steps`-th call.
     """
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 accumulation_steps: int = 1, grad_clip: float = 1.0) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        accumulation_steps: int = 1,
+        grad_clip: float = 1.0,
+    ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
@@ -131,24 +138,33 @@ def load_ds_config(path: str | Path | None = None) -> dict[str, Any]:
     return cfg
 
 
-def load_actor(model_dir: str, dtype: torch.dtype, grad_ckpt: bool) -> nn.Module:
+GRAD_CKPT = ("non-reentrant", "reentrant", "off")
+
+
+def _checkpointing(model: Any, mode: str) -> None:
+    if mode not in GRAD_CKPT:
+        raise ValueError(f"gradient checkpointing {mode!r}: use one of {', '.join(GRAD_CKPT)}")
+    if mode != "off":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
+
+
+def load_actor(model_dir: str, dtype: torch.dtype, grad_ckpt: str) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    if grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _checkpointing(model, grad_ckpt)
     return model
 
 
-def load_critic(model_dir: str, dtype: torch.dtype, grad_ckpt: bool) -> nn.Module:
+def load_critic(model_dir: str, dtype: torch.dtype, grad_ckpt: str) -> nn.Module:
     """Token classifier with one label and no dropout, as verl's critic (see module docstring)."""
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1, classifier_dropout=0.0)
     model = AutoModelForTokenClassification.from_pretrained(
-        model_dir, dtype=dtype, attn_implementation="sdpa", num_labels=1, classifier_dropout=0.0
+        model_dir, config=config, dtype=dtype, attn_implementation="sdpa"
     )
-    if grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _checkpointing(model, grad_ckpt)
     return model
 
 
@@ -164,8 +180,9 @@ def adamw(module: nn.Module, lr: float, weight_decay: float, betas: tuple[float,
     return torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
 
 
-def deepspeed_trained(module: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                      config: dict[str, Any]) -> DeepSpeedEngine:
+def deepspeed_trained(
+    module: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], config: dict[str, Any]
+) -> DeepSpeedEngine:
     """A ZeRO-3 training engine: DeepSpeed moves the module to the GPU and shards it."""
     import deepspeed
 

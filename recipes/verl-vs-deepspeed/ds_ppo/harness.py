@@ -4,7 +4,7 @@
 output folder (rank 0):
 - run.json at the start (provenance, workload, hyper-parameters, DeepSpeed config);
 - steps.jsonl, one line per finished step, so a killed run keeps what it measured;
-- samples.jsonl, device-level NVML samples at 20 Hz from `verl_recipes.monitor.Monitor` (a
+- samples.jsonl, device-level NVML samples at 10 Hz from `verl_recipes.monitor.Monitor` (a
   background thread of rank 0, all GPUs of the job), joined to the steps by wall-clock time;
 - at the end results.json (everything above plus min/median/max over the measured steps),
   table.md and plot.png.
@@ -39,6 +39,7 @@ from typing import Any
 from ds_ppo import GIB
 from ds_ppo.workload import Workload
 
+NVML_INTERVAL_S = 0.1  # 10 Hz: phases last seconds; keeps samples.jsonl under 16 MB for a 30-min run
 ACTOR_PHASES = ("gen", "old_log_prob", "update_actor")
 CRITIC_PHASES = ("values", "update_critic")
 # (key, label, unit) of the table rows, in order.
@@ -61,8 +62,22 @@ ROWS = (
     ("nvml_critic_phase_peak_gib", "NVML peak in critic phases", "GiB"),
     ("nvml_swing_gib", "NVML max - min within a step", "GiB"),
 )
-FILES = {"run": "run.json", "steps": "steps.jsonl", "samples": "samples.jsonl",
-         "results": "results.json", "table": "table.md", "plot": "plot.png"}
+_ENV_KEYS = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "OMP_NUM_THREADS",
+)
+FILES = {
+    "run": "run.json",
+    "steps": "steps.jsonl",
+    "samples": "samples.jsonl",
+    "results": "results.json",
+    "table": "table.md",
+    "plot": "plot.png",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,9 +108,11 @@ def _probe_names() -> tuple[str, ...]:
     return PROBES
 
 
-def nvml_step_peaks(samples: list[dict[str, Any]], wall: tuple[float, float],
-                    intervals: list[tuple[str, float, float]]) -> dict[str, Any]:
+def nvml_step_peaks(
+    samples: list[dict[str, Any]], wall: tuple[float, float], intervals: list[tuple[str, float, float]]
+) -> dict[str, Any]:
     """Per-GPU NVML peaks (GiB) of one step: whole step, actor phases, critic phases, and swing."""
+
     def peaks(spans: Iterable[tuple[float, float]]) -> dict[str, float]:
         spans = list(spans)
         best: dict[str, float] = {}
@@ -189,7 +206,9 @@ def verl_steps(rows: list[dict[str, Any]], n_gpus: int | None) -> list[dict[str,
 def verl_monitor_peaks(summary_path: str | Path) -> dict[int, float]:
     """step -> NVML peak (GiB, max over GPUs) from `verl-recipes report`'s summary.json."""
     data = json.loads(Path(summary_path).read_text())
-    return {int(s["step"]): float(s["nvml_peak_gib"]) for s in data.get("steps", []) if s.get("nvml_peak_gib") is not None}
+    return {
+        int(s["step"]): float(s["nvml_peak_gib"]) for s in data.get("steps", []) if s.get("nvml_peak_gib") is not None
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,9 +230,13 @@ def _cell(summary: dict[str, dict[str, float]] | None, key: str) -> str:
     return f"{_fmt(s['median'])} ({_fmt(s['min'])} - {_fmt(s['max'])})"
 
 
-def markdown_table(ds: dict[str, dict[str, float]] | None, verl: dict[str, dict[str, float]] | None,
-                   notes: list[str]) -> str:
-    cols = [("DeepSpeed ZeRO-3", ds)] + ([("verl", verl)] if verl is not None else [])
+def markdown_table(
+    ds: dict[str, dict[str, float]] | None,
+    verl: dict[str, dict[str, float]] | None,
+    notes: list[str],
+    ds_label: str = "DeepSpeed ZeRO-3",
+) -> str:
+    cols = [(ds_label, ds)] + ([("verl", verl)] if verl is not None else [])
     head = "| metric | unit | " + " | ".join(c for c, _ in cols) + " |"
     sep = "|---|---|" + "---|" * len(cols)
     lines = [head, sep]
@@ -228,8 +251,14 @@ def markdown_table(ds: dict[str, dict[str, float]] | None, verl: dict[str, dict[
     return "\n".join(lines) + "\n"
 
 
-def plot(path: Path, ds_steps: list[dict[str, float]], verl: list[dict[str, float]] | None, warmup: int,
-         ds_gpu_peaks: list[dict[str, float]], verl_peaks: dict[int, float] | None) -> None:
+def plot(
+    path: Path,
+    ds_steps: list[dict[str, float]],
+    verl: list[dict[str, float]] | None,
+    warmup: int,
+    ds_gpu_peaks: list[dict[str, float]],
+    verl_peaks: dict[int, float] | None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -255,6 +284,9 @@ def plot(path: Path, ds_steps: list[dict[str, float]], verl: list[dict[str, floa
     if verl_peaks:
         ks = sorted(verl_peaks)
         ax2.plot(ks, [verl_peaks[k] for k in ks], "-s", color="tab:orange", label="verl (max over GPUs)")
+    if not gpus and not verl_peaks:
+        ax2.text(0.5, 0.5, "no NVML samples (no GPU)", ha="center", va="center", transform=ax2.transAxes)
+    ax2.xaxis.get_major_locator().set_params(integer=True)
     ax2.set_ylabel("NVML peak (GiB)")
     ax2.set_xlabel("PPO step")
     ax2.set_title("Per-step device memory peak (NVML, device level)")
@@ -283,9 +315,15 @@ def load_ds_dir(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return run, steps
 
 
-def write_report(out: Path, run: dict[str, Any] | None, ds_steps: list[dict[str, Any]],
-                 verl_rows: list[dict[str, Any]] | None = None, verl_gpus: int | None = None,
-                 verl_warmup: int | None = None, verl_monitor: str | Path | None = None) -> dict[str, Any]:
+def write_report(
+    out: Path,
+    run: dict[str, Any] | None,
+    ds_steps: list[dict[str, Any]],
+    verl_rows: list[dict[str, Any]] | None = None,
+    verl_gpus: int | None = None,
+    verl_warmup: int | None = None,
+    verl_monitor: str | Path | None = None,
+) -> dict[str, Any]:
     """results.json, table.md and plot.png in `out`; returns the results dict."""
     out.mkdir(parents=True, exist_ok=True)
     warmup = int(run["workload"]["warmup_steps"]) if run else 0
@@ -304,34 +342,51 @@ def write_report(out: Path, run: dict[str, Any] | None, ds_steps: list[dict[str,
         "schema": "verl-recipes/verl-vs-deepspeed/1",
         "run": run,
         "ds": {"summary": ds_summary, "steps": ds_steps},
-        "verl": None if verl_table is None else {"summary": verl_summary, "steps": verl_table, "warmup": vwarm,
-                                                 "raw": verl_rows},
+        "verl": None
+        if verl_table is None
+        else {"summary": verl_summary, "steps": verl_table, "warmup": vwarm, "raw": verl_rows},
         "notes": notes,
     }
     (out / FILES["results"]).write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / FILES["table"]).write_text(markdown_table(ds_summary, verl_summary, notes))
-    plot(out / FILES["plot"], ds_table, verl_table, warmup,
-         [s.get("nvml_peak_gib_per_gpu", {}) for s in ds_steps], verl_peaks)
+    label = "DeepSpeed ZeRO-3" if not run or run.get("backend") == "deepspeed" else "plain torch (test stand-in)"
+    (out / FILES["table"]).write_text(markdown_table(ds_summary, verl_summary, notes, label))
+    plot(
+        out / FILES["plot"],
+        ds_table,
+        verl_table,
+        warmup,
+        [s.get("nvml_peak_gib_per_gpu", {}) for s in ds_steps],
+        verl_peaks,
+    )
     return results
 
 
-def _notes(run: dict[str, Any] | None, ds_steps: list[dict[str, Any]], verl: list[dict[str, float]] | None,
-           vwarm: int, verl_peaks: dict[int, float] | None) -> list[str]:
+def _notes(
+    run: dict[str, Any] | None,
+    ds_steps: list[dict[str, Any]],
+    verl: list[dict[str, float]] | None,
+    vwarm: int,
+    verl_peaks: dict[int, float] | None,
+) -> list[str]:
     notes = []
     if run:
         w = run["workload"]
+        ref = "on (KL in reward)" if w["use_ref"] else "off"
         notes.append(
-            f"Workload: {w['batch']} prompts x ({w['prompt_len']} prompt + {w['response_len']} response) tokens, "
-            f"mini-batch {w['mini_batch']}, reference model {'on (KL in reward)' if w['use_ref'] else 'off'}; "
-            f"DeepSpeed on {run['world']} GPU(s), {len(ds_steps)} steps of which {w['warmup_steps']} warm-up."
+            f"Workload: {w['batch']} prompts x ({w['prompt_len']} prompt + {w['response_len']} response) "
+            f"tokens, mini-batch {w['mini_batch']}, reference model {ref}; DeepSpeed on {run['world']} "
+            f"GPU(s), {len(ds_steps)} steps of which {w['warmup_steps']} warm-up."
         )
         if run.get("prompt_len_mismatch"):
             notes.append(f"{run['prompt_len_mismatch']} prompts were not exactly prompt_len tokens (padded/cut).")
-        if len(ds_steps) < w["warmup_steps"] + w["measured_steps"]:
-            notes.append(f"The DeepSpeed run stopped after {len(ds_steps)} of {w['warmup_steps'] + w['measured_steps']} steps.")
+        planned = w["warmup_steps"] + w["measured_steps"]
+        if len(ds_steps) < planned:
+            notes.append(f"The DeepSpeed run stopped after {len(ds_steps)} of {planned} steps.")
     if verl is not None:
-        notes.append(f"verl: {len(verl)} steps from its metrics JSONL, first {vwarm} treated as warm-up; verl has "
-                     "no actor<->critic switch metric (its resharding cost is timing_s/update_weights).")
+        notes.append(
+            f"verl: {len(verl)} steps from its metrics JSONL, first {vwarm} treated as warm-up; verl has "
+            "no actor<->critic switch metric (its resharding cost is timing_s/update_weights)."
+        )
         if not verl_peaks:
             notes.append("verl NVML peaks: not given (pass --verl-monitor summary.json of verl-recipes report).")
     return notes
@@ -341,9 +396,19 @@ def _notes(run: dict[str, Any] | None, ds_steps: list[dict[str, Any]], verl: lis
 # The DeepSpeed run
 
 
-def run_ds(w: Workload, out: Path, *, backend: str, device_type: str, ds_config_path: str | None,
-           time_budget_s: float, headroom_gib: float, skip_memory_check: bool, grad_ckpt: bool = True,
-           hp_overrides: dict[str, Any] | None = None) -> int:
+def run_ds(
+    w: Workload,
+    out: Path,
+    *,
+    backend: str,
+    device_type: str,
+    ds_config_path: str | None,
+    time_budget_s: float,
+    headroom_gib: float,
+    skip_memory_check: bool,
+    grad_ckpt: str = "non-reentrant",
+    hp_overrides: dict[str, Any] | None = None,
+) -> int:
     """Run the baseline (every rank calls this); rank 0 writes the files. Returns an exit code."""
     import torch
 
@@ -407,17 +472,22 @@ def run_ds(w: Workload, out: Path, *, backend: str, device_type: str, ds_config_
 
         # The launcher (torchrun / deepspeed) is the parent of every rank: its tree is the job.
         root = os.getppid() if "LOCAL_RANK" in os.environ else os.getpid()
-        monitor = Monitor(out, interval=0.05, root_pid=root, cmd=sys.argv).start()
+        monitor = Monitor(out, interval=NVML_INTERVAL_S, root_pid=root, cmd=sys.argv).start()
 
     torch.manual_seed(w.seed)  # same critic-head init on every rank
     t0 = time.perf_counter()
+    actor: engines.Engine
+    critic: engines.Engine
+    ref: engines.Engine | None
     if backend == "deepspeed":
         dt = torch.bfloat16
         ref = engines.deepspeed_frozen(engines.load_ref(w.model, dt), infer_cfg) if w.use_ref else None
-        actor = engines.deepspeed_trained(engines.load_actor(w.model, dt, grad_ckpt), hp.actor_lr,
-                                          hp.weight_decay, hp.betas, train_cfg)
-        critic = engines.deepspeed_trained(engines.load_critic(w.model, dt, grad_ckpt), hp.critic_lr,
-                                           hp.weight_decay, hp.betas, train_cfg)
+        actor = engines.deepspeed_trained(
+            engines.load_actor(w.model, dt, grad_ckpt), hp.actor_lr, hp.weight_decay, hp.betas, train_cfg
+        )
+        critic = engines.deepspeed_trained(
+            engines.load_critic(w.model, dt, grad_ckpt), hp.critic_lr, hp.weight_decay, hp.betas, train_cfg
+        )
     else:  # plain torch, fp32: the CPU tests' stand-in, never measured
         dt = torch.float32
         ref = engines.TorchEngine(engines.load_ref(w.model, dt), None) if w.use_ref else None
@@ -428,39 +498,52 @@ def run_ds(w: Workload, out: Path, *, backend: str, device_type: str, ds_config_
     init_s = d.max_floats([time.perf_counter() - t0])[0]
     torch.manual_seed(w.seed + 1000 * (d.rank + 1))  # sampling differs across ranks, as across prompts
 
-    shapes = Shapes(w.prompt_len, w.response_len, mini_local, w.train_micro_per_gpu, w.infer_micro_per_gpu,
-                    w.gen_micro_per_gpu)
+    shapes = Shapes(
+        w.prompt_len,
+        w.response_len,
+        mini_local,
+        w.train_micro_per_gpu,
+        w.infer_micro_per_gpu,
+        w.gen_micro_per_gpu,
+    )
     loop = PPOLoop(actor, critic, ref, tokenizer, hp, shapes, d)
     if d.rank == 0:
         run = _run_record(w, hp, d, backend, train_cfg, infer_cfg, counts, init_s, mismatch, time_budget_s)
+        run["grad_ckpt"] = grad_ckpt
         run["zero3_model_state_gib_per_gpu"] = zero3_state_bytes_per_gpu(counts, d.world, w.use_ref) / GIB
         (out / FILES["run"]).write_text(json.dumps(run, indent=1, default=str) + "\n")
 
     t_loop = time.perf_counter()
-    done, ds_last_step_s = 0, 0.0
+    ds_last_step_s = 0.0
     for i in range(w.steps):
         if i and time_budget_s > 0:
             over = time.perf_counter() - t_loop + 1.2 * ds_last_step_s > time_budget_s
             if d.max_floats([1.0 if over else 0.0])[0] > 0:
                 if d.rank == 0:
-                    print(f"time budget {time_budget_s:g} s: stopping after {done} steps", flush=True)
+                    print(f"time budget {time_budget_s:g} s: stopping after {i} steps", flush=True)
                 break
         sl = slice(i * w.batch + d.rank * local, i * w.batch + (d.rank + 1) * local)
         ids, mask = encode_prompts(token_lists[sl], w.prompt_len, pad)
         mine = rows[sl]
         res = loop.step(StepBatch(ids, mask, [r.ground_truth for r in mine], [r.data_source for r in mine]))
         ds_last_step_s = res["step_s"]
-        done += 1
         if d.rank == 0:
-            rec = {"step": i + 1, "warmup": i < w.warmup_steps, **res,
-                   "table": derive(res["timing_s"], res["step_s"], res["tokens"], d.world)}
+            rec = {
+                "step": i + 1,
+                "warmup": i < w.warmup_steps,
+                **res,
+                "table": derive(res["timing_s"], res["step_s"], res["tokens"], d.world),
+            }
             with open(out / FILES["steps"], "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
             t = rec["table"]
-            print(f"step {i + 1}/{w.steps}: {t['step_s']:.2f} s (gen {t.get('gen_s', 0):.2f}, "
-                  f"train {t.get('train_s', 0):.2f}), {t.get('overall_tok_s', 0):.0f} tok/s, "
-                  f"vf_loss {res['metrics'].get('critic/vf_loss', math.nan):.4g}, "
-                  f"pg_loss {res['metrics'].get('actor/pg_loss', math.nan):.4g}", flush=True)
+            print(
+                f"step {i + 1}/{w.steps}: {t['step_s']:.2f} s (gen {t.get('gen_s', 0):.2f}, "
+                f"train {t.get('train_s', 0):.2f}), {t.get('overall_tok_s', 0):.0f} tok/s, "
+                f"vf_loss {res['metrics'].get('critic/vf_loss', math.nan):.4g}, "
+                f"pg_loss {res['metrics'].get('actor/pg_loss', math.nan):.4g}",
+                flush=True,
+            )
 
     if d.rank == 0:
         assert monitor is not None
@@ -473,10 +556,19 @@ def run_ds(w: Workload, out: Path, *, backend: str, device_type: str, ds_config_
     return 0
 
 
-def _run_record(w: Workload, hp: Any, d: Any, backend: str, train_cfg: dict[str, Any], infer_cfg: dict[str, Any],
-                counts: Any, init_s: float, mismatch: int, budget: float) -> dict[str, Any]:
+def _run_record(
+    w: Workload,
+    hp: Any,
+    d: Any,
+    backend: str,
+    train_cfg: dict[str, Any],
+    infer_cfg: dict[str, Any],
+    counts: Any,
+    init_s: float,
+    mismatch: int,
+    budget: float,
+) -> dict[str, Any]:
     import torch
-
     from verl_recipes.provenance import record
 
     extra = {
@@ -484,13 +576,13 @@ def _run_record(w: Workload, hp: Any, d: Any, backend: str, train_cfg: dict[str,
         "world": d.world,
         "torch_cuda": torch.version.cuda,
         "gpu_name": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else None,
-        "env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE")},
+        "env": {k: os.environ.get(k) for k in _ENV_KEYS},
         "workload": w.to_dict(),
         "hyper": hp.to_dict(),
         "ds_config_train": train_cfg,
         "ds_config_ref": infer_cfg,
         "params": {"actor": counts.actor, "critic": counts.critic, "ref": counts.ref},
-        "critic_model": "AutoModelForTokenClassification(num_labels=1, classifier_dropout=0), as verl's critic",
+        "critic_model": "AutoModelForTokenClassification(num_labels=1, classifier_dropout=0) as verl's",
         "init_s": init_s,
         "prompt_len_mismatch": mismatch,
         "time_budget_s": budget,

@@ -77,8 +77,17 @@ def _chunks(n: int, size: int) -> list[slice]:
 class PPOLoop:
     """Runs PPO steps on given engines; knows nothing about how they were built."""
 
-    def __init__(self, actor: Engine, critic: Engine, ref: Engine | None, tokenizer: Any, hp: losses.PPOHyper,
-                 shapes: Shapes, d: Dist, score_fn: Callable[..., float] | None = None) -> None:
+    def __init__(
+        self,
+        actor: Engine,
+        critic: Engine,
+        ref: Engine | None,
+        tokenizer: Any,
+        hp: losses.PPOHyper,
+        shapes: Shapes,
+        d: Dist,
+        score_fn: Callable[..., float] | None = None,
+    ) -> None:
         from transformers import GenerationConfig
 
         self.actor, self.critic, self.ref = actor, critic, ref
@@ -87,11 +96,19 @@ class PPOLoop:
         self.actor_cfg = losses.actor_config(hp)
         gen_defaults = getattr(actor.module, "generation_config", None)
         eos = getattr(gen_defaults, "eos_token_id", None) or tokenizer.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+        )
         self.gen_config = GenerationConfig(
-            do_sample=True, temperature=hp.temperature, top_p=1.0, top_k=0,
-            max_new_tokens=shapes.response_len, min_new_tokens=shapes.response_len,
-            eos_token_id=eos, pad_token_id=pad, use_cache=True,
+            do_sample=True,
+            temperature=hp.temperature,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=shapes.response_len,
+            min_new_tokens=shapes.response_len,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            use_cache=True,
         )
         self.probe_ids = torch.full((1, 1), int(pad), dtype=torch.long, device=d.device)
 
@@ -104,10 +121,12 @@ class PPOLoop:
         out = []
         for sl in _chunks(ids.shape[0], size):
             seq = self.actor.module.generate(  # type: ignore[operator]
-                input_ids=ids[sl], attention_mask=mask[sl], generation_config=self.gen_config,
+                input_ids=ids[sl],
+                attention_mask=mask[sl],
+                generation_config=self.gen_config,
                 synced_gpus=self.dist.world > 1,
             )
-            resp = seq[:, ids.shape[1]:]
+            resp = seq[:, ids.shape[1] :]
             if resp.shape[1] != self.shapes.response_len:
                 raise RuntimeError(f"generate returned {resp.shape[1]} tokens, expected {self.shapes.response_len}")
             out.append(resp)
@@ -115,8 +134,10 @@ class PPOLoop:
 
     def scores(self, responses: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         texts = self.tokenizer.batch_decode(responses.tolist(), skip_special_tokens=True)
-        vals = [self.score_fn(data_source=ds, solution_str=t, ground_truth=gt)
-                for t, gt, ds in zip(texts, batch.ground_truths, batch.data_sources, strict=True)]
+        vals = [
+            self.score_fn(data_source=ds, solution_str=t, ground_truth=gt)
+            for t, gt, ds in zip(texts, batch.ground_truths, batch.data_sources, strict=True)
+        ]
         return torch.tensor(vals, dtype=torch.float32, device=responses.device)
 
     def _logprobs(self, engine: Engine, seq: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -129,8 +150,14 @@ class PPOLoop:
         return losses.response_values(out.logits, self.shapes.response_len)
 
     @torch.no_grad()
-    def forward_all(self, fn: Callable[..., torch.Tensor], engine: Engine, seq: torch.Tensor,
-                    mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward_all(
+        self,
+        fn: Callable[..., torch.Tensor],
+        engine: Engine,
+        seq: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+    ) -> torch.Tensor:
         engine.eval()
         return torch.cat([fn(seq[s], mask[s], pos[s]) for s in _chunks(seq.shape[0], self.shapes.infer_micro)])
 
@@ -140,8 +167,15 @@ class PPOLoop:
         engine.eval()
         engine(input_ids=self.probe_ids, use_cache=False)
 
-    def update_critic(self, seq: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, values: torch.Tensor,
-                      returns: torch.Tensor, resp_mask: torch.Tensor) -> dict[str, float]:
+    def update_critic(
+        self,
+        seq: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        resp_mask: torch.Tensor,
+    ) -> dict[str, float]:
         self.critic.train()
         mb_losses, clipfracs, norms = [], [], []
         for mb in _chunks(seq.shape[0], self.shapes.mini_batch_per_gpu):
@@ -150,8 +184,15 @@ class PPOLoop:
             for s in _chunks(mb.stop - mb.start, self.shapes.train_micro):
                 s = slice(mb.start + s.start, mb.start + s.stop)
                 vpreds = self._values(seq[s], mask[s], pos[s])
-                loss, m = losses.value_loss(self.hp, vpreds, values[s], returns[s], resp_mask[s],
-                                            batch_num_tokens=ntok, dp_size=self.dist.world)
+                loss, m = losses.value_loss(
+                    self.hp,
+                    vpreds,
+                    values[s],
+                    returns[s],
+                    resp_mask[s],
+                    batch_num_tokens=ntok,
+                    dp_size=self.dist.world,
+                )
                 self.critic.backward(loss)
                 self.critic.step()
                 total += loss.item()
@@ -159,10 +200,21 @@ class PPOLoop:
             mb_losses.append(total)
             norms.append(self.critic.grad_norm)
         loss_mean, clip_mean = self.dist.mean_floats([_mean(mb_losses), _mean(clipfracs)])
-        return {"critic/vf_loss": loss_mean, "critic/vf_clipfrac": clip_mean, "critic/grad_norm": _mean_opt(norms)}
+        return {
+            "critic/vf_loss": loss_mean,
+            "critic/vf_clipfrac": clip_mean,
+            "critic/grad_norm": _mean_opt(norms),
+        }
 
-    def update_actor(self, seq: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, old: torch.Tensor,
-                     adv: torch.Tensor, resp_mask: torch.Tensor) -> dict[str, float]:
+    def update_actor(
+        self,
+        seq: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        old: torch.Tensor,
+        adv: torch.Tensor,
+        resp_mask: torch.Tensor,
+    ) -> dict[str, float]:
         self.actor.train()
         mb_losses, norms = [], []
         pg: dict[str, list[float]] = {}
@@ -172,8 +224,15 @@ class PPOLoop:
             for s in _chunks(mb.stop - mb.start, self.shapes.train_micro):
                 s = slice(mb.start + s.start, mb.start + s.stop)
                 logp = self._logprobs(self.actor, seq[s], mask[s], pos[s])
-                loss, m = losses.policy_loss(self.actor_cfg, old[s], logp, adv[s], resp_mask[s],
-                                             batch_num_tokens=ntok, dp_size=self.dist.world)
+                loss, m = losses.policy_loss(
+                    self.actor_cfg,
+                    old[s],
+                    logp,
+                    adv[s],
+                    resp_mask[s],
+                    batch_num_tokens=ntok,
+                    dp_size=self.dist.world,
+                )
                 self.actor.backward(loss)
                 self.actor.step()
                 total += loss.item()
@@ -191,7 +250,7 @@ class PPOLoop:
 
     def step(self, batch: StepBatch) -> dict[str, Any]:
         """One PPO step; returns phase seconds (max over ranks), step seconds, counts and losses."""
-        clock, d, r = PhaseClock(self.dist), self.dist, self.shapes.response_len
+        clock, d = PhaseClock(self.dist), self.dist
         if clock.cuda:
             torch.cuda.reset_peak_memory_stats(d.device)
         d.barrier()
@@ -232,7 +291,7 @@ class PPOLoop:
             g_adv, g_ret = losses.advantages_returns(rewards, g_values, g_mask, self.hp)
             mine = slice(d.rank * seq.shape[0], (d.rank + 1) * seq.shape[0])
             adv, returns = g_adv[mine], g_ret[mine]
-            metrics["critic/score_mean"] = float(g_scores.sum(-1).mean())
+            metrics["critic/score/mean"] = float(g_scores.sum(-1).mean())
         with clock.phase("update_critic"):
             metrics.update(self.update_critic(seq, mask, pos, values, returns, resp_mask))
         with clock.phase("switch_critic_to_actor"):
@@ -246,7 +305,9 @@ class PPOLoop:
         w1 = time.time()
 
         names = sorted(clock.seconds)
-        maxed = d.max_floats([clock.seconds[n] for n in names] + [wall - sum(clock.seconds.get(p, 0.0) for p in PROBES)])
+        maxed = d.max_floats(
+            [clock.seconds[n] for n in names] + [wall - sum(clock.seconds.get(p, 0.0) for p in PROBES)]
+        )
         timing = dict(zip(names, maxed[:-1], strict=True))
         return {
             "timing_s": timing,
@@ -274,5 +335,7 @@ def _torch_memory(device: torch.device) -> dict[str, float] | None:
     if device.type != "cuda":
         return None
     gib = 1024**3
-    return {"max_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
-            "max_reserved_gib": torch.cuda.max_memory_reserved(device) / gib}
+    return {
+        "max_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
+        "max_reserved_gib": torch.cuda.max_memory_reserved(device) / gib,
+    }

@@ -101,7 +101,9 @@ def actor_config(hp: PPOHyper) -> Any:
     )
 
 
-def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, response_len: int, temperature: float) -> torch.Tensor:
+def response_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, response_len: int, temperature: float
+) -> torch.Tensor:
     """Log-probs (fp32) of the response tokens: logits at position t predict token t + 1.
 
     `logits` may be the full sequence or only its last response_len + 1 positions
@@ -129,14 +131,18 @@ def outcome_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.T
 
 
 def kl_in_reward(
-    token_scores: torch.Tensor, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
-    response_mask: torch.Tensor, hp: PPOHyper,
+    token_scores: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    hp: PPOHyper,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level rewards = scores - kl_coef * KL, as verl's `apply_kl_penalty` (fixed controller)."""
     from verl.trainer.ppo.core_algos import kl_penalty
     from verl.utils.torch_functional import masked_mean
 
-    kld = kl_penalty(old_log_probs, ref_log_probs, kl_penalty=hp.kl_penalty) * response_mask
+    penalty: Any = kl_penalty  # verl annotates FloatTensor; any float tensor is what it takes
+    kld = penalty(old_log_probs, ref_log_probs, kl_penalty=hp.kl_penalty) * response_mask
     rewards = token_scores - hp.kl_coef * kld
     current_kl = torch.mean(masked_mean(kld, mask=response_mask, axis=-1), dim=0).item()
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": hp.kl_coef}
@@ -154,8 +160,14 @@ def advantages_returns(
 
 
 def policy_loss(
-    cfg: Any, old_log_probs: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor,
-    response_mask: torch.Tensor, *, batch_num_tokens: int | None, dp_size: int,
+    cfg: Any,
+    old_log_probs: torch.Tensor,
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    batch_num_tokens: int | None,
+    dp_size: int,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's vanilla clipped policy loss of one micro-batch, normalised over the global mini-batch.
 
@@ -169,21 +181,36 @@ def policy_loss(
     )
     fn = get_policy_loss_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
     return fn(
-        old_log_prob=old_log_probs, log_prob=log_probs, advantages=advantages,
-        response_mask=response_mask.bool(), loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+        old_log_prob=old_log_probs,
+        log_prob=log_probs,
+        advantages=advantages,
+        response_mask=response_mask.bool(),
+        loss_agg_mode=cfg.loss_agg_mode,
+        config=cfg,
     )
 
 
 def value_loss(
-    hp: PPOHyper, vpreds: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
-    response_mask: torch.Tensor, *, batch_num_tokens: int | None, dp_size: int,
+    hp: PPOHyper,
+    vpreds: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    batch_num_tokens: int | None,
+    dp_size: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's clipped value loss of one micro-batch, normalised over the global mini-batch."""
     from verl.trainer.ppo.core_algos import compute_value_loss
 
     loss, clipfrac = compute_value_loss(
-        vpreds=vpreds, returns=returns, values=values, response_mask=response_mask.bool(),
-        cliprange_value=hp.cliprange_value, loss_agg_mode=hp.loss_agg_mode,
-        dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+        vpreds=vpreds,
+        returns=returns,
+        values=values,
+        response_mask=response_mask.bool(),
+        cliprange_value=hp.cliprange_value,
+        loss_agg_mode=hp.loss_agg_mode,
+        dp_size=dp_size,
+        batch_num_tokens=batch_num_tokens,
     )
     return loss, {"critic/vf_clipfrac": clipfrac.detach().item()}

@@ -2,9 +2,10 @@
 
 Timing method (the seed says it used torch.cuda.Event): every phase starts after a barrier over
 all ranks and a `torch.cuda.synchronize()`, so no earlier work is still queued and no rank is still
-finishing the previous phase; a start event is recorded, the phase runs, an end event is recorded
-and waited for. The elapsed time between the two events then covers the GPU work and any host
-work in between (a synchronized, idle stream timestamps the start event when it is recorded). On
+finishing the previous phase; a start event is recorded, the phase runs, the device is
+synchronized again (all streams: DeepSpeed overlaps communication on side streams), an end event
+is recorded and waited for. The elapsed time between the two events then covers all GPU work and
+any host work in between (an idle stream timestamps an event when it is recorded). On
 a CPU the same code uses time.perf_counter. Each rank times its own phases; the loop reports the
 maximum over ranks, the time the slowest GPU needed. Wall-clock (time.time) intervals are kept too,
 to attribute NVML samples to phases.
@@ -119,6 +120,7 @@ class PhaseClock:
             p0 = time.perf_counter()
         yield
         if self.cuda:
+            self.sync()  # every stream: ZeRO-3 gathers and reduce-scatters run on side streams
             end.record()
             end.synchronize()
             dt = start.elapsed_time(end) / 1000.0

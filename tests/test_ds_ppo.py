@@ -1,0 +1,639 @@
+"""Tests of the DeepSpeed PPO baseline of recipe verl-vs-deepspeed (recipes/verl-vs-deepspeed/ds_ppo).
+
+What they pin down:
+- the baseline's loss path is verl's math: same advantages, returns, policy and value losses as
+  calling verl.trainer.ppo.core_algos directly with the defaults verl's trainer uses, bit for bit,
+  and the comparison notices a changed constant;
+- micro-batching and data parallelism do not change the loss (verl's global token-mean);
+- the loop runs two PPO steps on a tiny random Qwen2 on a CPU (plain-torch engines) with finite
+  losses, and the harness writes results.json, table.md and plot.png and joins a verl JSONL;
+- the shared workload: exact prompt lengths, the ZeRO-3 memory pre-flight for Qwen2-7B, and Hydra
+  overrides that verl's own config accepts.
+The slow test runs the real DeepSpeed ZeRO-3 path on 2 CPU ranks (gloo); the gpu test on CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("verl")
+pytest.importorskip("transformers")
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "verl-vs-deepspeed"
+sys.path.insert(0, str(RECIPE))
+
+from ds_ppo import engines, harness, losses, workload  # noqa: E402
+from ds_ppo.loop import PPOLoop, Shapes, StepBatch  # noqa: E402
+from ds_ppo.timing import Dist  # noqa: E402
+
+# torchrun, through the interpreter that runs the tests (no console script needed on PATH).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: a tiny Qwen2 (2 layers, hidden 64), a small BPE tokenizer, a verl RL parquet
+
+
+def _tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    r = random.Random(0)
+    corpus = [f"What is {r.randint(1, 99)} + {r.randint(1, 99)}? #### {r.randint(2, 198)}" for _ in range(300)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import pandas as pd
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    base = tmp_path_factory.mktemp("ds_ppo")
+    tok = _tokenizer()
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(base / "model")
+    tok.save_pretrained(base / "model")
+    r = random.Random(1)
+    rows = []
+    for i in range(40):
+        a, b = r.randint(1, 99), r.randint(1, 99)
+        rows.append(
+            {
+                "data_source": "arith",
+                "prompt": [{"role": "user", "content": f"What is {a} + {b}?"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"index": i},
+            }
+        )
+    pd.DataFrame(rows).to_parquet(base / "train.parquet", index=False)
+    # Reloaded, as both sides load it: a saved tokenizer can split differently from the in-memory one.
+    tok = AutoTokenizer.from_pretrained(base / "model")
+    n = workload.write_fixed_parquet(base / "train.parquet", tok, 40, base / "fixed.parquet")["rows"]
+    assert n >= 16
+    return {
+        "dir": base,
+        "model": base / "model",
+        "raw": base / "train.parquet",
+        "fixed": base / "fixed.parquet",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The math is verl's
+
+
+def _verl_yaml() -> dict[str, Any]:
+    import verl
+    import yaml
+
+    return yaml.safe_load((Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml").read_text())
+
+
+def test_hyper_defaults_are_verls() -> None:
+    """PPOHyper takes verl's trainer defaults; they are also verl's dataclass defaults and the seed's."""
+    import dataclasses
+
+    from verl.trainer.config import AlgoConfig
+    from verl.workers.config import ActorConfig, CriticConfig
+
+    hp = losses.PPOHyper.from_verl_defaults()
+    actor_defaults = {f.name: f.default for f in dataclasses.fields(ActorConfig)}
+    critic_defaults = {f.name: f.default for f in dataclasses.fields(CriticConfig)}
+    assert hp.clip_ratio == actor_defaults["clip_ratio"] == 0.2
+    assert hp.clip_ratio_c == actor_defaults["clip_ratio_c"] == 3.0
+    assert hp.loss_agg_mode == actor_defaults["loss_agg_mode"] == "token-mean"
+    assert hp.cliprange_value == critic_defaults["cliprange_value"] == 0.5
+    algo = AlgoConfig()
+    assert (hp.gamma, hp.lam, hp.kl_penalty, hp.kl_coef) == (
+        algo.gamma,
+        algo.lam,
+        algo.kl_penalty,
+        algo.kl_ctrl.kl_coef,
+    )
+    assert (hp.actor_lr, hp.critic_lr, hp.grad_clip) == (1e-6, 1e-5, 1.0)
+    assert losses.PPOHyper.from_verl_defaults(clip_ratio=0.3).clip_ratio == 0.3
+
+
+def _batch(seed: int = 0, b: int = 6, r: int = 12) -> dict[str, torch.Tensor]:
+    """Random PPO tensors with ragged response masks, log-prob ratios far enough apart to clip."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(r // 2, r + 1, (b,), generator=g)
+    mask = (torch.arange(r)[None, :] < lengths[:, None]).long()
+    old = -torch.rand(b, r, generator=g) * 3
+    return {
+        "mask": mask,
+        "scores": torch.randint(0, 2, (b,), generator=g).float(),
+        "old": old,
+        "ref": old + torch.randn(b, r, generator=g) * 0.3,
+        "logp": old + torch.randn(b, r, generator=g) * 0.5,
+        "values": torch.randn(b, r, generator=g),
+        "vpreds": torch.randn(b, r, generator=g) * 2,
+    }
+
+
+def _baseline(t: dict[str, torch.Tensor], hp: losses.PPOHyper) -> dict[str, torch.Tensor]:
+    """The DeepSpeed loop's loss path on one batch."""
+    scores = losses.outcome_scores(t["scores"], t["mask"])
+    rewards, _ = losses.kl_in_reward(scores, t["old"], t["ref"], t["mask"], hp)
+    adv, ret = losses.advantages_returns(rewards, t["values"], t["mask"], hp)
+    pg, _ = losses.policy_loss(
+        losses.actor_config(hp), t["old"], t["logp"], adv, t["mask"], batch_num_tokens=None, dp_size=1
+    )
+    vf, _ = losses.value_loss(hp, t["vpreds"], t["values"], ret, t["mask"], batch_num_tokens=None, dp_size=1)
+    return {"adv": adv, "ret": ret, "pg": pg, "vf": vf, "rewards": rewards}
+
+
+def _verl_direct(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """verl's core_algos called directly with the defaults its trainer, actor and critic use."""
+    from verl.trainer.ppo import core_algos
+
+    cfg = _verl_yaml()
+    actor, critic, algo = cfg["actor_rollout_ref"]["actor"], cfg["critic"], cfg["algorithm"]
+    mask = t["mask"]
+    scores = torch.zeros(mask.shape)
+    last = mask.sum(-1) - 1
+    scores[torch.arange(mask.shape[0]), last] = t["scores"]  # verl's reward manager: last valid token
+    penalty: Any = core_algos.kl_penalty  # annotated FloatTensor; takes any float tensor
+    kld = penalty(t["old"], t["ref"], kl_penalty=algo["kl_penalty"]) * mask
+    rewards = scores - algo["kl_ctrl"]["kl_coef"] * kld
+    adv, ret = core_algos.compute_gae_advantage_return(rewards, t["values"], mask, algo["gamma"], algo["lam"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # compute_policy_loss is marked deprecated; it is verl's reference form
+        pg, *_ = core_algos.compute_policy_loss(
+            t["old"],
+            t["logp"],
+            adv,
+            mask.bool(),
+            cliprange=actor["clip_ratio"],
+            clip_ratio_c=actor["clip_ratio_c"],
+            loss_agg_mode=actor["loss_agg_mode"],
+        )
+    vf, _ = core_algos.compute_value_loss(
+        t["vpreds"],
+        ret,
+        t["values"],
+        mask.bool(),
+        cliprange_value=critic["cliprange_value"],
+        loss_agg_mode=actor["loss_agg_mode"],
+    )
+    return {"adv": adv, "ret": ret, "pg": pg, "vf": vf, "rewards": rewards}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_loss_path_is_verls_bit_for_bit(seed: int) -> None:
+    t = _batch(seed)
+    ours, ref = _baseline(t, losses.PPOHyper.from_verl_defaults()), _verl_direct(t)
+    for k in ("rewards", "adv", "ret", "pg", "vf"):
+        assert torch.equal(ours[k], ref[k]), k
+    assert ours["pg"].abs() > 0 and ours["vf"] > 0
+
+
+@pytest.mark.parametrize(
+    ("change", "affected"),
+    [
+        ({"clip_ratio": 0.25, "clip_ratio_low": 0.25, "clip_ratio_high": 0.25}, "pg"),
+        ({"cliprange_value": 0.4}, "vf"),
+        ({"gamma": 0.99}, "adv"),
+        ({"lam": 0.95}, "adv"),
+        ({"kl_coef": 0.01}, "rewards"),
+        ({"clip_ratio_c": 1.5}, "pg"),
+    ],
+)
+def test_equivalence_check_catches_a_changed_constant(change: dict[str, float], affected: str) -> None:
+    t = _batch(0)
+    ours = _baseline(t, losses.PPOHyper.from_verl_defaults(**change))
+    assert not torch.allclose(ours[affected], _verl_direct(t)[affected]), f"{change} went unnoticed"
+
+
+def test_micro_batches_and_ranks_give_the_global_token_mean() -> None:
+    """Per-micro losses normalised by the global token count, summed and averaged over 2 'ranks',
+    equal the token-mean over the whole mini-batch (what verl's FSDP engine optimises)."""
+    hp = losses.PPOHyper.from_verl_defaults()
+    t = _batch(3, b=8)
+    full = _baseline(t, hp)
+    adv, ret, mask = full["adv"], full["ret"], t["mask"]
+    ntok, world = int(mask.sum()), 2
+    cfg = losses.actor_config(hp)
+    pg_ranks, vf_ranks = [], []
+    for rank in range(world):
+        pg_sum = vf_sum = torch.tensor(0.0)
+        for s in (slice(rank * 4, rank * 4 + 2), slice(rank * 4 + 2, rank * 4 + 4)):
+            pg, _ = losses.policy_loss(
+                cfg, t["old"][s], t["logp"][s], adv[s], mask[s], batch_num_tokens=ntok, dp_size=world
+            )
+            vf, _ = losses.value_loss(
+                hp, t["vpreds"][s], t["values"][s], ret[s], mask[s], batch_num_tokens=ntok, dp_size=world
+            )
+            pg_sum, vf_sum = pg_sum + pg, vf_sum + vf
+        pg_ranks.append(pg_sum)
+        vf_ranks.append(vf_sum)
+    torch.testing.assert_close(sum(pg_ranks) / world, full["pg"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(sum(vf_ranks) / world, full["vf"], rtol=1e-6, atol=1e-7)
+    # Normalising each micro-batch by its own tokens instead would be a different loss:
+    local, _ = losses.policy_loss(cfg, t["old"][:2], t["logp"][:2], adv[:2], mask[:2], batch_num_tokens=None, dp_size=1)
+    assert not torch.allclose(local * int(mask[:2].sum()) / ntok, local)
+
+
+def test_response_slicing_matches_a_hand_computed_log_softmax() -> None:
+    g = torch.Generator().manual_seed(0)
+    b, p, r, v = 3, 5, 4, 11
+    ids = torch.randint(0, v, (b, p + r), generator=g)
+    logits = torch.randn(b, p + r, v, generator=g)
+    lp = losses.response_logprobs(logits, ids, r, 1.0)
+    want = torch.log_softmax(logits[:, p - 1 : p + r - 1], -1).gather(-1, ids[:, p:, None])[..., 0]
+    torch.testing.assert_close(lp, want)
+    # HF logits_to_keep=r+1 returns only the tail; the slice must give the same numbers.
+    torch.testing.assert_close(losses.response_logprobs(logits[:, -(r + 1) :], ids, r, 1.0), want)
+    torch.testing.assert_close(
+        losses.response_logprobs(logits, ids, r, 2.0),
+        torch.log_softmax(logits[:, p - 1 : p + r - 1] / 2, -1).gather(-1, ids[:, p:, None])[..., 0],
+    )
+    vals = torch.randn(b, p + r, 1, generator=g)
+    torch.testing.assert_close(losses.response_values(vals, r), vals[:, p - 1 : p + r - 1, 0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop and the harness on a CPU
+
+
+def test_loop_two_ppo_steps_on_cpu(tiny: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    hp = losses.PPOHyper.from_verl_defaults()
+    tok = AutoTokenizer.from_pretrained(tiny["model"])
+    torch.manual_seed(0)
+    am: Any = engines.load_actor(str(tiny["model"]), torch.float32, grad_ckpt="non-reentrant")
+    cm: Any = engines.load_critic(str(tiny["model"]), torch.float32, grad_ckpt="non-reentrant")
+    actor = engines.TorchEngine(am, engines.adamw(am, 1e-3, 0.01, hp.betas), accumulation_steps=2)
+    critic = engines.TorchEngine(cm, engines.adamw(cm, 1e-3, 0.01, hp.betas), accumulation_steps=2)
+    ref = engines.TorchEngine(engines.load_ref(str(tiny["model"]), torch.float32), None)
+    shapes = Shapes(prompt_len=40, response_len=8, mini_batch_per_gpu=4, train_micro=2, infer_micro=4)
+    loop = PPOLoop(actor, critic, ref, tok, hp, shapes, Dist())
+    rows = workload.read_rows(tiny["fixed"], limit=16)
+    before_a = am.model.layers[0].mlp.up_proj.weight.detach().clone()
+    before_c = cm.score.weight.detach().clone()
+    for step in range(2):
+        mine = rows[step * 8 : (step + 1) * 8]
+        ids, mask = workload.encode_prompts([workload.chat_ids(tok, r.messages) for r in mine], 40, tok.pad_token_id)
+        assert bool(mask.all()), "fixed-length prompts need no padding"
+        res = loop.step(StepBatch(ids, mask, [r.ground_truth for r in mine], [r.data_source for r in mine]))
+        m = res["metrics"]
+        for k in (
+            "actor/pg_loss",
+            "critic/vf_loss",
+            "actor/grad_norm",
+            "critic/grad_norm",
+            "actor/ppo_kl",
+            "actor/pg_clipfrac",
+            "critic/vf_clipfrac",
+            "actor/reward_kl_penalty",
+        ):
+            assert math.isfinite(m[k]), (k, m[k])
+        assert m["critic/vf_loss"] > 0
+        assert res["tokens"] == 8 * (40 + 8) and res["response_tokens"] == 8 * 8
+        for phase in (
+            "gen",
+            "reward",
+            "old_log_prob",
+            "ref",
+            "values",
+            "adv",
+            "update_critic",
+            "update_actor",
+            "switch_actor_to_critic",
+            "switch_critic_to_actor",
+        ):
+            assert res["timing_s"][phase] > 0, phase
+        assert res["step_s"] >= res["timing_s"]["gen"]
+    assert not torch.equal(before_a, am.model.layers[0].mlp.up_proj.weight), "the actor did not step"
+    assert not torch.equal(before_c, cm.score.weight), "the critic did not step"
+
+
+@pytest.fixture
+def compare(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """compare.py as a module; the allocator setting it makes on import is undone afterwards."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    import compare as mod
+
+    return mod
+
+
+def _ds_args(tiny: dict[str, Path], out: Path) -> list[str]:
+    return [
+        "--model",
+        str(tiny["model"]),
+        "--data",
+        str(tiny["fixed"]),
+        "--prompt-len",
+        "40",
+        "--response-len",
+        "8",
+        "--batch",
+        "8",
+        "--mini-batch",
+        "4",
+        "--train-micro",
+        "2",
+        "--infer-micro",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--measured-steps",
+        "2",
+        "--out",
+        str(out),
+    ]
+
+
+def test_harness_writes_results_and_joins_a_verl_run(tiny: dict[str, Path], tmp_path: Path, compare: Any) -> None:
+    out = tmp_path / "ds"
+    assert compare.main(["ds", "--backend", "torch", "--device", "cpu", *_ds_args(tiny, out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["ds"]["steps"]) == 3
+    summ = res["ds"]["summary"]
+    assert summ["step_s"]["n"] == 2  # the warm-up step is excluded
+    assert summ["step_s"]["min"] <= summ["step_s"]["median"] <= summ["step_s"]["max"]
+    step = res["ds"]["steps"][1]["table"]
+    assert step["tokens"] == 8 * 48
+    assert step["gen_tok_s"] == pytest.approx(step["tokens"] / step["gen_s"])
+    assert step["overall_tok_s"] == pytest.approx(step["tokens"] / step["step_s"])
+    run = res["run"]
+    assert run["workload"]["batch"] == 8 and run["packages"]["torch"] and run["date_utc"]
+    assert run["prompt_len_mismatch"] == 0
+    assert (out / "plot.png").stat().st_size > 10_000
+    assert "plain torch" in (out / "table.md").read_text()
+
+    # A verl metrics file in FileLogger's format: two steps, the first one warm-up.
+    verl = tmp_path / "verl.jsonl"
+    lines = []
+    for s, (step_s, gen) in enumerate([(30.0, 10.0), (20.0, 8.0)], start=1):
+        lines.append(
+            json.dumps(
+                {
+                    "step": s,
+                    "data": {
+                        "timing_s/step": step_s,
+                        "timing_s/gen": gen,
+                        "timing_s/update_actor": 5.0,
+                        "timing_s/update_critic": 4.0,
+                        "perf/total_num_tokens": 384,
+                        "perf/throughput": 384 / step_s / 2,
+                    },
+                }
+            )
+        )
+    verl.write_text("\n".join(lines) + "\n")
+    rep = tmp_path / "report"
+    assert compare.main(["report", "--ds", str(out), "--verl", str(verl), "--verl-warmup", "1", "--out", str(rep)]) == 0
+    both = json.loads((rep / "results.json").read_text())
+    v = both["verl"]["summary"]
+    assert v["step_s"] == {"min": 20.0, "median": 20.0, "max": 20.0, "n": 1}
+    assert v["gen_tok_s"]["median"] == pytest.approx(384 / 8.0)
+    assert v["train_tok_s"]["median"] == pytest.approx(384 / 9.0)
+    assert v["overall_tok_s_per_gpu"]["median"] == pytest.approx(384 / 20.0 / 2)  # GPUs from perf/throughput
+    table = (rep / "table.md").read_text()
+    assert table.splitlines()[0].endswith("| verl |")
+    assert "48.00" in table  # verl generation throughput, median
+
+
+def test_time_budget_stops_between_steps(tiny: dict[str, Path], tmp_path: Path, compare: Any) -> None:
+    out = tmp_path / "ds"
+    args = [*_ds_args(tiny, out), "--time-budget-s", "0.001"]
+    assert compare.main(["ds", "--backend", "torch", "--device", "cpu", *args]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["ds"]["steps"]) == 1
+    assert any("stopped after 1 of 3" in n for n in res["notes"])
+
+
+def test_nvml_peaks_are_joined_by_wall_clock() -> None:
+    gib = 1024**3
+    samples = [
+        {"t": t, "gpus": [{"index": 0, "used": u * gib}, {"index": 1, "used": (u + 1) * gib}]}
+        for t, u in [(0.5, 9), (1.0, 2), (1.5, 5), (2.5, 7), (3.5, 4), (4.5, 30)]
+    ]
+    intervals = [("gen", 1.0, 2.0), ("values", 2.0, 3.0), ("update_actor", 3.0, 4.0)]
+    p = harness.nvml_step_peaks(samples, (1.0, 4.0), intervals)
+    assert p["nvml_peak_gib_per_gpu"] == {"0": 7.0, "1": 8.0}
+    assert p["nvml_actor_phase_peak_gib_per_gpu"] == {"0": 5.0, "1": 6.0}
+    assert p["nvml_critic_phase_peak_gib_per_gpu"] == {"0": 7.0, "1": 8.0}
+    assert p["nvml_swing_gib_per_gpu"] == {"0": 5.0, "1": 5.0}
+    assert harness.flatten_nvml(p)["nvml_peak_gib"] == 8.0
+
+
+def test_read_verl_metrics_accepts_both_logger_formats(tmp_path: Path) -> None:
+    a = tmp_path / "a.jsonl"
+    a.write_text('{"step": 2, "data": {"timing_s/step": 2.0}}\n{"step": 1, "data": {"timing_s/step": 1.0}}\n')
+    b = tmp_path / "b.jsonl"
+    b.write_text('{"t": 0, "step": 1, "pid": 3, "metrics": {"timing_s/step": 1.0}}\n')
+    assert [m["timing_s/step"] for m in harness.read_verl_metrics(a)] == [1.0, 2.0]
+    assert harness.read_verl_metrics(b)[0]["timing_s/step"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The workload
+
+
+def test_fixed_prompts_are_exactly_prompt_len(tiny: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny["model"])
+    raw = workload.read_rows(tiny["raw"])
+    fixed = workload.read_rows(tiny["fixed"])
+    assert all(len(workload.chat_ids(tok, r.messages)) == 40 for r in fixed)
+    assert all(len(workload.chat_ids(tok, r.messages)) < 40 for r in raw)
+    by_question = {r.messages[-1]["content"]: r.ground_truth for r in raw}
+    for r in fixed:  # the question and its ground truth survive, after the filler
+        q = r.messages[-1]["content"].split("\n")[-1]
+        assert by_question[q] == r.ground_truth
+    assert workload.fit_messages(tok, raw[0].messages, 3) is None  # cannot shrink a prompt
+
+
+def test_encode_prompts_left_pads_and_left_truncates() -> None:
+    ids, mask = workload.encode_prompts([[5, 6], [1, 2, 3, 4, 5]], 4, pad_id=0)
+    assert ids.tolist() == [[0, 0, 5, 6], [2, 3, 4, 5]]
+    assert mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+
+
+def test_zero3_preflight_for_qwen2_7b() -> None:
+    counts = workload.param_counts(ROOT / "common/verl_recipes/archs/qwen2-7b")
+    assert counts.actor == 7_615_616_512  # recipe.yaml's params
+    hidden, vocab = 3584, 152064
+    assert counts.critic == counts.actor - vocab * hidden + hidden + 1  # lm_head -> 1-output score
+    h200 = int(139.8 * 1024**3)
+    per_gpu_2 = workload.zero3_state_bytes_per_gpu(counts, 2, use_ref=True) / 1024**3
+    assert 115 < per_gpu_2 < 118
+    assert workload.memory_preflight(counts, 2, True, h200, 12.0) is None
+    why = workload.memory_preflight(counts, 1, True, h200, 12.0)
+    assert why is not None and ">= 2 GPUs" in why
+
+
+def test_workload_checks_divisibility() -> None:
+    w = workload.Workload(model="m", data="d", batch=128, mini_batch=32, train_micro_per_gpu=4)
+    w.check(1)
+    w.check(2)
+    with pytest.raises(ValueError, match="multiple of the 3 GPUs"):
+        w.check(3)
+    with pytest.raises(ValueError, match="--train-micro"):
+        workload.Workload(model="m", data="d", mini_batch=32, train_micro_per_gpu=3).check(2)
+
+
+def test_verl_overrides_compose_against_verls_config() -> None:
+    """Every override names a real key of verl 0.9.1's ppo_trainer (Hydra rejects unknown ones)."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    w = workload.Workload(model="/m", data="/d/fixed.parquet")
+    ovs = workload.verl_overrides(w, n_gpus=2, kl_coef=0.001)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer/config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=ovs)
+    GlobalHydra.instance().clear()
+    assert cfg.data.train_batch_size == 128 and cfg.data.max_prompt_length == 512
+    assert cfg.data.max_response_length == 512 and cfg.data.shuffle is False
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 32
+    assert cfg.actor_rollout_ref.rollout.ignore_eos is True
+    assert cfg.algorithm.use_kl_in_reward is True and cfg.algorithm.kl_ctrl.kl_coef == 0.001
+    assert cfg.trainer.total_training_steps == 7 and cfg.trainer.n_gpus_per_node == 2
+
+
+def test_workload_defaults_match_the_recipes_verl_config() -> None:
+    """The DeepSpeed side's defaults and recipes/verl-vs-deepspeed/config.yaml describe one workload."""
+    import yaml
+
+    cfg = yaml.safe_load((RECIPE / "config.yaml").read_text()) or {}
+    w = workload.Workload(model="m", data="d")
+    pairs = [
+        (("data", "train_batch_size"), w.batch),
+        (("data", "max_prompt_length"), w.prompt_len),
+        (("data", "max_response_length"), w.response_len),
+        (("actor_rollout_ref", "actor", "ppo_mini_batch_size"), w.mini_batch),
+        (("actor_rollout_ref", "actor", "ppo_micro_batch_size_per_gpu"), w.train_micro_per_gpu),
+        (("critic", "ppo_micro_batch_size_per_gpu"), w.train_micro_per_gpu),
+        (("actor_rollout_ref", "ref", "log_prob_micro_batch_size_per_gpu"), w.infer_micro_per_gpu),
+        (("actor_rollout_ref", "rollout", "log_prob_micro_batch_size_per_gpu"), w.infer_micro_per_gpu),
+        (("actor_rollout_ref", "rollout", "ignore_eos"), True),
+    ]
+    checked = 0
+    for path, want in pairs:
+        node: Any = cfg
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            assert node == want, (".".join(path), node, want)
+            checked += 1
+    assert checked >= 3, "config.yaml no longer states the workload"
+
+
+def test_ds_config_is_zero3_bf16() -> None:
+    base = engines.load_ds_config()
+    assert base["zero_optimization"]["stage"] == 3 and base["bf16"]["enabled"] is True
+    cfg = engines.ds_config(base, micro_per_gpu=4, accumulation_steps=4, world=2)
+    assert cfg["train_batch_size"] == 32 and "train_batch_size" not in base
+
+
+# ---------------------------------------------------------------------------------------------
+# The real DeepSpeed path
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_on_two_cpu_ranks(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """ZeRO-3 engines, synced generate, gathered GAE, on 2 gloo ranks (DS_ACCELERATOR=cpu)."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "ds"
+    args = _ds_args(tiny, out)
+    args[args.index("--train-micro") + 1] = "1"  # 4 prompts per step over 2 ranks: 2 per mini-batch
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(RECIPE / "compare.py"),
+        "ds",
+        "--backend",
+        "deepspeed",
+        "--device",
+        "cpu",
+        *args,
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["run"]["world"] == 2 and res["run"]["backend"] == "deepspeed"
+    assert res["run"]["ds_config_train"]["gradient_accumulation_steps"] == 2
+    for s in res["ds"]["steps"]:
+        assert s["tokens"] == 8 * 48
+        assert all(math.isfinite(s["metrics"][k]) for k in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm"))
+
+
+@pytest.mark.gpu
+def test_deepspeed_on_cuda_records_nvml(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """On a GPU host: ZeRO-3 on CUDA over NCCL (2 ranks where there are 2 GPUs), NVML joined to steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "ds"
+    ranks = min(2, torch.cuda.device_count())
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        str(RECIPE / "compare.py"),
+        "ds",
+        *_ds_args(tiny, out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["run"]["gpu_name"] and res["run"]["gpu"]["driver"] and res["run"]["world"] == ranks
+    for s in res["ds"]["steps"]:
+        assert s["table"]["nvml_peak_gib"] > 0
+        assert len(s["torch_memory"]) == ranks and s["torch_memory"][0]["max_allocated_gib"] > 0
+    assert res["ds"]["summary"]["switch_actor_to_critic_s"]["median"] > 0

@@ -1,0 +1,325 @@
+"""The images, built for real: the light (CPU) base image and the 7b-lora recipe image on top of it.
+
+Marker `docker`: needs a running dockerd (.ci/docker-up.sh starts one). Without one the tests skip
+with the reason, unless VERL_RECIPES_REQUIRE_DOCKER=1 (CI), where they fail instead.
+
+The first test builds with images/build.sh (cached layers make a rebuild take seconds) and prints
+the build time. Every check reads what the build produced: `docker inspect`, `docker run` with
+`--network none`, and the exported file system of the final image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from verl_recipes import pins_check
+from verl_recipes.versions import load_pins
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "images" / "build.sh"
+RECIPE = "7b-lora"
+BUILD_TIMEOUT_S = 1500
+
+
+def _docker_ok() -> str | None:
+    """None if dockerd answers, else why not."""
+    if not shutil.which("docker"):
+        return "no docker client (run .ci/docker-up.sh)"
+    p = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
+    return None if p.returncode == 0 else "dockerd does not answer (run .ci/docker-up.sh as root)"
+
+
+def _require_docker() -> None:
+    why = _docker_ok()
+    if why is None:
+        return
+    if os.environ.get("VERL_RECIPES_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"VERL_RECIPES_REQUIRE_DOCKER=1 but {why}")
+    pytest.skip(why)
+
+
+def _ca_bundle() -> Path | None:
+    """The CA bundle pip on this machine trusts; the builds get it in their builder stage only."""
+    for cand in (
+        os.environ.get("VERL_RECIPES_CA_BUNDLE"),
+        os.environ.get("PIP_CERT"),
+        os.environ.get("SSL_CERT_FILE"),
+        "/etc/ssl/certs/ca-certificates.crt",
+    ):
+        if cand and Path(cand).is_file():
+            return Path(cand)
+    return None
+
+
+def _run(args: list[str], timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {p.returncode}: {(p.stdout + p.stderr)[-3000:]}")
+    return p
+
+
+def _build(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = ["bash", str(BUILD), "--stack", "cpu", *args]
+    ca = _ca_bundle()
+    if ca is not None:
+        cmd += ["--ca-bundle", str(ca)]
+    return _run(cmd, timeout=BUILD_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def pins() -> dict[str, Any]:
+    return load_pins(ROOT / "images" / "versions.toml")
+
+
+@pytest.fixture(scope="module")
+def images(pins: dict[str, Any]) -> dict[str, str]:
+    """Build the light base and the 7b-lora recipe image once for the module."""
+    _require_docker()
+    start = time.monotonic()
+    p = _build("--recipe", RECIPE)
+    took = time.monotonic() - start
+    assert p.returncode == 0, f"images/build.sh failed ({p.returncode}):\n{(p.stdout + p.stderr)[-5000:]}"
+    refs = {
+        "base": pins_check.image_ref("base", pins, "cpu"),
+        "recipe": pins_check.image_ref(RECIPE, pins, "cpu"),
+    }
+    sizes = {
+        k: int(_run(["docker", "image", "inspect", "-f", "{{.Size}}", v], check=True).stdout) for k, v in refs.items()
+    }
+    print(
+        f"\nlight build (base + {RECIPE}): {took:.0f} s; sizes: "
+        + ", ".join(f"{refs[k]} {v / 1e6:.0f} MB" for k, v in sizes.items())
+    )
+    return refs
+
+
+def _inspect(ref: str) -> dict[str, Any]:
+    out: list[dict[str, Any]] = json.loads(_run(["docker", "image", "inspect", ref], check=True).stdout)
+    return out[0]
+
+
+def _verify(ref: str, *args: str) -> tuple[int, dict[str, Any]]:
+    p = _run(["docker", "run", "--rm", "--network", "none", ref, "verify", "--json", *args], timeout=180)
+    assert p.stdout.strip(), f"verify printed nothing (exit {p.returncode}): {p.stderr[-2000:]}"
+    return p.returncode, json.loads(p.stdout)
+
+
+# A cold build (mmdebstrap of the OS image, then pip) takes minutes on the 2-core CI machine.
+pytestmark = [pytest.mark.docker]
+if importlib.util.find_spec("pytest_timeout") is not None:
+    pytestmark.append(pytest.mark.timeout(BUILD_TIMEOUT_S + 300))
+
+
+def test_verify_json_in_the_recipe_image_reports_no_gpu(images: dict[str, str]) -> None:
+    rc, report = _verify(images["recipe"])
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["gpu"]["status"] == "warn" and checks["gpu"]["detail"].startswith("no GPU"), checks["gpu"]
+    assert "no NVIDIA driver" in checks["driver"]["detail"], checks["driver"]
+    # The light image has no torch or verl on purpose: verify says so and exits 1.
+    assert checks["torch"]["status"] == "fail" and checks["verl"]["status"] == "fail"
+    assert rc == 1 and report["ok"] is False
+    assert checks["python"]["status"] == "pass"
+    assert "pins" not in checks, "the image's VERL_RECIPES_ROOT should give verify the full pins"
+
+
+def test_verify_for_the_recipe_fails_on_a_host_without_gpu(images: dict[str, str]) -> None:
+    rc, report = _verify(images["recipe"], "--recipe", RECIPE)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and checks["recipe"]["status"] == "pass"
+    assert checks["gpu"]["status"] == "fail" and "this host has none" in checks["gpu"]["detail"]
+
+
+def test_labels_show_the_pins(images: dict[str, str], pins: dict[str, Any]) -> None:
+    g = pins["gpu"]
+    head = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
+    for kind, ref in images.items():
+        labels = _inspect(ref)["Config"]["Labels"]
+        assert labels["verl-recipes.verl"] == g["verl"], (ref, labels)
+        assert labels["verl-recipes.vllm"] == g["vllm"]
+        assert labels["verl-recipes.torch"] == g["torch"]
+        assert labels["verl-recipes.cuda"] == g["cuda"]
+        assert labels["verl-recipes.stack"] == "cpu"
+        if head:
+            assert labels["org.opencontainers.image.revision"].startswith(head)
+        assert labels["org.opencontainers.image.source"]
+        assert labels["org.opencontainers.image.base.name"] == pins_check.CPU_BASE_IMAGE
+        if kind == "recipe":
+            assert labels["verl-recipes.recipe"] == RECIPE
+
+
+def test_project_version_label_is_pyprojects(images: dict[str, str]) -> None:
+    info = pins_check.build_info(ROOT / "images" / "versions.toml", "cpu", ROOT / "pyproject.toml")
+    labels = _inspect(images["base"])["Config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == info["PROJECT_VERSION"]
+
+
+def test_runs_as_non_root_with_the_cli_as_entrypoint(images: dict[str, str]) -> None:
+    for ref in images.values():
+        cfg = _inspect(ref)["Config"]
+        assert cfg["User"] == "1000:1000" and cfg["Entrypoint"] == ["verl-recipes"], cfg
+        p = _run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "id", ref], check=True)
+        assert p.stdout.startswith("uid=1000(verl) gid=1000(verl)"), p.stdout
+    p = _run(["docker", "run", "--rm", "--network", "none", images["recipe"], "--version"], check=True)
+    assert p.stdout.startswith("verl-recipes ")
+
+
+def test_recipe_image_carries_only_the_recipe_files(images: dict[str, str]) -> None:
+    p = _run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "find",
+            images["recipe"],
+            "/opt/verl-recipes",
+            "-type",
+            "f",
+        ],
+        check=True,
+    )
+    have = {line.removeprefix("/opt/verl-recipes/") for line in p.stdout.split()}
+    src = ROOT / "recipes" / RECIPE
+    want = {
+        f"recipes/{RECIPE}/{f.name}"
+        for f in src.iterdir()
+        if f.is_file() and (f.name == "recipe.yaml" or re.fullmatch(r"config.*\.yaml|launch\.sh", f.name))
+    }
+    if (src / "expected").is_dir():
+        want |= {
+            f"recipes/{RECIPE}/{f.relative_to(src).as_posix()}" for f in (src / "expected").rglob("*") if f.is_file()
+        }
+    want.add("images/versions.toml")
+    want |= {f"images/lock/{f.name}" for f in (ROOT / "images" / "lock").glob("*.txt")}
+    assert have == want
+    listed = _run(["docker", "run", "--rm", "--network", "none", images["recipe"], "list", "--json"], check=True)
+    assert list(json.loads(listed.stdout)) == [RECIPE]
+
+
+_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----\s*(.+?)\s*-----END CERTIFICATE-----", re.S)
+
+
+def _cert_keys(pem: bytes) -> dict[str, bytes]:
+    """A distinctive key (the first 128 base64 characters) of each certificate in a PEM bundle."""
+    out = {}
+    for m in _PEM.finditer(pem):
+        body = re.sub(rb"\s+", b"", m.group(1))
+        out[hashlib.sha256(body).hexdigest()[:12]] = body[:128]
+    return out
+
+
+def _image_files(ref: str) -> Iterator[tuple[str, bytes]]:
+    """(path, content) of every regular file of an image, through `docker export`."""
+    cid = _run(["docker", "create", ref], check=True).stdout.strip()
+    try:
+        proc = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+            for member in tar:
+                if member.isfile():
+                    f = tar.extractfile(member)
+                    if f is not None:
+                        yield member.name, f.read()
+        assert proc.wait(timeout=300) == 0
+    finally:
+        _run(["docker", "rm", "-f", cid])
+
+
+def _private_certs(bundle: Path) -> dict[str, bytes]:
+    """The certificates of `bundle` that are not public: not among the Mozilla CAs that Debian's
+    ca-certificates installs under /usr/share/ca-certificates (here: the proxy's CAs that were
+    added locally). A public CA may well be in the image (pip's certifi); these must not."""
+    public: set[str] = set()
+    for crt in Path("/usr/share/ca-certificates").rglob("*.crt"):
+        public |= set(_cert_keys(crt.read_bytes()))
+    return {k: v for k, v in _cert_keys(bundle.read_bytes()).items() if k not in public}
+
+
+def _ca_traces(ref: str, bundle: Path) -> list[str]:
+    """Where the image holds the build's CA bundle, or a private certificate from it."""
+    host = bundle.read_bytes()
+    host_sha = hashlib.sha256(host).hexdigest()
+    private = _private_certs(bundle)
+    system = b""
+    traces: list[str] = []
+    same_file: list[str] = []
+    for path, data in _image_files(ref):
+        if path == "etc/ssl/certs/ca-certificates.crt":
+            system = data
+        if hashlib.sha256(data).hexdigest() == host_sha:
+            same_file.append(path)
+        flat = re.sub(rb"\s+", b"", data) if b"CERTIFICATE" in data else b""
+        traces += [f"{path}: private CA {k} of {bundle}" for k, key in private.items() if flat and key in flat]
+    if host != system:  # a host without private CAs may have exactly the image's own bundle
+        traces += [f"{path}: a copy of {bundle}" for path in same_file]
+    return traces
+
+
+def test_ca_bundle_is_not_in_the_final_images(images: dict[str, str]) -> None:
+    bundle = _ca_bundle()
+    if bundle is None:
+        pytest.skip("no CA bundle on this machine, so the build got none")
+    for ref in images.values():
+        assert _ca_traces(ref, bundle) == [], ref
+        p = _run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "ls", ref, "/tmp/ca"])
+        assert p.returncode != 0, f"{ref} has /tmp/ca: {p.stdout}"
+
+
+def test_the_ca_check_finds_a_bundle_left_in_an_image(images: dict[str, str], tmp_path: Path) -> None:
+    """The check above can fail: an image that keeps the bundle is caught."""
+    bundle = _ca_bundle()
+    if bundle is None:
+        pytest.skip("no CA bundle on this machine")
+    (tmp_path / "Dockerfile").write_text(f"FROM {images['base']}\nCOPY ca.crt /usr/share/leak/ca.crt\n")
+    shutil.copy2(bundle, tmp_path / "ca.crt")
+    ref = "verl-recipes/test-ca-leak:latest"
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    p = subprocess.run(
+        ["docker", "build", "-q", "-t", ref, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    try:
+        traces = _ca_traces(ref, bundle)
+        assert any(t.startswith("usr/share/leak/ca.crt") for t in traces), traces
+    finally:
+        _run(["docker", "rmi", "-f", ref])
+
+
+def _refused(p: subprocess.CompletedProcess[str], *needles: str) -> None:
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-3000:]
+    for n in needles:
+        assert n in out, f"{n!r} not in the build output:\n{out[-3000:]}"
+
+
+def test_a_build_arg_with_an_unpinned_version_fails_the_build(images: dict[str, str], pins: dict[str, Any]) -> None:
+    p = _build("--build-arg", "VERL_VERSION=0.9.0")
+    _refused(p, "build argument rejected: VERL_VERSION=0.9.0", f"verl = '{pins['gpu']['verl']}'")
+
+
+def test_the_gpu_stack_on_python_311_fails_the_build(images: dict[str, str], pins: dict[str, Any]) -> None:
+    p = _build("--build-arg", "STACK=gpu")
+    _refused(p, "STACK=gpu: the base image has Python 3.11", f"python:{pins['python']['gpu']}-slim-bookworm")
+
+
+def test_asking_for_a_ca_bundle_without_giving_one_fails(images: dict[str, str]) -> None:
+    p = _run(["bash", str(BUILD), "--stack", "cpu", "--build-arg", "USE_CA_BUNDLE=1"], timeout=BUILD_TIMEOUT_S)
+    _refused(p, "USE_CA_BUNDLE=1 but the build context has no ca/ca.crt")

@@ -1,0 +1,415 @@
+"""The memory planner on verl 0.9.1's real Hydra config (no mocks).
+
+Numbers checked here are derived by hand in the test from shapes (parameter counts, bytes per
+parameter, KV bytes per token), not copied from the planner's output. verl's config is composed
+once per root config and deep-copied per test, because composing takes ~5-40 s on the CI machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import verl_recipes.compose as compose_mod
+import yaml
+from omegaconf import OmegaConf
+from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes.cli import main
+from verl_recipes.compose import merge_strict, parse_sets
+from verl_recipes.plan.cli import load_setup, recipe_extra
+from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
+from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes.plan.inputs import setup_from_config
+from verl_recipes.plan.knobs import helpful, path_to_fit
+from verl_recipes.plan.model import Arch
+from verl_recipes.plan.phases import Constants, plan_gpu
+from verl_recipes.plan.validate import SCHEMA, main_validate, validate_all
+from verl_recipes.recipes import discover, get_recipe
+
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compose_once() -> Any:
+    """compose_verl is pure; cache it for this module and hand out deep copies."""
+    orig = compose_mod.compose_verl
+    cache: dict[str, Any] = {}
+
+    def cached(name: str) -> Any:
+        if name not in cache:
+            cache[name] = orig(name)
+        return copy.deepcopy(cache[name])
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(compose_mod, "compose_verl", cached)
+    yield
+    mp.undo()
+
+
+def _cfg(sets: list[str], name: str = "ppo_trainer") -> Any:
+    """verl's own config with explicit overrides (the recipes' files are not involved)."""
+    return merge_strict(compose_mod.compose_verl(name), parse_sets(sets), "test")
+
+
+# A tiny Llama-style model whose numbers are easy to do by hand.
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+# per layer: q 64*64 + k 64*32 + v 64*32 + o 64*64 + 3*64*128 (MLP) + 2*64 (norms) = 36992
+# total: 2 layers + 2 * 100*64 (embedding, lm_head) + 64 (final norm) = 86848
+TINY_PARAMS = 2 * (4096 + 2048 + 2048 + 4096 + 24576 + 128) + 2 * 6400 + 64
+BASE = [
+    "algorithm.adv_estimator=grpo",  # no critic
+    "data.train_batch_size=4",
+    "data.max_prompt_length=16",
+    "data.max_response_length=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.max_model_len=32",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+]
+
+
+def _term(plan: Any, phase: str, prefix: str) -> int:
+    ph = plan.phase(phase)
+    assert ph is not None, phase
+    hits = [t.bytes for t in ph.terms if t.name.startswith(prefix)]
+    assert len(hits) == 1, (prefix, [t.name for t in ph.terms])
+    return hits[0]
+
+
+# ---- architecture numbers ---------------------------------------------------------------------
+def test_tiny_param_count_by_hand() -> None:
+    assert TINY_PARAMS == 86848
+    a = Arch.from_config(TINY)
+    assert a.params() == TINY_PARAMS
+    # critic: lm_head replaced by a Linear(64, 1) with bias
+    assert a.critic_params() == TINY_PARAMS - 6400 + 65
+    # LoRA r=4 on all seven projections: r * (in + out) each
+    per_layer = 4 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64) + 3 * (64 + 128))
+    assert a.lora_params(4, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) == (
+        2 * per_layer
+    )
+    # KV cache: 2 (K, V) x 2 layers x 2 KV heads x head_dim 16 x 2 bytes; TP2 halves the heads
+    assert a.kv_bytes_per_token(1) == 2 * 2 * 2 * 16 * 2
+    assert a.kv_bytes_per_token(2) == 2 * 2 * 1 * 16 * 2
+    assert a.kv_bytes_per_token(4) == a.kv_bytes_per_token(2)  # vLLM replicates: at least one head
+
+
+def test_bundled_archs_match_recipe_param_counts_and_qwen2_0_5b() -> None:
+    for rid, r in discover().items():
+        assert Arch.from_config(r.arch_config).params() == r.model.params, rid
+    # Qwen2-0.5B (tied embeddings, q/k/v biases): 494,032,768 parameters, as its model card states.
+    assert Arch.from_file(ARCHS_DIR / "qwen2-0.5b" / "config.json").params() == 494_032_768
+
+
+def test_llama7b_activation_bytes_by_hand() -> None:
+    a = Arch.from_file(ARCHS_DIR / "llama-2-7b" / "config.json")
+    h, f = 4096, 11008
+    # 16h (norms, inputs) + 4*q + 4*kv + 4*heads (log-sum-exp) + 8f (gated MLP)
+    assert a.activation_bytes_per_token_layer() == 16 * h + 4 * h + 4 * h + 4 * 32 + 8 * f == 186_496
+    assert a.checkpoint_bytes_per_token_layer() == 2 * h
+
+
+# ---- per-phase numbers on a real verl config -------------------------------------------------
+def test_tiny_fsdp_full_finetune_bytes_by_hand() -> None:
+    arch = Arch.from_config(TINY)
+    s = setup_from_config(_cfg(BASE), arch)
+    assert s.critic is None and s.ref == "none" and s.actor.param_bytes == 4  # verl's fp32 default
+    gpu = GPU("t", "t", GIB, GIB)
+    p = plan_gpu(s, gpu)
+    # update_actor on 1 GPU: fp32 weights, fp32 grads, AdamW exp_avg + exp_avg_sq in fp32
+    assert _term(p, "update_actor", "actor weights") == 4 * TINY_PARAMS
+    assert _term(p, "update_actor", "actor gradients") == 4 * TINY_PARAMS
+    assert _term(p, "update_actor", "actor optimizer") == 8 * TINY_PARAMS
+    # no gradients outside the update; no optimizer state before step 1
+    assert _term(p, "gen", "actor gradients") == 0
+    assert _term(p, "loaded", "actor optimizer") == 0
+    # logits of the update: micro-batch 2 x 32 tokens x vocab 100 x 10 bytes
+    assert _term(p, "update_actor", "actor logits") == 2 * 32 * 100 * 10
+    # two GPUs: FSDP shards weights, gradients and moments over both
+    s2 = setup_from_config(_cfg([*BASE, "trainer.n_gpus_per_node=2"]), arch)
+    p2 = plan_gpu(s2, gpu)
+    assert _term(p2, "update_actor", "actor optimizer") == 8 * TINY_PARAMS // 2
+    # bf16 model_dtype halves weights and moments
+    s3 = setup_from_config(_cfg([*BASE, "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]), arch)
+    assert _term(plan_gpu(s3, gpu), "update_actor", "actor weights") == 2 * TINY_PARAMS
+
+
+def test_tiny_lora_optimizer_only_for_adapters() -> None:
+    arch = Arch.from_config(TINY)
+    s = setup_from_config(_cfg([*BASE, "actor_rollout_ref.model.lora_rank=4"]), arch)
+    p = plan_gpu(s, GPU("t", "t", GIB, GIB))
+    lora = 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128))
+    assert _term(p, "update_actor", "actor weights") == 4 * (TINY_PARAMS + lora)
+    assert _term(p, "update_actor", "actor optimizer") == 8 * lora
+    assert _term(p, "update_actor", "actor gradients") == 4 * lora
+
+
+def test_tiny_vllm_kv_cache_by_hand() -> None:
+    arch = Arch.from_config(TINY)
+    sets = [*BASE, "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]
+    sets += [
+        "actor_rollout_ref.rollout.max_num_batched_tokens=64",
+        "actor_rollout_ref.rollout.max_num_seqs=4",
+    ]
+    s = setup_from_config(_cfg(sets), arch)
+    p = plan_gpu(s, GPU("t", "t", GIB, GIB))
+    weights = 2 * TINY_PARAMS  # bf16, TP1
+    # profile run: 64 tokens through one layer (2*2h + 4h + max(3*2f, 2*(2q + 2kv))) + sampler 4 x V x 8
+    act = 64 * (4 * 64 + 4 * 64 + max(6 * 128, 2 * (2 * 64 + 2 * 32))) + 4 * 100 * 8
+    kv = GIB // 2 - weights - act
+    assert p.kv_bytes == kv
+    assert p.kv_tokens == kv // (2 * 2 * 2 * 16 * 2)
+
+
+def test_megatron_70b_stage_weights_by_hand() -> None:
+    arch = Arch.from_file(ARCHS_DIR / "llama-2-70b" / "config.json")
+    sets = [
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=32",
+        "data.max_prompt_length=2048",
+        "data.max_response_length=2048",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=4",
+    ]
+    s = setup_from_config(_cfg(sets, "ppo_megatron_trainer"), arch)
+    assert s.backend == "megatron" and s.dp(s.actor) == 4
+    p = plan_gpu(s, catalogue()["h100-80g"])
+    h, q, kv, f = 8192, 8192, 1024, 28672
+    layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h
+    assert layer == 855_654_400
+    last_stage = 40 * layer + 32000 * h + h  # 40 layers + output layer + final norm
+    assert _term(p, "update_actor", "actor weights") == last_stage * 2 // 4  # bf16 / TP4
+    assert _term(p, "update_actor", "actor fp32 main-grad buffer") == last_stage * 4 // 4
+    assert _term(p, "update_actor", "actor optimizer") == last_stage * 12 // 4 // 4  # distributed over DP4
+
+
+# ---- bad input --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cfg", "needle"),
+    [
+        (
+            {"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_hidden_layers": 12},
+            "decoder-only",
+        ),
+        ({"model_type": "t5", "is_encoder_decoder": True, "num_layers": 6}, "decoder-only"),
+        ({k: v for k, v in TINY.items() if k != "num_hidden_layers"}, "num_hidden_layers"),
+        ({**TINY, "architectures": ["LlamaForSequenceClassification"]}, "ForCausalLM"),
+        ({**TINY, "num_local_experts": 8}, "mixture-of-experts"),
+    ],
+)
+def test_not_a_decoder_lm_fails_with_reason(cfg: dict[str, Any], needle: str) -> None:
+    with pytest.raises(RecipeError, match=needle):
+        Arch.from_config(cfg)
+
+
+RTP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+MTP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+MPP = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+GPUS = "trainer.n_gpus_per_node"
+
+
+@pytest.mark.parametrize(
+    ("arch", "root", "sets", "needle"),
+    [
+        ("llama-2-7b", "ppo_trainer", [f"{RTP}=3"], "size=3 does not divide num_attention_heads=32"),
+        ("qwen2-7b", "ppo_trainer", [f"{RTP}=7", f"{GPUS}=7"], "num_key_value_heads=4"),
+        ("llama-2-7b", "ppo_trainer", [f"{GPUS}=6", f"{RTP}=4"], "not divisible"),
+        ("llama-2-70b", "ppo_megatron_trainer", [f"{MPP}=3", f"{GPUS}=3"],
+         "pipeline_model_parallel_size=3 does not divide num_hidden_layers=80"),
+        ("qwen2-7b", "ppo_megatron_trainer", [f"{MTP}=7", f"{GPUS}=7"], "not divide num_key_value_heads=4"),
+        ("llama-2-70b", "ppo_megatron_trainer", [f"{MTP}=4", f"{MPP}=2", f"{GPUS}=4"], "by actor TP x PP"),
+    ],
+)  # fmt: skip
+def test_layout_that_does_not_divide_fails(arch: str, root: str, sets: list[str], needle: str) -> None:
+    a = Arch.from_file(ARCHS_DIR / arch / "config.json")
+    base = [x.replace("data.train_batch_size=4", "data.train_batch_size=168") for x in BASE]
+    with pytest.raises(RecipeError, match=needle):
+        setup_from_config(_cfg([*base, "actor_rollout_ref.rollout.max_model_len=null", *sets], root), a)
+
+
+def test_missing_micro_batch_names_the_key() -> None:
+    sets = [x for x in BASE if "ppo_micro_batch_size_per_gpu" not in x]
+    with pytest.raises(RecipeError, match=r"actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu"):
+        setup_from_config(_cfg(sets), Arch.from_config(TINY))
+
+
+def test_verl_batch_checks() -> None:
+    with pytest.raises(RecipeError, match="ppo_mini_batch_size"):
+        setup_from_config(_cfg([*BASE, "actor_rollout_ref.actor.ppo_mini_batch_size=8"]), Arch.from_config(TINY))
+
+
+# ---- the recipes ------------------------------------------------------------------------------
+@pytest.mark.parametrize("rid", sorted(discover()))
+def test_every_recipe_and_variant_plans(rid: str) -> None:
+    recipe = get_recipe(rid)
+    for variants in [[], *([v] for v in recipe.variants)]:
+        label, s, _ = load_setup(rid, variants, [])
+        assert s.world == recipe.gpus.count, label
+        for g in catalogue().values():
+            p = plan_gpu(s, g)
+            assert all(ph.total > 0 for ph in p.phases)
+            assert {"loaded", "update_weights", "gen", "old_log_prob", "update_actor"} <= {ph.phase for ph in p.phases}
+            assert ("values" in {ph.phase for ph in p.phases}) == (s.critic is not None)
+
+
+def test_7b_lora_reference_and_critic_follow_verl_rules() -> None:
+    _, ppo, _ = load_setup("7b-lora", [], [])
+    assert ppo.critic is not None and ppo.ref == "none"  # gae: critic; no KL: no reference
+    _, grpo, _ = load_setup("7b-lora", ["grpo"], ["actor_rollout_ref.actor.ppo_mini_batch_size=2"])
+    assert grpo.critic is None and grpo.ref == "in_actor"  # KL loss + LoRA: the actor without adapter
+    _, full, _ = load_setup(
+        "7b-lora",
+        ["grpo"],
+        ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.model.lora_rank=0"],
+    )
+    assert full.ref == "separate"
+
+
+def test_vllm_cannot_start_when_the_trainer_holds_too_much() -> None:
+    # 7B LoRA with bf16 actor and critic resident (~25.5 GiB) on a 40 GiB A100 at utilization 0.9
+    _, s, _ = load_setup("7b-lora", [], ["actor_rollout_ref.rollout.gpu_memory_utilization=0.9"])
+    p = plan_gpu(s, catalogue()["a100-40g"])
+    assert any(x.startswith("vLLM cannot start") for x in p.problems)
+
+
+def test_sync_bucket_smaller_than_a_weight_fails() -> None:
+    bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=100"
+    _, s, _ = load_setup("7b-lora", [], [bucket])
+    p = plan_gpu(s, catalogue()["h200-141g"])
+    assert any("update_weights_bucket_megabytes=100" in x for x in p.problems)  # embedding is 250 MiB
+
+
+def test_knob_suggestion_changes_the_verdict_on_the_real_config() -> None:
+    """The --set lines the planner proposes, applied to verl's config, make the plan fit."""
+    gpu = parse_gpu("a10g-24g")
+    _, s, _ = load_setup("7b-lora", ["24gib"], [])
+    assert not plan_gpu(s, gpu).fits
+    best = helpful(s, gpu)[0]
+    assert best.saves > 0
+    path = path_to_fit(s, gpu, more_gpus=False)
+    assert path, "a one-GPU fix exists for 7B LoRA on 24 GB (FSDP2 CPU offload_policy + vLLM budget)"
+    sets = [x for st in path for x in st.knob.sets]
+    _, fixed, _ = load_setup("7b-lora", ["24gib"], sets)
+    assert fixed.world == 1
+    assert plan_gpu(fixed, gpu).fits
+
+
+def test_more_gpus_knob_shards_fsdp_state() -> None:
+    _, s, _ = load_setup("verl-vs-deepspeed", [], [])
+    gpu = catalogue()["a100-80g"]
+    base = plan_gpu(s, gpu)
+    more = next(sg for sg in helpful(s, gpu) if sg.knob.name.endswith("GPUs"))
+    assert more.knob.sets == ("trainer.n_gpus_per_node=4",)
+    after, before = more.plan.phase("update_actor"), base.phase("update_actor")
+    assert after is not None and before is not None and after.total < before.total
+
+
+# ---- GPUs, cost, CLI, validation --------------------------------------------------------------
+def test_gpu_catalogue_and_caps() -> None:
+    cat = catalogue()
+    assert set(cat) == {"a10g-24g", "l4-24g", "a100-40g", "a100-80g", "h100-80g", "h200-141g"}
+    assert cat["a100-80g"].visible_bytes == 80 * GIB
+    assert cat["a10g-24g"].visible_bytes == 24 * GIB * 15 // 16  # GDDR6 in-band ECC
+    assert cat["h200-141g"].visible_bytes == 143771 * MIB  # nvidia-smi on our H200 (host.txt)
+    assert parse_gpu("24GiB").visible_bytes == 24 * GIB
+    assert parse_gpu("24GB").visible_bytes == 24 * 10**9
+    with pytest.raises(RecipeError, match="not a catalogue GPU"):
+        parse_gpu("v100")
+
+
+def test_cost_by_hand_and_prices_file(root: Path, tmp_path: Path) -> None:
+    o = Offer("x", "P", "p", 2.0, "2026-01-01", "https://example.com")
+    c = compute_cost(o, gpus=2, tokens_per_s=1000.0, tokens_per_step=8000)
+    assert c.gpu_hours_per_million_tokens == pytest.approx(2 * 1000 / 3600)
+    assert c.usd_per_million_tokens == pytest.approx(2 * 1000 / 3600 * 2.0)
+    assert c.step_seconds == pytest.approx(8.0)
+    assert c.usd_per_step == pytest.approx(2 * 8 / 3600 * 2.0)
+    offers = load_prices(root / "validation" / "prices.yaml")
+    assert "l4-24g" not in offers  # no sourced price found: left out, not guessed
+    for lst in offers.values():
+        for off in lst:
+            assert off.source.startswith("https://") and off.date[:2] == "20"
+    cheapest = pick_offer(offers, "h100-80g")
+    assert cheapest is not None and all(cheapest.usd_per_gpu_hour <= x.usd_per_gpu_hour for x in offers["h100-80g"])
+    bad = tmp_path / "prices.yaml"
+    bad.write_text(yaml.safe_dump({"a100-80g": [{"provider": "X", "usd_per_gpu_hour": 1.0, "date": "2026-01-01"}]}))
+    with pytest.raises(RecipeError, match="source"):
+        load_prices(bad)
+
+
+def test_cli_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "7b-lora", "--variant", "24gib", "--gpu", "a10g-24g", "--gpu", "h200-141g", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    by = {g["gpu"]["id"]: g for g in out["gpus"]}
+    assert by["h200-141g"]["fits"] and not by["a10g-24g"]["fits"]
+    assert by["a10g-24g"]["path_to_fit"] and by["a10g-24g"]["best_knob"]["sets"]
+    assert out["model"]["params"] == 6738415616
+    assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--tokens-per-s", "2000"]) == 0
+    text = capsys.readouterr().out
+    assert "update_actor" in text and "dominant terms" in text and "/step" in text
+    assert main(["plan", "7b-lora", "--gpu", "v100"]) == 2
+
+
+def _fake_run(root: Path, scale: float) -> None:
+    """A committed run in the report's schema whose peaks are the planner's own prediction x scale."""
+    run = root / "recipes" / "7b-lora" / "results" / "h200-fake"
+    run.mkdir(parents=True)
+    recipe = get_recipe("7b-lora")
+    cfg = compose_mod.compose_recipe(recipe, [], [], extra=recipe_extra(recipe))
+    OmegaConf.save(cfg, run / "verl_config.yaml")
+    gpu = catalogue()["h200-141g"]
+    _, s, _ = load_setup("7b-lora", [], [])
+    plan = plan_gpu(s, gpu, Constants())
+    names = {"loaded": "outside"}
+    phases = {
+        names.get(ph.phase, ph.phase): {"gpu": {"0": {"used_gib": ph.total * scale / GIB, "by_class_gib": {}}}}
+        for ph in plan.phases
+    }
+    summary = {
+        "schema": SCHEMA,
+        "gpus": [{"index": 0, "name": "NVIDIA H200", "total_gib": gpu.visible_bytes / GIB}],
+        "phases": {**phases, "step": {"gpu": {"0": {"used_gib": 1.0}}}},
+        "steps": [{"step": 1, "throughput": 100.0}, {"step": 2, "throughput": 300.0}],
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_validate_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "recipes").mkdir()
+    assert main_validate(root=tmp_path) == 1
+    assert "no measured runs found" in capsys.readouterr().out
+    assert main_validate(root=tmp_path, allow_empty=True) == 0
+
+
+@pytest.mark.parametrize(("scale", "ok"), [(1.0, True), (1.05, True), (1.5, False)])
+def test_validate_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) -> None:
+    _fake_run(tmp_path, scale)
+    rows, passed = validate_all(tmp_path, tolerance=0.10)
+    assert passed is ok
+    assert {r.phase for r in rows} >= {"loaded", "gen", "update_actor", "update_critic"}
+    assert "step" not in {r.phase for r in rows}
+    assert all(r.error == pytest.approx(1 / scale - 1, abs=1e-3) for r in rows)
+    assert main_validate(root=tmp_path) == (0 if ok else 1)

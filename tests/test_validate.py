@@ -1,0 +1,55 @@
+"""Validation of measured runs against expected bounds, on the committed real H200 run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from verl_recipes.cli import main
+from verl_recipes.recipes import get_recipe
+from verl_recipes.validate import check, load_summary, measured, write_bounds
+
+RUN = Path("recipes/7b-lora/results/h200x1-ppo")
+
+
+def test_committed_run_passes_its_bounds(root: Path) -> None:
+    assert main(["validate", "7b-lora"]) == 0
+
+
+def _doctored(root: Path, tmp_path: Path, phase: str, factor: float) -> Path:
+    run = tmp_path / "doctored"
+    shutil.copytree(root / RUN, run)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["phases"][phase]["gpu"]["0"]["used_gib"] *= factor
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_doctored_run_fails_naming_phase_and_gpu(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _doctored(root, tmp_path, "update_actor", 1.10)
+    assert main(["validate", "7b-lora", "--run", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "phase update_actor GPU 0" in out and "> upper bound" in out
+
+
+def test_a_run_far_under_the_bound_fails_too(root: Path, tmp_path: Path) -> None:
+    run = _doctored(root, tmp_path, "gen", 0.5)
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
+    errors = check(load_summary(run), doc, "x")
+    assert any("phase gen GPU 0" in e and "< lower bound" in e for e in errors)
+
+
+def test_bounds_are_measured_times_margins(root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.yaml"
+    doc = write_bounds(root / RUN, out, get_recipe("7b-lora"))
+    m = measured(load_summary(root / RUN))
+    lo, hi = doc["bounds"]["memory_gib"]["update_actor"]["0"]
+    assert hi == pytest.approx(m["memory_gib"]["update_actor"]["0"] * 1.05, abs=1e-3)
+    assert lo == pytest.approx(m["memory_gib"]["update_actor"]["0"] * 0.8, abs=1e-3)
+    assert doc["provenance"]["gpu"]["gpus"][0]["name"] == "NVIDIA H200"
+    assert m["steps"] >= 3
