@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from verl_recipes.cli import SUBCOMMANDS, main
 from verl_recipes.docs import recipe_table, render_readme
 from verl_recipes.recipes import discover

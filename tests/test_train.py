@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
 
