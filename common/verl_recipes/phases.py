@@ -45,6 +45,19 @@ from typing import Any
 
 RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"  # the same name as verl_recipes.monitor.RUN_DIR_ENV
 PHASES_FILE = "phases.jsonl"
+#: the phase names verl 0.9.1's v1 trainer gives `marked_timer` in one PPO/GRPO step.
+VERL_PHASES = (
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+    "step",
+)
 METRICS_FILE = "metrics.jsonl"
 
 # verl modules that define or re-export marked_timer (verl.utils.debug re-exports the profiler's).

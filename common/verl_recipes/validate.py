@@ -21,23 +21,13 @@ from typing import Any
 import yaml
 
 from verl_recipes import RecipeError
+from verl_recipes.phases import VERL_PHASES
 from verl_recipes.recipes import Recipe, get_recipe
 
 SCHEMA = "verl-recipes/expected/1"
 UPPER, LOWER = 1.05, 0.8
 #: phases whose peaks are bounded: verl's marked_timer names, as the report attributes them.
-BOUNDED_PHASES = (
-    "gen",
-    "reward",
-    "old_log_prob",
-    "ref",
-    "values",
-    "adv",
-    "update_critic",
-    "update_actor",
-    "update_weights",
-    "step",
-)
+BOUNDED_PHASES = VERL_PHASES
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:

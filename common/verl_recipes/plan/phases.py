@@ -421,13 +421,15 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
         lora = a.lora_params(actor.lora_rank, actor.lora_targets)
         sync_terms.append(Term("LoRA merge: adapter backup", lora * actor.param_bytes // s.world, "trainer"))
     vllm_weights_only = [Term("vLLM weights (awake, bf16)", vllm_weights(s), "vllm"), *vllm_asleep]
-    phases.append(
-        PhasePlan(
-            "update_weights",
-            base + resident("update_weights") + sync_terms + (vllm_weights_only if r.free_cache_engine else vllm_full),
-        )
-    )
-    phases.append(PhasePlan("gen", base + resident("gen") + vllm_full))
+    sync = base + resident("update_weights") + sync_terms + (vllm_weights_only if r.free_cache_engine else vllm_full)
+    # verl's update_weights ends by resuming vLLM's KV cache (engine_workers.update_weights, step 4)
+    # once the trainer has offloaded: the phase's peak is the larger of the sync and that end
+    # state, which is generation's (measured: 7b-lora h200x1-ppo, update_weights peak = gen peak).
+    gen_terms = base + resident("gen") + vllm_full
+    if sum(t.bytes for t in gen_terms) > sum(t.bytes for t in sync):
+        sync = gen_terms
+    phases.append(PhasePlan("update_weights", sync))
+    phases.append(PhasePlan("gen", gen_terms))
     phases.append(
         PhasePlan("old_log_prob", base + resident("old_log_prob") + _work(s, actor, False, False, c) + vllm_idle)
     )
