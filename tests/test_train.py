@@ -59,3 +59,22 @@ def test_cap_needs_a_gpu(tmp_path: Path) -> None:
         train.register(sub)
         args = parser.parse_args(["train", "7b-lora", "--cap-gib", "24", "--run-dir", str(tmp_path / "r")])
         train.run(args)
+
+
+def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
+    """The planner's verdict gates a GPU launch: one line naming the phase and a knob."""
+    from verl_recipes import ARCHS_DIR
+    from verl_recipes.compose import compose_recipe
+    from verl_recipes.recipes import get_recipe
+    from verl_recipes.train import launcher_settings, preflight_fit
+
+    recipe = get_recipe("7b-lora")
+    model = ARCHS_DIR / "llama-2-7b"
+    extra = launcher_settings(recipe, model, tmp_path, tmp_path / "run", 3, 1)
+    plain = compose_recipe(recipe, [], [], extra=extra)
+    with pytest.raises(RecipeError) as e:
+        preflight_fit(plain, model, 24.0, "the --cap-gib budget")
+    msg = str(e.value)
+    assert "predicted not to fit" in msg and "--set " in msg and "\n" not in msg
+    preflight_fit(plain, model, 140.0, "this GPU")  # the uncapped H200 run that worked
+    preflight_fit(compose_recipe(recipe, ["24gib"], [], extra=extra), model, 24.0, "the --cap-gib budget")

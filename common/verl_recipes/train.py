@@ -105,6 +105,32 @@ def _open_runtime_env(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
 
 
+def preflight_fit(cfg: Any, model: Path, budget_gib: float, label: str) -> None:
+    """Refuse, in one line, a run the memory planner predicts cannot fit the GPU (or the cap).
+
+    The planner (`verl_recipes.plan`) is validated against the committed runs
+    (`verl-recipes plan --validate`); its best knob is named so the user knows what to change.
+    """
+    from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.knobs import helpful
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.plan.phases import plan_gpu
+
+    setup = setup_from_config(cfg, Arch.from_file(model / "config.json"))
+    gpu = parse_gpu(f"{budget_gib:.2f}GiB")
+    plan = plan_gpu(setup, gpu)
+    if plan.fits:
+        print(f"plan: fits {label} ({budget_gib:.1f} GiB): peak {plan.peak.phase} {plan.peak.total / GIB:.1f} GiB")
+        return
+    tips = helpful(setup, gpu)
+    tip = f"; try {' '.join('--set ' + x for x in tips[0].knob.sets)}" if tips else ""
+    raise RecipeError(
+        f"predicted not to fit {label} ({budget_gib:.1f} GiB): {plan.problems[0]}{tip} "
+        "(`verl-recipes plan` explains; --force runs anyway)"
+    )
+
+
 def _gpu_info() -> tuple[int, float]:
     info = nvml_gpus()
     devs = info.get("gpus") or []
@@ -217,7 +243,10 @@ def run(args: argparse.Namespace) -> int:
         OmegaConf.save(cfg, cfg_path)
         return rehearse(recipe, args, cfg, run_dir, reason)
 
-    # A GPU host: make what is missing, then train under the monitor.
+    # A GPU host: check the install and the host first (driver, CUDA, NCCL, versions, /dev/shm),
+    # then make what is missing, then train under the monitor.
+    if not args.skip_verify:
+        _run([*CLI, "verify", "--recipe", recipe.id], "verify (pass --skip-verify to run anyway)")
     if not args.model:
         layers = recipe.smoke.layers if args.smoke else args.layers
         scale = recipe.smoke.scale if args.smoke else "full-width"
@@ -227,6 +256,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     _open_runtime_env(cfg)
     vllm_util = None
+    if not args.force:
+        # Before anything starts: the plan for the card (or the cap) it is meant for.
+        preflight_fit(cfg, model, args.cap_gib or gpu_gib, "the --cap-gib budget" if args.cap_gib else "this GPU")
     if cap_scale is not None:
         rollout = cfg.actor_rollout_ref.rollout
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
@@ -316,4 +348,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
     p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
+    p.add_argument("--force", action="store_true", help="run even when the planner predicts it will not fit")
+    p.add_argument("--skip-verify", action="store_true", help="do not run `verl-recipes verify` before training")
     p.set_defaults(func=run)

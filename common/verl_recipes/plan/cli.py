@@ -268,6 +268,7 @@ def _costs(
     from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
 
     rate, where = tokens_per_s, "--tokens-per-s"
+    measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
     if rate is None and recipe is not None:
         from verl_recipes.plan.cost import from_verl_throughput
         from verl_recipes.plan.validate import measured_runs
@@ -278,6 +279,10 @@ def _costs(
             assert run.per_gpu_throughput is not None
             rate = from_verl_throughput(run.per_gpu_throughput, s.world)
             where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
+            prov = run.run_dir / "provenance.json"
+            if prov.is_file():
+                devs = json.loads(prov.read_text()).get("gpu", {}).get("gpus") or []
+                measured_on = devs[0]["name"] if devs else None
     if rate is None:
         return [], []
     offers = load_prices(prices_file())
@@ -285,6 +290,10 @@ def _costs(
     lines = [f"cost at {rate:,.0f} tokens/s ({where}), {tokens} tokens per step (upper bound), {s.world} GPU(s):"]
     js = []
     for g in gpus:
+        names = (g.name.lower(), (measured_on or "").lower())
+        if measured_on is not None and names[0] not in names[1] and names[1] not in names[0]:
+            lines.append(f"  {g.id}: no throughput measured on it (the run was on {measured_on}); use --tokens-per-s")
+            continue
         o = pick_offer(offers, g.id, provider)
         if o is None:
             lines.append(f"  {g.id}: no sourced price in validation/prices.yaml")
