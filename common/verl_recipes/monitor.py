@@ -31,7 +31,11 @@ line on a full disk; readers skip it). Records (`kind`):
 - exit: t, rc, samples, sampler_cpu_s, wall_s (absent when the monitor itself was killed).
 
 Overhead: the sampler runs in a thread and accounts its own CPU time (time.thread_time); the exit
-record carries it (sampler_cpu_s). Host path, 10 Hz, a tree of 8 processes, measured here: 0.46-0.66%
+record carries it (sampler_cpu_s). On the H200 run recipes/7b-lora/results/h200x1-ppo (45 monitored
+processes, CUDA processes with large mappings) it was 45.8 s over 416 s, 11% of one core, with
+smaps_rollup (USS/PSS) every 2 s for every member, the likely main cost; `verl-recipes train` now
+asks for it every 10 s (`--full-mem-interval`), RSS stays at every sample. Re-measure on the next
+GPU run. Host path, 10 Hz, a tree of 8 processes, measured here: 0.46-0.66%
 of one core in steady state, ~0.5 ms a sample, on the 2-core CI VM under load from other jobs
 (tests/test_monitor.py::test_sampler_overhead prints it). NVML's cost is not in that number.
 """
@@ -525,7 +529,9 @@ class Monitor:
         self.stop()
 
 
-def monitor_command(cmd: Sequence[str], out_dir: str | os.PathLike[str], interval: float = 0.1) -> int:
+def monitor_command(
+    cmd: Sequence[str], out_dir: str | os.PathLike[str], interval: float = 0.1, full_mem_s: float = 2.0
+) -> int:
     """Run `cmd` under the monitor; return its exit code (128+N when killed by signal N).
 
     SIGTERM and SIGHUP sent to the monitor are forwarded to the command; SIGINT is not (see below).
@@ -549,7 +555,7 @@ def monitor_command(cmd: Sequence[str], out_dir: str | os.PathLike[str], interva
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
     old[signal.SIGINT] = signal.signal(signal.SIGINT, keep_sampling)
     try:
-        with Monitor(out, interval=interval, root_pid=proc.pid, cmd=cmd) as mon:
+        with Monitor(out, interval=interval, root_pid=proc.pid, cmd=cmd, full_mem_s=full_mem_s) as mon:
             rc = proc.wait()
             mon.set_exit(rc)
     finally:
@@ -568,6 +574,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="run directory (created); samples.jsonl goes here")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
+    p.add_argument(
+        "--full-mem-interval",
+        type=float,
+        default=2.0,
+        help="seconds between USS/PSS reads (smaps_rollup, costly for large CUDA processes; default 2)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p.set_defaults(func=run)
 
@@ -578,7 +590,7 @@ def run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise RecipeError("give the command to monitor after --: verl-recipes monitor --out DIR -- CMD ARGS...")
-    return monitor_command(cmd, args.out, args.interval)
+    return monitor_command(cmd, args.out, args.interval, full_mem_s=args.full_mem_interval)
 
 
 if __name__ == "__main__":

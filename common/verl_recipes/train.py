@@ -289,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    mon = [*CLI, "monitor", "--out", str(run_dir), "--", *cmd]
+    # USS/PSS every 10 s: smaps_rollup of large CUDA processes is the monitor's main cost.
+    mon = [*CLI, "monitor", "--out", str(run_dir), "--full-mem-interval", "10", "--", *cmd]
     with open(run_dir / "train.log", "wb") as logf:
         print(f"+ {shlex.join(mon)}  (log: {run_dir / 'train.log'})", flush=True)
         proc = subprocess.Popen(mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
