@@ -220,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
         cap_scale = args.cap_gib / gpu_gib
         env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{cap_scale:.4f}"
 
+    # Compose once before anything is made, so a typo in a key fails in seconds, not after a 7B
+    # checkpoint has been written; the paths are filled in again below once they exist.
     model = args.model or Path("/nonexistent/model-made-at-launch")
     data = args.data or _cache_dir() / "data" / "arith"
     extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node)
