@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ARCHS_DIR = PACKAGE_DIR / "archs"
+#: set by the monitor and the launcher for every process of a run: where phases and metrics go.
+RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
 
 
 class RecipeError(Exception):

@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import os
 
+from verl_recipes import RUN_DIR_ENV
+
 log = logging.getLogger(__name__)
 
 ENV_NO_FIXES = "VERL_RECIPES_NO_FIXES"
 ENV_MEM_FRACTION = "VERL_RECIPES_TORCH_MEM_FRACTION"
-ENV_RUN_DIR = "VERL_RECIPES_RUN_DIR"
 
 
 def _cap_memory() -> None:
@@ -56,7 +57,7 @@ def setup() -> None:
         _cap_memory()
     except Exception as e:
         log.warning("verl_recipes: memory cap not applied: %s", e)
-    if os.environ.get(ENV_RUN_DIR):
+    if os.environ.get(RUN_DIR_ENV):
         try:
             from verl_recipes import phases
 

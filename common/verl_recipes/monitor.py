@@ -60,9 +60,8 @@ from typing import Any
 
 import psutil
 
-from verl_recipes import RecipeError
+from verl_recipes import RUN_DIR_ENV, RecipeError
 
-RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
 SAMPLES_FILE = "samples.jsonl"
 GIB = 1024**3
 

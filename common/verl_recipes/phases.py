@@ -43,7 +43,8 @@ from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
-RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"  # the same name as verl_recipes.monitor.RUN_DIR_ENV
+from verl_recipes import RUN_DIR_ENV
+
 PHASES_FILE = "phases.jsonl"
 #: the phase names verl 0.9.1's v1 trainer gives `marked_timer` in one PPO/GRPO step.
 VERL_PHASES = (

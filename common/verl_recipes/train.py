@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RUN_DIR_ENV, RecipeError
 from verl_recipes.compose import compose_recipe
 from verl_recipes.provenance import gpus as nvml_gpus
 from verl_recipes.provenance import record
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
 
     env.update(
         {
-            "VERL_RECIPES_RUN_DIR": str(run_dir),
+            RUN_DIR_ENV: str(run_dir),
             "VERL_FILE_LOGGER_PATH": str(run_dir / "verl_metrics.jsonl"),
             "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
             "PYTHONUNBUFFERED": "1",

@@ -173,6 +173,12 @@ def download(f: dict[str, Any]) -> Path:
     return dest
 
 
+def _pip_wheel(src: Path, dest: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`pip wheel` of one source with this interpreter, no dependencies and no build isolation."""
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dest), str(src)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+
+
 def build_sdist(sdist: Path, sha: str, hint: str = "") -> Path:
     """Build a pure-Python wheel from an sdist with this interpreter (DS_BUILD_OPS=0 for deepspeed).
 
@@ -184,19 +190,7 @@ def build_sdist(sdist: Path, sha: str, hint: str = "") -> Path:
     if not found:
         out.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "DS_BUILD_OPS": "0"}
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(sdist),
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        proc = _pip_wheel(sdist, out, env)
         found = list(out.glob("*.whl"))
         if proc.returncode != 0 or not found:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
@@ -215,22 +209,9 @@ def build_project_wheel(root: Path, dest: Path) -> Path:
         for name in ("pyproject.toml", "README.md", "LICENSE"):
             if (root / name).is_file():
                 shutil.copy2(root / name, src / name)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(dest),
-            str(src),
-        ]
         # A fixed zip timestamp: the same checkout gives the same wheel, so chunks already carried
         # stay valid when the wheelhouse is rebuilt.
-        env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        proc = _pip_wheel(src, dest, {**os.environ, "SOURCE_DATE_EPOCH": "315532800"})
         if proc.returncode != 0:
             raise RecipeError(f"building the verl-recipes wheel failed: {proc.stderr.strip().splitlines()[-1:]}")
     return next(dest.glob("verl_recipes-*.whl"))
