@@ -3,10 +3,14 @@
 # going past failures so one bad configuration does not cost the others' GPU time.
 #
 # usage: gpu/campaign.sh PLAN OUT_DIR
-#   PLAN: lines of `name|timeout_s|requires|verl-recipes train arguments...`; `requires` is
-#         `-` or the name of an earlier run that must have passed; `#` starts a comment.
+#   PLAN: lines of `name|timeout_s|requires|what`; `#` starts a comment.
+#     what:     `verl-recipes train` arguments (`7b-lora --variant grpo --steps 3`), or
+#               `pytest ARGS` to run GPU-marked tests whose runs are kept under OUT_DIR/runs/NAME/.
+#     requires: `-`; NAME (an earlier run must have passed); `!NAME` (it must have failed: the next
+#               step of a bisection).
 #   OUT_DIR/status.tsv gets one line per run: name, exit code, seconds, run folder.
-# Every run folder keeps its own log, config, provenance and measurements (verl-recipes train).
+# Several campaigns may share a host, one per GPU set (CUDA_VISIBLE_DEVICES from the caller): after
+# each run only that run's own processes are ended (`verl-recipes reap`), never the other lane's.
 set -euo pipefail
 
 plan=${1:?usage: gpu/campaign.sh PLAN OUT_DIR}
@@ -17,23 +21,38 @@ mkdir -p "$out/runs"
 status="$out/status.tsv"
 touch "$status"
 
-passed() { awk -F'\t' -v n="$1" '$1 == n && $2 == 0 { found = 1 } END { exit !found }' "$status"; }
+# exit code of an earlier run in this campaign ("" if it has not run)
+rc_of() { awk -F'\t' -v n="$1" '$1 == n { rc = $2 } END { print rc }' "$status"; }
 
-while IFS='|' read -r name limit requires args; do
+echo "== campaign on CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}: $plan"
+while IFS='|' read -r name limit requires what; do
   [[ -z "${name// }" || "$name" == \#* ]] && continue
-  if [[ "$requires" != "-" ]] && ! passed "$requires"; then
+  if [[ "$requires" == !* ]]; then
+    prev=$(rc_of "${requires#!}")
+    if [[ -z "$prev" || "$prev" == 0 ]]; then
+      printf '%s\t%s\t%s\t%s\n' "$name" skipped 0 "runs only if ${requires#!} failed" >>"$status"
+      continue
+    fi
+  elif [[ "$requires" != "-" && "$(rc_of "$requires")" != 0 ]]; then
     printf '%s\t%s\t%s\t%s\n' "$name" skipped 0 "needs $requires" >>"$status"
     continue
   fi
-  echo "== campaign: $name (limit ${limit}s): verl-recipes train $args"
+  run="$out/runs/$name"
+  echo "== campaign: $name (limit ${limit}s): $what"
   start=$(date +%s)
   rc=0
-  # shellcheck disable=SC2086  # the plan's arguments are split on purpose
-  timeout --kill-after=30 "$limit" verl-recipes train $args --run-dir "$out/runs/$name" --quiet || rc=$?
-  # A timed-out run leaves Ray and vLLM behind; the next run needs the GPU back.
-  ray stop --force >/dev/null 2>&1 || true
-  pkill -9 -f 'VLLM::EngineCore|vllm.entrypoints|ray::' >/dev/null 2>&1 || true
-  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" "$out/runs/$name" >>"$status"
+  if [[ "$what" == pytest\ * ]]; then
+    mkdir -p "$run"
+    # shellcheck disable=SC2086  # the plan's arguments are split on purpose
+    VERL_RECIPES_GPU_RUNS_DIR="$run" timeout --kill-after=30 "$limit" \
+      python3 -m pytest -m gpu -p no:cacheprovider ${what#pytest } >"$run/pytest.log" 2>&1 || rc=$?
+    verl-recipes reap --under "$run" || true
+  else
+    # shellcheck disable=SC2086
+    timeout --kill-after=30 "$limit" verl-recipes train $what --run-dir "$run" --quiet || rc=$?
+    [[ -d "$run" ]] && { verl-recipes reap "$run" || true; }
+  fi
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" "$run" >>"$status"
 done <"$plan"
 echo "== campaign done"
 touch "$out/DONE"

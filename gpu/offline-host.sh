@@ -4,9 +4,11 @@
 #
 #   gpu/offline-host.sh stage CHUNK_DIR     add the wheelhouse chunks present in CHUNK_DIR to the staging dir
 #   gpu/offline-host.sh install             verify and install the staged wheelhouse into $SITE
-#   gpu/offline-host.sh start PLAN          start gpu/campaign.sh PLAN in the background (survives this shell)
-#   gpu/offline-host.sh wait SECONDS [OUT]  wait for the campaign (at most SECONDS), print its status, and
-#                                           pack its results into OUT/results.tgz
+#   gpu/offline-host.sh start PLAN [GPUS]   start gpu/campaign.sh PLAN in the background (survives this shell);
+#                                           with GPUS (e.g. 0 or 0,1) it runs on those GPUs only, in its own
+#                                           lane $CAMPAIGN/lane-GPUS, so one plan per GPU can run at once
+#   gpu/offline-host.sh wait SECONDS [OUT]  wait for every lane (at most SECONDS), print their status, and
+#                                           pack the results into OUT/results.tgz
 #
 # Environment: STAGE (default /tmp/wh-stage), SITE (default /tmp/site), CAMPAIGN (default /tmp/campaign).
 set -euo pipefail
@@ -23,6 +25,12 @@ export PATH="$SITE/bin:$PATH"
 export VERL_RECIPES_ROOT="$root"
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# NVLink multicast stays off on shared multi-GPU hosts (NCCL, torch symmetric memory, NVSHMEM).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+# Some VMs grow MemTotal as memory is used; Ray's OOM killer would read that as pressure and kill
+# workers of a healthy run. The kernel's limit still applies.
+export RAY_memory_monitor_refresh_ms=${RAY_memory_monitor_refresh_ms:-0}
 
 cmd=${1:?usage: gpu/offline-host.sh stage|install|start|wait ...}
 shift
@@ -36,24 +44,36 @@ case "$cmd" in
     python3 -m verl_recipes.cli --version
     ;;
   start)
-    plan=${1:?usage: gpu/offline-host.sh start PLAN}
-    mkdir -p "$CAMPAIGN"
-    setsid nohup bash "$here/campaign.sh" "$plan" "$CAMPAIGN" >"$CAMPAIGN/campaign.log" 2>&1 </dev/null &
-    echo "campaign started: $CAMPAIGN/campaign.log"
+    plan=${1:?usage: gpu/offline-host.sh start PLAN [GPUS]}
+    gpus=${2:-}
+    lane="$CAMPAIGN/lane-${gpus:-all}"
+    mkdir -p "$lane"
+    if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES="$gpus"; fi
+    setsid nohup bash "$here/campaign.sh" "$plan" "$lane" >"$lane/campaign.log" 2>&1 </dev/null &
+    echo "campaign started: $lane/campaign.log"
     ;;
   wait)
     limit=${1:?usage: gpu/offline-host.sh wait SECONDS [OUT]}
     out=${2:-${OUT:-/tmp/out}}
     deadline=$(( $(date +%s) + limit ))
-    while [[ ! -e "$CAMPAIGN/DONE" && $(date +%s) -lt $deadline ]]; do sleep 5; done
+    all_done() { local l; for l in "$CAMPAIGN"/lane-*/; do [[ -e "$l/DONE" ]] || return 1; done; }
+    while ! all_done && [[ $(date +%s) -lt $deadline ]]; do sleep 5; done
     mkdir -p "$out"
     tar -czf "$out/results.tgz" -C "$CAMPAIGN" --exclude='checkpoints' --exclude='*.safetensors' . || true
-    echo "--- status"; cat "$CAMPAIGN/status.tsv" 2>/dev/null || true
-    echo "--- campaign.log (tail)"; tail -n 40 "$CAMPAIGN/campaign.log" 2>/dev/null || true
-    # shellcheck disable=SC2012  # newest run folder; names are ours
-    latest=$(ls -td "$CAMPAIGN"/runs/*/ 2>/dev/null | head -n 1 || true)
-    if [[ -n "$latest" ]]; then echo "--- $latest/train.log (tail)"; tail -n 60 "$latest/train.log" 2>/dev/null || true; fi
-    [[ -e "$CAMPAIGN/DONE" ]] && echo "CAMPAIGN DONE" || echo "CAMPAIGN RUNNING"
+    for l in "$CAMPAIGN"/lane-*/; do
+      echo "=== lane $(basename "$l")"
+      echo "--- status"; cat "$l/status.tsv" 2>/dev/null || true
+      echo "--- campaign.log (tail)"; tail -n 8 "$l/campaign.log" 2>/dev/null || true
+      # shellcheck disable=SC2012  # newest run folder; names are ours
+      latest=$(ls -td "$l"/runs/*/ 2>/dev/null | head -n 1 || true)
+      if [[ -n "$latest" ]]; then
+        echo "--- $latest (newest log, tail)"
+        # shellcheck disable=SC2012
+        log=$(ls -t "$latest"/train.log "$latest"/pytest.log "$latest"/*/train.log 2>/dev/null | head -n 1 || true)
+        [[ -n "$log" ]] && tail -n 25 "$log" | cut -c1-300
+      fi
+    done
+    all_done && echo "CAMPAIGN DONE" || echo "CAMPAIGN RUNNING"
     ;;
   *)
     echo "gpu/offline-host.sh: unknown command $cmd (stage, install, start, wait)" >&2

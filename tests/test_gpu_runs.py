@@ -18,7 +18,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _train(root: Path, tmp_path: Path, *args: str) -> Path:
-    run = tmp_path / "run"
+    # gpu/campaign.sh sets VERL_RECIPES_GPU_RUNS_DIR so the runs these tests make are kept as results.
+    keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")
+    run = Path(keep) / "-".join(["7b-lora", *[a for a in args if not a.startswith("-")]]) if keep else tmp_path / "run"
     env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
     cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "7b-lora", "--steps", "3", "--run-dir", str(run)]
     proc = subprocess.run([*cmd, *args, "--quiet"], env=env, timeout=1500)

@@ -78,3 +78,14 @@ def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     assert "predicted not to fit" in msg and "--set " in msg and "\n" not in msg
     preflight_fit(plain, model, 140.0, "this GPU")  # the uncapped H200 run that worked
     preflight_fit(compose_recipe(recipe, ["24gib"], [], extra=extra), model, 24.0, "the --cap-gib budget")
+
+
+def test_cap_overrun_names_the_worst_phase_of_a_real_run(root: Path, tmp_path: Path) -> None:
+    """A measured run (7B PPO, uncapped, 70.9 GiB device peak) judged against two caps."""
+    from verl_recipes.train import cap_overrun
+
+    run = root / "recipes" / "7b-lora" / "results" / "h200x1-ppo"
+    msg = cap_overrun(run, 24)
+    assert msg is not None and "70.87 GiB" in msg and "GPU 0" in msg and "--cap-gib 24" in msg
+    assert "phase gen" in msg or "phase update_weights" in msg or "phase step" in msg
+    assert cap_overrun(run, 80) is None

@@ -308,8 +308,35 @@ def run(args: argparse.Namespace) -> int:
     _run([*CLI, "report", str(run_dir)], "report", check=False)
     if rc != 0:
         raise RecipeError(f"verl exited {rc}; the log and everything measured up to then are in {run_dir}")
+    if args.cap_gib:
+        over = cap_overrun(run_dir, args.cap_gib)
+        if over:
+            (run_dir / "cap_exceeded.txt").write_text(over + "\n")
+            raise RecipeError(over)
     print(f"run folder: {run_dir}")
     return 0
+
+
+def cap_overrun(run_dir: Path, cap_gib: float) -> str | None:
+    """The first phase whose device total (NVML, every process on the GPU) went over the cap.
+
+    The cap is enforced per process (torch's memory fraction, vLLM's share), but the question a
+    24 GiB card asks is the device total, so that is what decides whether the run fitted.
+    """
+    summary = json.loads((run_dir / "summary.json").read_text())
+    worst: tuple[float, str, str] | None = None
+    for phase, rec in (summary.get("phases") or {}).items():
+        for gpu, g in (rec.get("gpu") or {}).items():
+            used = float(g.get("used_gib") or 0.0)
+            if used > cap_gib and (worst is None or used > worst[0]):
+                worst = (used, phase, gpu)
+    if worst is None:
+        return None
+    used, phase, gpu = worst
+    return (
+        f"device total {used:.2f} GiB in phase {phase} on GPU {gpu} is over the --cap-gib {cap_gib:g} budget "
+        f"(NVML, all processes); the run is in {run_dir}: raise the cap or change the knobs `verl-recipes plan` names"
+    )
 
 
 def _env_path(name: str) -> Path | None:
