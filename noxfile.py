@@ -160,3 +160,29 @@ def lock(session: nox.Session) -> None:
     session.install(CPU_TORCH, "uv", "-e", ".")
     session.run("python", "-c", "from verl_recipes.wheelhouse import refresh_lock; refresh_lock()")
     session.run("python", "-m", "verl_recipes.pins_check", "check")
+
+
+# The Python of Debian 12 (bookworm): the full GPU image's fallback base where no CPython 3.12 image
+# can be had (this build machine; images/README.md says why).
+FALLBACK_PYTHON = "3.11"
+_FALLBACK_LOCK = f"""
+from pathlib import Path
+import tempfile
+from verl_recipes.lock import Target, parse_lock, refresh_lock
+root = Path({str(ROOT)!r})
+with tempfile.TemporaryDirectory() as tmp:
+    seed = Path(tmp) / "gpu-py312-versions.txt"
+    seed.write_text("".join(f"{{p.name}}=={{p.version}}\\n" for p in parse_lock(root / "images/lock/gpu-py312.txt").values()))
+    out = refresh_lock(Target("{FALLBACK_PYTHON}", "manylinux_2_28_x86_64"), have=seed, root=root)
+out.write_text(out.read_text().replace("`nox -s lock`", "`nox -s lock-py{FALLBACK_PYTHON.replace(".", "")}`", 1))
+print(f"wrote {{out}}")
+"""
+
+
+@nox.session(name=f"lock-py{FALLBACK_PYTHON.replace('.', '')}")
+def lock_fallback(session: nox.Session) -> None:
+    """images/lock/gpu-py311.txt: the GPU stack for Python 3.11, as `lock` makes gpu-py312.txt, seeded
+    with gpu-py312.txt's versions so that both locks hold the same versions wherever 3.11 allows."""
+    session.install(CPU_TORCH, "uv", "-e", ".")
+    session.run("python", "-c", _FALLBACK_LOCK)
+    session.run("python", "-m", "verl_recipes.pins_check", "check")

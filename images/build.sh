@@ -2,7 +2,7 @@
 # Build the verl-recipes images: the base image, optionally the DeepSpeed image and recipe images.
 #
 #   images/build.sh [--stack gpu|cpu] [--recipe ID]... [--all-recipes] [--deepspeed]
-#                   [--ca-bundle FILE] [--build-arg NAME=VALUE]... [--no-cache]
+#                   [--ca-bundle FILE] [--build-arg NAME=VALUE]... [--no-cache] [--python X.Y]
 #
 #   --stack cpu      the light CI variant (no torch, vLLM, verl); tags end in -cpu. Default: gpu.
 #   --recipe ID      also build recipes/ID/Dockerfile FROM the base (or the DeepSpeed image).
@@ -13,6 +13,11 @@
 #   --base-image TAG the OS image to build on instead of the pinned one (a mirror's copy, a local
 #                    image with the same Python); it must exist here or be pullable.
 #   --build-arg N=V  passed to every `docker build` after ours (e.g. to see a wrong pin refused).
+#   --python X.Y     the full GPU stack on Python X.Y instead of versions.toml [python] gpu, from
+#                    images/lock/gpu-pyXY.txt (`nox -s lock-py311`), on python:X.Y-slim-bookworm
+#                    (3.11: Debian 12's own, made here); base image only, tagged ...-pyXY and
+#                    labelled verl-recipes.python=X.Y. For a host with no Python 3.12 image
+#                    (`nox -s image-gpu` on this build machine).
 #
 # Versions, tags and the base image come from images/versions.toml through
 # `python3 -m verl_recipes.pins_check build-info`. When the base OS image (BASE_IMAGE) is missing:
@@ -32,6 +37,7 @@ ca_bundle="${VERL_RECIPES_CA_BUNDLE:-}"
 extra_args=()
 no_cache=()
 base_image=""
+python_version=""
 
 while (($# > 0)); do
   case "$1" in
@@ -45,13 +51,16 @@ while (($# > 0)); do
     --base-image) [[ $# -ge 2 ]] || die "--base-image needs an image tag"; base_image="$2"; shift 2 ;;
     --build-arg) [[ $# -ge 2 ]] || die "--build-arg needs NAME=VALUE"; extra_args+=(--build-arg "$2"); shift 2 ;;
     --no-cache) no_cache=(--no-cache); shift ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --python) [[ $# -ge 2 ]] || die "--python needs X.Y"; python_version="$2"; shift 2 ;;
+    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 
 [[ "$stack" == gpu || "$stack" == cpu ]] || die "--stack must be gpu or cpu, got '$stack'"
 [[ "$deepspeed" == 0 || "$stack" == gpu ]] || die "the DeepSpeed image is GPU-only (drop --deepspeed or use --stack gpu)"
+[[ -z "$python_version" || "$python_version" =~ ^3\.[0-9]+$ ]] || die "--python must be X.Y (e.g. 3.11), got '$python_version'"
+[[ -z "$python_version" || "$stack" == gpu ]] || die "--python is for the GPU stack (the light variant is on Debian 12's Python already)"
 [[ -z "$ca_bundle" || -s "$ca_bundle" ]] || die "CA bundle '$ca_bundle' does not exist or is empty"
 command -v "$python" >/dev/null 2>&1 || die "no '$python' to read images/versions.toml (set PYTHON=...)"
 command -v docker >/dev/null 2>&1 || die "no docker client; run .ci/docker-up.sh"
@@ -73,6 +82,23 @@ for key in VERL_VERSION VLLM_VERSION TORCH_VERSION CUDA_VERSION DEEPSPEED_VERSIO
            CPU_BASE_IMAGE BASE_REF DEEPSPEED_REF PROJECT_VERSION SOURCE; do
   [[ -v "info[$key]" ]] || die "pins_check build-info did not print $key"
 done
+
+# --python X.Y other than the pinned one: the same Dockerfile, told (FALLBACK_PYTHON) that the GPU
+# stack may build on X.Y; it installs images/lock/gpu-pyXY.txt, picked by the base image's Python.
+fallback_args=()
+gpu_python="$(PYTHONPATH="$root/common" "$python" -c 'import sys; from verl_recipes.versions import load_pins
+print(load_pins(sys.argv[1])["python"]["gpu"])' "$root/images/versions.toml")"
+if [[ -n "$python_version" && "$python_version" != "$gpu_python" ]]; then
+  ((${#recipes[@]} == 0 && deepspeed == 0)) \
+    || die "--python $python_version builds the base image only (the DeepSpeed and recipe images are for Python $gpu_python)"
+  [[ -s "$root/images/lock/gpu-py${python_version/./}.txt" ]] \
+    || die "--python $python_version needs images/lock/gpu-py${python_version/./}.txt (nox -s lock-py${python_version/./})"
+  info[BASE_IMAGE]="python:${python_version}-slim-bookworm"
+  info[BASE_REF]="${info[BASE_REF]}-py${python_version/./}"
+  fallback_args=(--build-arg "FALLBACK_PYTHON=$python_version"
+    --label "verl-recipes.python=$python_version (fallback: versions.toml [python] gpu is $gpu_python)")
+  echo "build.sh: the GPU stack on Python $python_version (images/lock/gpu-py${python_version/./}.txt), not $gpu_python: tag ${info[BASE_REF]}"
+fi
 [[ -z "$base_image" ]] || info[BASE_IMAGE]="$base_image"
 
 revision=unknown
@@ -154,7 +180,8 @@ ensure_os_image "${info[BASE_IMAGE]}"
 ctx="$work/base"
 stage_common "$ctx"
 cp "$root/images/base/Dockerfile" "$ctx/Dockerfile"
-build "${info[BASE_REF]}" "$ctx" --build-arg "STACK=$stack" --build-arg "BASE_IMAGE=${info[BASE_IMAGE]}"
+build "${info[BASE_REF]}" "$ctx" --build-arg "STACK=$stack" --build-arg "BASE_IMAGE=${info[BASE_IMAGE]}" \
+  "${fallback_args[@]}"
 
 need_ds=$deepspeed
 for id in "${recipes[@]}"; do

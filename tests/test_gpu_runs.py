@@ -48,9 +48,12 @@ def test_7b_ppo_lora_matches_its_bounds(root: Path, tmp_path: Path) -> None:
     assert rc == 0
 
 
-def test_7b_grpo_lora_runs_three_steps(root: Path, tmp_path: Path) -> None:
+def test_7b_grpo_lora_matches_its_bounds(root: Path, tmp_path: Path) -> None:
     import json
 
     run = _train(root, tmp_path, "--variant", "grpo")
     steps = [json.loads(line) for line in (run / "verl_metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(steps) >= 3
+    env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
+    cmd = [sys.executable, "-m", "verl_recipes.cli", "validate", "7b-lora", "--run", str(run)]
+    assert subprocess.run([*cmd, "--expected", "expected/h200x1-grpo.yaml"], env=env).returncode == 0

@@ -137,3 +137,65 @@ def test_report_attributes_gpu_memory_per_phase(tmp_path: Path) -> None:
         assert st["verl_max_reserved_gib"] == pytest.approx(max(plan.values()) * MiB / GiB, rel=0.02)
         assert st["nvml_minus_verl_reserved_gib"] > 0  # the CUDA context is outside torch's allocator
     write_report(run)
+
+
+def test_report_reads_gzipped_samples_the_same(tmp_path: Path) -> None:
+    """Committed results keep samples.jsonl gzipped; the report must not change because of it."""
+    import gzip
+    import shutil
+
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    shutil.copytree(CPU_RUN, packed)
+    with open(packed / "samples.jsonl", "rb") as src, gzip.open(packed / "samples.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    (packed / "samples.jsonl").unlink()
+    outs = []
+    for run, out in ((CPU_RUN, plain), (packed, tmp_path / "packed-out")):
+        r = subprocess.run(
+            [sys.executable, "-m", "verl_recipes.cli", "report", str(run), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        s = json.loads((out / "summary.json").read_text())
+        s.pop("run_dir", None)
+        outs.append(s)
+    assert outs[0] == outs[1] and outs[0]["samples"] > 100
+
+
+def test_phase_end_reading_counts_for_the_ending_phase(tmp_path: Path) -> None:
+    """A device reading on a phase's end line raises that phase's peak, not the next phase's.
+
+    The recorded CPU run has no GPU; a copy gets one GPU in its start record and every sample
+    (100 MiB), and one end line of update_actor carries a 900 MiB reading taken at the phase end.
+    """
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(CPU_RUN, run)
+    lines = []
+    for line in (run / "samples.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("kind") == "start":
+            r["gpus"] = [{"index": 3, "uuid": "GPU-x", "name": "fake", "total_bytes": 8 * GiB, "driver": "0"}]
+        if r.get("kind") == "sample":
+            r["gpus"] = [{"index": 3, "used": 100 * MiB, "procs": []}]
+        lines.append(json.dumps(r))
+    (run / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    phases = [json.loads(x) for x in (run / "phases.jsonl").read_text().splitlines() if x.strip()]
+    end = next(p for p in phases if p.get("event") == "end" and p["name"] == "update_actor")
+    end["gpu_used"] = {"3": 900 * MiB, "7": 5 * GiB}  # GPU 7 is not the run's: ignored
+    (run / "phases.jsonl").write_text("\n".join(json.dumps(p) for p in phases) + "\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "report", str(run)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    s = json.loads((run / "summary.json").read_text())
+    assert s["phases"]["update_actor"]["gpu"]["3"]["used_gib"] == pytest.approx(900 / 1024, abs=1e-3)
+    for phase, pk in s["phases"].items():
+        if phase != "update_actor" and pk["gpu"]:
+            assert pk["gpu"]["3"]["used_gib"] == pytest.approx(100 / 1024, abs=1e-3), phase
+        assert "7" not in pk["gpu"]
+    step = next(st for st in s["steps"] if st["step"] == end["step"])
+    assert step["phases"]["update_actor"]["gpu"]["3"]["used_gib"] == pytest.approx(900 / 1024, abs=1e-3)

@@ -46,10 +46,48 @@ def test_a_run_far_under_the_bound_fails_too(root: Path, tmp_path: Path) -> None
 
 def test_bounds_are_measured_times_margins(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "b.yaml"
-    doc = write_bounds(root / RUN, out, get_recipe("7b-lora"))
+    doc = write_bounds([root / RUN], out, get_recipe("7b-lora"))
     m = measured(load_summary(root / RUN))
     lo, hi = doc["bounds"]["memory_gib"]["update_actor"]["0"]
     assert hi == pytest.approx(m["memory_gib"]["update_actor"]["0"] * 1.05, abs=1e-3)
     assert lo == pytest.approx(m["memory_gib"]["update_actor"]["0"] * 0.8, abs=1e-3)
-    assert doc["provenance"]["gpu"]["gpus"][0]["name"] == "NVIDIA H200"
+    assert doc["provenance"]["results/h200x1-ppo"]["gpu"]["gpus"][0]["name"] == "NVIDIA H200"
     assert m["steps"] >= 3
+
+
+RUN2 = Path("recipes/7b-lora/results/h200x1-ppo-2")  # the same config, measured on GPU 1 of an x2 host
+
+
+def test_bounds_from_two_runs_span_both(root: Path, tmp_path: Path) -> None:
+    """update_weights' short KV-resume peak was sampled in one run (70.9 GiB) and not the other (44.6)."""
+    doc = write_bounds([root / RUN, root / RUN2], tmp_path / "b.yaml", get_recipe("7b-lora"))
+    a, b = measured(load_summary(root / RUN)), measured(load_summary(root / RUN2))
+    lo, hi = doc["bounds"]["memory_gib"]["update_weights"]["0"]
+    uw = [a["memory_gib"]["update_weights"]["0"], b["memory_gib"]["update_weights"]["0"]]
+    assert lo == pytest.approx(min(uw) * 0.8, abs=1e-3) and hi == pytest.approx(max(uw) * 1.05, abs=1e-3)
+    assert max(uw) / min(uw) > 1.3  # the two runs really differ there
+    for run in (RUN, RUN2):
+        assert check(load_summary(root / run), doc, "x") == []
+
+
+def test_gpus_are_compared_by_position_not_nvml_index(root: Path) -> None:
+    """RUN2 ran on NVML GPU 1 (CUDA_VISIBLE_DEVICES=1); its peaks are the run's GPU 0."""
+    summary = load_summary(root / RUN2)
+    assert [g["index"] for g in summary["gpus"]] == [1]
+    assert set(summary["phases"]["gen"]["gpu"]) == {"1"}
+    assert set(measured(summary)["memory_gib"]["gen"]) == {"0"}
+
+
+def _with_throughput(root: Path, factor: float) -> dict:
+    summary = load_summary(root / RUN)
+    for st in summary["steps"]:
+        st["throughput"] = (st.get("throughput") or 0) * factor
+    return summary
+
+
+def test_time_bounds_are_one_sided(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
+    slower = check(_with_throughput(root, 0.5), doc, "x")
+    assert any("throughput_tok_s" in e and "slower than the bound" in e for e in slower)
+    assert check(_with_throughput(root, 1.5), doc, "x") == []
+    assert "faster than" in capsys.readouterr().out

@@ -11,6 +11,10 @@ both, without forking verl:
   {"t", "event": "begin"|"end", "name", "step", "pid"} (+ "ok" on end) to
   $VERL_RECIPES_RUN_DIR/phases.jsonl. The step is the caller's `self.global_steps` (verl's trainer
   calls marked_timer from its own methods; during step N it holds N, the step Tracking.log gets).
+- each `end` line also carries "gpu_used": {NVML index: device used bytes} read at that moment
+  (when NVML is there): memory taken in the last instant of a phase (vLLM's KV cache coming back
+  at the very end of update_weights) is otherwise seen only by the monitor's next 10 Hz sample,
+  which falls in the next phase. The report counts this reading as a sample of the ending phase.
 - `Tracking.log` also appends {"t", "step", "pid", "metrics": {name: number}} to
   $VERL_RECIPES_RUN_DIR/metrics.jsonl (perf/max_memory_reserved_gb, timing_s/*, perf/throughput...).
 
@@ -102,6 +106,33 @@ def _caller_step(frame: FrameType | None) -> int | None:
     return None
 
 
+_NVML: list[Any] = []  # [pynvml module, [(index, handle)]] once initialised; [None] if unavailable
+
+
+def device_used() -> dict[str, int] | None:
+    """Device used memory per NVML index now (every GPU: Ray hides GPUs from the trainer actor's
+    CUDA_VISIBLE_DEVICES, so no narrowing here; the report keeps the GPUs the monitor watched)."""
+    if not _NVML:
+        try:
+            import pynvml as nv
+
+            nv.nvmlInit()
+            _NVML.extend([nv, [(i, nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount())]])
+        except Exception:  # no NVML library or no driver: phases still work, without readings
+            _NVML.append(None)
+    if _NVML[0] is None:
+        return None
+    nv, handles = _NVML
+    try:
+        out = {}
+        for i, h in handles:
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            out[str(i)] = int(mem.total - mem.free)
+        return out
+    except Exception:
+        return None
+
+
 class _PhaseTimer:
     """Wraps verl's timer context: a begin line, verl's own timing, an end line (also on error)."""
 
@@ -119,17 +150,18 @@ class _PhaseTimer:
         try:
             return self.inner.__exit__(et, ev, tb)
         finally:
-            _append(
-                PHASES_FILE,
-                {
-                    "t": time.time(),
-                    "event": "end",
-                    "name": self.name,
-                    "step": self.step,
-                    "pid": os.getpid(),
-                    "ok": et is None,
-                },
-            )
+            rec: dict[str, Any] = {
+                "t": time.time(),
+                "event": "end",
+                "name": self.name,
+                "step": self.step,
+                "pid": os.getpid(),
+                "ok": et is None,
+            }
+            used = device_used()
+            if used is not None:
+                rec["gpu_used"] = used
+            _append(PHASES_FILE, rec)
 
 
 def _wrap_timer(orig: Callable[..., Any]) -> Callable[..., Any]:

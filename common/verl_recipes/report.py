@@ -8,10 +8,13 @@ timeline.png. All clocks are time.time() on one host; a multi-node run needs one
 Attribution: a sample belongs to the innermost phase open at its time (the latest-begun interval
 that contains it), and to that interval's step. Time inside `step` but in no sub-phase is phase
 `step`; time outside every step (model loading, vLLM start-up) is phase `outside`. A phase shorter
-than the sampling interval may have no sample: its peaks are null. Each peak is the maximum over
-the samples attributed to that phase; per-class peaks are maximised separately, so they need not
-have happened at the same time as the device peak. A phase that was still open when the run ended
-(a crash) is closed at the last sample and counted.
+than the sampling interval may have no sample: its peaks are null. A phase's `end` line may carry
+the device memory read at that instant (`verl_recipes.phases`); it counts as one more sample of
+that phase (device memory only), so an allocation in a phase's last instant is not credited to
+the next phase. Each peak is the maximum over the samples attributed to that phase; per-class
+peaks are maximised separately, so they need not have happened at the same time as the device
+peak. A phase that was still open when the run ended (a crash) is closed at the last sample and
+counted.
 
 summary.json, schema "verl-recipes/monitor-summary/1" (sizes in GiB = 1024**3 bytes, times in s,
 null where not measured; on a host without NVML "gpus" is [] and every "gpu" map is {}):
@@ -193,6 +196,19 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         if step is not None:
             by_step[step].add(s)
             by_step_phase[step][name].add(s)
+    watched = {int(g["index"]) for g in start.get("gpus", [])}
+    for r in ph_recs:  # device memory read by the trainer at the end of each phase
+        if r.get("event") != "end" or not isinstance(r.get("gpu_used"), dict) or not watched:
+            continue
+        gpus = [{"index": int(i), "used": int(u)} for i, u in r["gpu_used"].items() if int(i) in watched]
+        end_sample = {"t": r.get("t"), "gpus": gpus}
+        name = str(r.get("name"))
+        total.add(end_sample)
+        by_phase[name].add(end_sample)
+        step_no = r.get("step")
+        if isinstance(step_no, int):
+            by_step[step_no].add(end_sample)
+            by_step_phase[step_no][name].add(end_sample)
 
     durations: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for iv in intervals:
@@ -452,7 +468,7 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
 def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     """Write summary.json, report.md and timeline.png; return the summary."""
     run_dir = run_dir.resolve()
-    if not (run_dir / SAMPLES_FILE).is_file():
+    if not (run_dir / SAMPLES_FILE).is_file() and not (run_dir / (SAMPLES_FILE + ".gz")).is_file():
         raise RecipeError(f"{run_dir}: no {SAMPLES_FILE}; give the --out DIR of `verl-recipes monitor`")
     out = (out_dir or run_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,12 @@ class Constants:
     # entropy (4); the update adds the fp32 gradient of the logits (4).
     logits_fwd_bytes: int = 6
     logits_train_bytes: int = 10
+    # Memory vLLM's profile run counts inside its budget beyond weights, the profiled activations
+    # and the sampler (its process's CUDA context, cuBLAS workspace, allocator slack). Measured,
+    # not a prior: vLLM 0.24 on an H200, Llama-2-7B at 0.63 x 24 GiB, max_num_batched_tokens 4096,
+    # reported 1.86 GiB of KV cache where the terms above left 2.18 GiB
+    # (recipes/7b-lora/results/failed/cap24-ppo-max-model-len/train.log).
+    vllm_nontorch_bytes: int = 330 * MIB
     # Where the values come from: () = the priors above.
     fitted_from: tuple[str, ...] = ()
 
@@ -454,7 +460,7 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     # vLLM start (after the trainer loaded): free memory must cover the requested budget.
     start_used = sum(t.bytes for t in base + loaded_trainer)
     start_free = total - start_used
-    kv = budget - vllm_weights(s) - vllm_activation_peak(s) - _nccl_vllm(s, c)
+    kv = budget - vllm_weights(s) - vllm_activation_peak(s) - _nccl_vllm(s, c) - c.vllm_nontorch_bytes
     per_tok = a.kv_bytes_per_token(r.tp, r.dtype_bytes)
     kv_tokens = max(0, kv) // per_tok
     replicas = max(1, s.world // (r.tp * r.pp))
@@ -501,5 +507,11 @@ def kv_bytes_needed(s: Setup, tokens: int) -> int:
 def min_utilization(s: Setup, gpu: GPU, c: Constants | None = None) -> float:
     """The smallest gpu_memory_utilization whose KV cache holds one max_model_len sequence."""
     c = c or Constants()
-    need = vllm_weights(s) + vllm_activation_peak(s) + _nccl_vllm(s, c) + kv_bytes_needed(s, s.max_model_len)
+    need = (
+        vllm_weights(s)
+        + vllm_activation_peak(s)
+        + _nccl_vllm(s, c)
+        + c.vllm_nontorch_bytes
+        + kv_bytes_needed(s, s.max_model_len)
+    )
     return need / gpu.visible_bytes
