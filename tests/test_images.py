@@ -323,3 +323,51 @@ def test_the_gpu_stack_on_python_311_fails_the_build(images: dict[str, str], pin
 def test_asking_for_a_ca_bundle_without_giving_one_fails(images: dict[str, str]) -> None:
     p = _run(["bash", str(BUILD), "--stack", "cpu", "--build-arg", "USE_CA_BUNDLE=1"], timeout=BUILD_TIMEOUT_S)
     _refused(p, "USE_CA_BUNDLE=1 but the build context has no ca/ca.crt")
+
+
+# --- the full GPU image: a nox session, never built by CI (~11 GB, ~20 min on this machine) --------
+
+
+def _noxfile() -> Any:
+    spec = importlib.util.spec_from_file_location("verl_recipes_noxfile", ROOT / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_full_gpu_image_session_calls_build_sh_for_the_gpu_stack(tmp_path: Path) -> None:
+    pytest.importorskip("nox")
+    import nox
+
+    noxfile = _noxfile()
+    session = nox.registry.get()["image-gpu"]
+    assert session.python is False and "docker" in session.tags
+
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("not a real bundle\n")
+    args = noxfile.image_gpu_args
+    assert args([], {"PIP_CERT": str(bundle)}) == ["--stack", "gpu", "--ca-bundle", str(bundle)]
+    assert args(["--ca-bundle", "/x.crt"], {"PIP_CERT": str(bundle)}) == ["--stack", "gpu", "--ca-bundle", "/x.crt"]
+    assert args([], {"PIP_CERT": str(bundle), "VERL_RECIPES_CA_BUNDLE": str(bundle)}) == ["--stack", "gpu"]
+    assert args(["--recipe", RECIPE], {"PIP_CERT": str(tmp_path / "missing")}) == ["--stack", "gpu", "--recipe", RECIPE]
+
+    calls: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+
+    class FakeSession:
+        posargs = ["--no-cache"]
+
+        def run(self, *a: str, **kw: Any) -> None:
+            calls.append((a, kw))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PIP_CERT", raising=False)
+        mp.delenv("SSL_CERT_FILE", raising=False)
+        noxfile.image_gpu.func(FakeSession())
+    assert calls == [(("bash", str(BUILD), "--stack", "gpu", "--no-cache"), {"external": True})]
+
+
+def test_ci_does_not_build_the_full_gpu_image() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "nox -s tests" in ci and "image-gpu" not in ci and "measure.sh" not in ci
+    assert _noxfile().nox.options.sessions == ["tests"]

@@ -6,11 +6,14 @@ NCCL buffers together. NVML sees all of them, per process, so we sample it and n
 from its command line (the Ray actor class is in the process title: `ray::WorkerDict`,
 `VLLM::EngineCore`, ...).
 
-What is sampled, every `interval` seconds (default 0.1 s = 10 Hz):
-- each visible GPU (all NVML devices, narrowed by CUDA_VISIBLE_DEVICES when it lists indices or
-  UUIDs): used = total - free memory, utilization, and every compute process with its used memory;
-- host memory of the monitored process set: RSS of every member each sample; USS and PSS (from
-  /proc/PID/smaps_rollup, slower) every `full_mem_s`.
+What is sampled:
+- every `interval` seconds (default 0.1 s = 10 Hz), each visible GPU (all NVML devices, narrowed by
+  CUDA_VISIBLE_DEVICES when it lists indices or UUIDs): used = total - free memory. This is the
+  number an OOM is decided by, so it is the one sampled fastest;
+- every `procs_s` (default 0.5 s), per GPU: utilization and every compute process with its used
+  memory (which process holds what; it changes at phase boundaries, not within 100 ms);
+- every `host_s` (default 0.5 s), host memory of the monitored process set: RSS of every member;
+  USS and PSS (from /proc/PID/smaps_rollup, slower) every `full_mem_s`.
 
 The monitored process set is the command's process tree, refreshed every `tree_s`, plus any process
 whose environment carries VERL_RECIPES_RUN_DIR=<this run dir> (scanned every `env_scan_s`). verl's
@@ -18,7 +21,7 @@ launcher calls `ray.init()` without an address, so Ray's daemons and workers are
 command (checked on Ray 2.60); the environment scan is what finds Ray workers of an externally
 started cluster (`ray start`, address=auto), because Ray starts workers with the runtime_env's
 env_vars, where the launcher puts VERL_RECIPES_RUN_DIR. A process that lives shorter than `tree_s`
-can be missed on the host side; NVML's per-process list is read every sample and does not miss it.
+can be missed on the host side.
 
 Output: DIR/samples.jsonl, one JSON object per line, each written with one write(2) on an O_APPEND
 file, so an OOM kill or kill -9 of the monitor loses nothing already written (at most a torn last
@@ -26,18 +29,21 @@ line on a full disk; readers skip it). Records (`kind`):
 - start: t, cmd, pid, interval_s, hostname, host_total_bytes, gpus [{index, uuid, name,
   total_bytes, driver}], nvml_error (why there are no GPU fields, e.g. on a CPU host);
 - proc: t, pid, class, name, cmdline (a process joined the set or changed its title);
-- sample: t, gpus [{index, used, util, mem_util, procs [{pid, used, class}]}],
-  host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss}};
+- sample: t, gpus [{index, used, and every `procs_s`: util, mem_util, procs [{pid, used, class}]}],
+  and every `host_s`: host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss}};
 - exit: t, rc, samples, sampler_cpu_s, wall_s (absent when the monitor itself was killed).
 
 Overhead: the sampler runs in a thread and accounts its own CPU time (time.thread_time); the exit
-record carries it (sampler_cpu_s). On the H200 run recipes/7b-lora/results/h200x1-ppo (45 monitored
-processes, CUDA processes with large mappings) it was 45.8 s over 416 s, 11% of one core, with
-smaps_rollup (USS/PSS) every 2 s for every member, the likely main cost; `verl-recipes train` now
-asks for it every 10 s (`--full-mem-interval`), RSS stays at every sample. Re-measure on the next
-GPU run. Host path, 10 Hz, a tree of 8 processes, measured here: 0.46-0.66%
-of one core in steady state, ~0.5 ms a sample, on the 2-core CI VM under load from other jobs
-(tests/test_monitor.py::test_sampler_overhead prints it). NVML's cost is not in that number.
+record carries it (sampler_cpu_s). History of the measurements on the H200 (7B verl runs, ~45-60
+monitored processes): 11% of one core with every reading at 10 Hz and USS/PSS every 2 s
+(results/h200x1-ppo); 3.6-5.7% with USS/PSS every 10 s (session 2's runs). Profiling the host path
+here showed the per-member RSS reads and their JSON dominating (host() was 82% of a sample with 60
+members), so host RSS and NVML's per-process list moved to 2 Hz (`host_s`, `procs_s`) while the
+device total stays at 10 Hz, and `verl-recipes train` reads USS/PSS once a minute (smaps_rollup of
+60 members took 24 ms here, far more for CUDA processes). Host path with 60 members, measured here:
+1.30% of one core before, 0.69% after (0.53% steady), printed and asserted < 1% by
+tests/test_monitor.py::test_sampler_overhead. NVML's own cost is measured only on a GPU host
+(test_sampler_overhead_with_nvml, gpu marker; not yet run there).
 """
 
 from __future__ import annotations
@@ -221,17 +227,16 @@ class _Nvml:
         if not self.handles:
             self.error = "NVML found no GPU" + (" in CUDA_VISIBLE_DEVICES" if keep is not None else "")
 
-    def sample(self) -> list[dict[str, Any]]:
+    def sample(self, procs_too: bool = True) -> list[dict[str, Any]]:
         nv = self._nv
         out = []
         for i, h in self.handles:
             mem = nv.nvmlDeviceGetMemoryInfo(h)
-            rec: dict[str, Any] = {
-                "index": i,
-                "used": int(mem.total - mem.free),
-                "util": None,
-                "mem_util": None,
-            }
+            rec: dict[str, Any] = {"index": i, "used": int(mem.total - mem.free)}
+            out.append(rec)
+            if not procs_too:
+                continue
+            rec["util"] = rec["mem_util"] = None
             with contextlib.suppress(nv.NVMLError):
                 u = nv.nvmlDeviceGetUtilizationRates(h)
                 rec["util"], rec["mem_util"] = int(u.gpu), int(u.memory)
@@ -241,7 +246,6 @@ class _Nvml:
                     used = p.usedGpuMemory
                     procs.append({"pid": int(p.pid), "used": None if used is None else int(used)})
             rec["procs"] = procs
-            out.append(rec)
         return out
 
     def close(self) -> None:
@@ -425,6 +429,8 @@ class Monitor:
         tree_s: float = 1.0,
         full_mem_s: float = 2.0,
         env_scan_s: float = 5.0,
+        host_s: float = 0.5,
+        procs_s: float = 0.5,
     ) -> None:
         if interval <= 0:
             raise RecipeError(f"--interval must be > 0 seconds, got {interval}")
@@ -432,6 +438,8 @@ class Monitor:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.interval = interval
         self.tree_s, self.full_mem_s, self.env_scan_s = tree_s, full_mem_s, env_scan_s
+        self.host_s, self.procs_s = host_s, procs_s
+        self._last_host = self._last_procs = -1e18
         marker = f"{RUN_DIR_ENV}={self.out_dir}".encode()
         self.procs = _ProcSet(root_pid, marker)
         self.nvml = _Nvml()
@@ -479,14 +487,20 @@ class Monitor:
             self._last_tree = mono
             if scan:
                 self._last_env = mono
-        full = mono - self._last_full >= self.full_mem_s
-        if full:
-            self._last_full = mono
-        gpus = self.nvml.sample() if self.nvml.handles else []
+        procs_too = mono - self._last_procs >= self.procs_s
+        if procs_too:
+            self._last_procs = mono
+        gpus = self.nvml.sample(procs_too) if self.nvml.handles else []
         for g in gpus:
-            for p in g["procs"]:
+            for p in g.get("procs", ()):
                 p["class"] = self.procs.classify_pid(p["pid"])
-        rec = {"kind": "sample", "t": now, "gpus": gpus, "host": self.procs.host(full)}
+        rec: dict[str, Any] = {"kind": "sample", "t": now, "gpus": gpus}
+        if mono - self._last_host >= self.host_s:
+            self._last_host = mono
+            full = mono - self._last_full >= self.full_mem_s
+            if full:
+                self._last_full = mono
+            rec["host"] = self.procs.host(full)
         self.writer.write(rec)
         self.samples += 1
         self.sampler_cpu_s += time.thread_time() - c0
@@ -540,7 +554,11 @@ class Monitor:
 
 
 def monitor_command(
-    cmd: Sequence[str], out_dir: str | os.PathLike[str], interval: float = 0.1, full_mem_s: float = 2.0
+    cmd: Sequence[str],
+    out_dir: str | os.PathLike[str],
+    interval: float = 0.1,
+    full_mem_s: float = 2.0,
+    detail_s: float = 0.5,
 ) -> int:
     """Run `cmd` under the monitor; return its exit code (128+N when killed by signal N).
 
@@ -565,7 +583,15 @@ def monitor_command(
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
     old[signal.SIGINT] = signal.signal(signal.SIGINT, keep_sampling)
     try:
-        with Monitor(out, interval=interval, root_pid=proc.pid, cmd=cmd, full_mem_s=full_mem_s) as mon:
+        with Monitor(
+            out,
+            interval=interval,
+            root_pid=proc.pid,
+            cmd=cmd,
+            full_mem_s=full_mem_s,
+            host_s=detail_s,
+            procs_s=detail_s,
+        ) as mon:
             rc = proc.wait()
             mon.set_exit(rc)
     finally:
@@ -590,6 +616,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=2.0,
         help="seconds between USS/PSS reads (smaps_rollup, costly for large CUDA processes; default 2)",
     )
+    p.add_argument(
+        "--detail-interval",
+        type=float,
+        default=0.5,
+        help="seconds between host RSS and NVML per-process reads (default 0.5; the device total is read every "
+        "--interval)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p.set_defaults(func=run)
 
@@ -600,7 +633,9 @@ def run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise RecipeError("give the command to monitor after --: verl-recipes monitor --out DIR -- CMD ARGS...")
-    return monitor_command(cmd, args.out, args.interval, full_mem_s=args.full_mem_interval)
+    return monitor_command(
+        cmd, args.out, args.interval, full_mem_s=args.full_mem_interval, detail_s=args.detail_interval
+    )
 
 
 if __name__ == "__main__":

@@ -108,12 +108,9 @@ def _pin(pins: Mapping[str, Any], arg: str) -> str:
 
 
 def check_build_args(
-    values: Mapping[str, str], stack: str, pins: Mapping[str, Any], python: tuple[int, int], fallback_python: str = ""
+    values: Mapping[str, str], stack: str, pins: Mapping[str, Any], python: tuple[int, int]
 ) -> list[str]:
-    """Problems with the build arguments of one image build, each one line naming the argument.
-
-    `fallback_python` (FALLBACK_PYTHON=3.11 in the build) lets the GPU stack build on that Python
-    instead of [python] gpu, from its own lock, where no [python] gpu image can be had."""
+    """Problems with the build arguments of one image build, each one line naming the argument."""
     errors: list[str] = []
     if stack not in STACKS:
         errors.append(f"STACK={stack}: must be one of {', '.join(STACKS)}")
@@ -130,13 +127,12 @@ def check_build_args(
             )
     have = f"{python[0]}.{python[1]}"
     py = pins["python"]
-    in_range = _vt(str(py["min"])) <= python < _vt(str(py["max_exclusive"]))
-    if stack == "gpu" and have != str(py["gpu"]) and not (have == fallback_python and in_range):
+    if stack == "gpu" and have != str(py["gpu"]):
         errors.append(
             f"STACK=gpu: the base image has Python {have}, the GPU lock is for Python {py['gpu']} "
             f"(images/versions.toml [python] gpu); use BASE_IMAGE={gpu_base_image(pins)}"
         )
-    elif stack == "cpu" and not in_range:
+    elif stack == "cpu" and not (_vt(str(py["min"])) <= python < _vt(str(py["max_exclusive"]))):
         errors.append(f"STACK=cpu: the base image has Python {have}; verl needs >={py['min']},<{py['max_exclusive']}")
     return errors
 
@@ -504,7 +500,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_args = sub.add_parser("build-args", help="check an image build's arguments (used inside the builds)")
     p_args.add_argument("--versions", type=Path, required=True, help="the versions.toml copied into the build")
     p_args.add_argument("--stack", required=True)
-    p_args.add_argument("--fallback-python", default="", help="X.Y: allow the GPU stack on this Python")
     p_args.add_argument("values", nargs="*", metavar="NAME=VALUE")
     p_check = sub.add_parser("check", help="check a checkout's Dockerfiles, pyproject, lock files and verify")
     p_check.add_argument("--root", type=Path, default=None)
@@ -527,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.cmd == "build-args":
         pins = load_pins(args.versions)
-        errors = check_build_args(_parse_kv(args.values), args.stack, pins, sys.version_info[:2], args.fallback_python)
+        errors = check_build_args(_parse_kv(args.values), args.stack, pins, sys.version_info[:2])
         for e in errors:
             print(f"build argument rejected: {e}", file=sys.stderr)
         if not errors:

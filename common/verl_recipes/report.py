@@ -442,8 +442,9 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
         ax.set_ylabel("device used, GiB (NVML)")
         ax.legend(loc="upper left", fontsize=8)
     hax = axes[-1][0]
-    hax.plot(ts, [s["host"]["rss"] / GIB for s in samples], lw=1.2, color="black", label="host RSS (sum)")
-    pss = [(t, s["host"]["pss"] / GIB) for t, s in zip(ts, samples, strict=True) if s["host"].get("pss") is not None]
+    hosted = [(t, s["host"]) for t, s in zip(ts, samples, strict=True) if "host" in s]
+    hax.plot([t for t, _ in hosted], [h["rss"] / GIB for _, h in hosted], lw=1.2, color="black", label="host RSS (sum)")
+    pss = [(t, h["pss"] / GIB) for t, h in hosted if h.get("pss") is not None]
     if pss:
         hax.plot([p[0] for p in pss], [p[1] for p in pss], "o", ms=2.5, color="tab:purple", label="host PSS (sum)")
     hax.set_ylabel("host, GiB")
