@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from verl_recipes.cli import SUBCOMMANDS, main
-from verl_recipes.docs import recipe_table, render_readme
+from verl_recipes.docs import recipe_table, render_readme, results_table
 from verl_recipes.recipes import discover
 
 
@@ -42,7 +42,26 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
 
 def test_readme_table_is_fresh(root: Path) -> None:
     readme = (root / "README.md").read_text()
-    assert render_readme(readme, recipe_table()) == readme, "run `verl-recipes docs --write`"
+    assert render_readme(readme, recipe_table(), results_table()) == readme, "run `verl-recipes docs --write`"
+
+
+def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path) -> None:
+    """Each row's $ per million tokens = GPUs x 1e6 / (tokens/s/GPU x GPUs) / 3600 x price."""
+    import re
+
+    from verl_recipes.plan.cost import load_prices, pick_offer, prices_file
+
+    price = pick_offer(load_prices(prices_file()), "h200-141g")
+    assert price is not None
+    rows = [r for r in results_table().splitlines() if r.startswith("| 7b-lora")]
+    assert len(rows) >= 3
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        gpus = int(re.match(r"(\d+)x", cells[2]).group(1))  # type: ignore[union-attr]
+        tput, gh, usd = float(cells[4].replace(",", "")), float(cells[6]), float(cells[7])
+        assert gpus == 1  # 7b-lora runs on one GPU, also when the host had two
+        assert gh == pytest.approx(1e6 / tput / 3600, rel=0.01)
+        assert usd == pytest.approx(gh * price.usd_per_gpu_hour, rel=0.01)
 
 
 def test_readme_table_numbers_come_from_expected_files() -> None:

@@ -1,15 +1,24 @@
 """Tables generated from the recipe metadata and the committed measurements.
 
-The README's recipe table sits between `<!-- recipes:begin -->` and `<!-- recipes:end -->`;
-`verl-recipes docs --write` regenerates it and tests/test_docs.py fails when it is stale. Every
-number in it comes from an `expected/*.yaml` file, which names the committed run it came from:
-a recipe with no measured run shows "not measured yet", never a guess.
+The README's recipe table sits between `<!-- recipes:begin -->` and `<!-- recipes:end -->`, the
+measured-results table (with cost) between `<!-- results:begin -->` and `<!-- results:end -->`;
+`verl-recipes docs --write` regenerates both, `verl-recipes report --summary` prints the second,
+and tests/test_spine.py fails when the README is stale. Every number comes from an
+`expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
+shows "not measured yet", never a guess.
+
+Cost per million tokens = GPUs x (1e6 / job tokens/s) / 3600 x the cheapest on-demand price of the
+GPU the run was measured on (`validation/prices.yaml`, each price dated and sourced;
+`verl_recipes.plan.cost`). A run under `--cap-gib` still ran on that GPU: its speed and price are
+the H200's, not those of the smaller card the cap stands for.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -18,15 +27,35 @@ from verl_recipes.paths import repo_root
 from verl_recipes.recipes import Recipe, discover
 
 BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
+RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measured runs of a bounds file (one-run files of the first schema, or `source_runs`)."""
+    m = doc.get("measured") or {}
+    if "memory_gib" in m:
+        return [m]
+    return [v for v in m.values() if isinstance(v, dict)]
+
+
+def _figures(doc: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(peak GiB per GPU over all runs, median tokens/s per GPU, median step s)."""
+    runs = _runs(doc)
+    peaks = [v for r in runs for gpus in (r.get("memory_gib") or {}).values() for v in gpus.values()]
+    tputs = [r["throughput_tok_s"] for r in runs if r.get("throughput_tok_s")]
+    times = [r["step_time_s"] for r in runs if r.get("step_time_s")]
+    return (
+        max(peaks, default=None),
+        statistics.median(tputs) if tputs else None,
+        statistics.median(times) if times else None,
+    )
 
 
 def _measured_cell(recipe: Recipe) -> str:
     cells = []
     for name in recipe.expected:
         doc = yaml.safe_load((recipe.dir / name).read_text())
-        m = doc.get("measured") or {}
-        peak = max((v for gpus in (m.get("memory_gib") or {}).values() for v in gpus.values()), default=None)
-        tput = m.get("throughput_tok_s")
+        peak, tput, _ = _figures(doc)
         label = Path(name).stem
         parts = [f"{peak:.1f} GiB peak" if peak is not None else "", f"{tput:,.0f} tok/s" if tput else ""]
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
@@ -50,12 +79,70 @@ def recipe_table(recipes: dict[str, Recipe] | None = None) -> str:
     return "\n".join(rows)
 
 
-def render_readme(text: str, table: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise RecipeError(f"README.md has no {BEGIN} ... {END} block for the recipe table")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+_GPU_IDS = {"NVIDIA H200": "h200-141g", "NVIDIA H100 80GB HBM3": "h100-80g", "NVIDIA A100-SXM4-80GB": "a100-80g"}
+
+
+def results_table(recipes: dict[str, Recipe] | None = None) -> str:
+    """One row per bounds file: what ran, where, its memory, speed and cost per million tokens."""
+    from verl_recipes.plan.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
+
+    recipes = recipes if recipes is not None else discover()
+    offers = load_prices(prices_file())
+    rows = [
+        "| recipe | configuration | measured on | peak GiB/GPU | tokens/s/GPU | step s | GPU-h per M tokens "
+        "| $ per M tokens | runs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recipes.values():
+        for name in r.expected:
+            doc = yaml.safe_load((r.dir / name).read_text())
+            prov = doc.get("provenance") or {}
+            provs = [prov] if "gpu" in prov else [v for v in prov.values() if isinstance(v, dict)]
+            first = provs[0] if provs else {}
+            gpus = (first.get("gpu") or {}).get("gpus") or []
+            gpu_name = gpus[0]["name"] if gpus else "?"
+            # GPUs the run used: those with measured memory (provenance lists every GPU of the host)
+            used = {g for run in _runs(doc) for per in (run.get("memory_gib") or {}).values() for g in per}
+            n = len(used) or r.gpus.count
+            variants = " + ".join(first.get("variants") or []) or "default"
+            cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
+            peak, tput, step = _figures(doc)
+            offer = pick_offer(offers, _GPU_IDS.get(gpu_name, ""))
+            cost = compute_cost(offer, n, from_verl_throughput(tput, n)) if offer and tput else None
+            runs = doc.get("source_runs") or [doc.get("source_run")]
+            rows.append(
+                f"| {r.id} | [{variants}{cap}](recipes/{r.id}/{name}) | {n}x {gpu_name} "
+                f"| {peak:.1f} | {tput:,.0f} | {step:.1f} "
+                f"| {cost.gpu_hours_per_million_tokens:.2f} | {cost.usd_per_million_tokens:.2f} "
+                f"| {len(runs)} |"
+                if peak is not None and tput and step and cost
+                else f"| {r.id} | [{variants}{cap}](recipes/{r.id}/{name}) | {n}x {gpu_name} | "
+                f"{'-' if peak is None else f'{peak:.1f}'} | - | - | - | - | {len(runs)} |"
+            )
+    if len(rows) == 2:
+        rows.append("| not measured yet | | | | | | | | |")
+    offer = pick_offer(offers, "h200-141g")
+    if offer:
+        rows.append("")
+        rows.append(
+            f"Price used for H200 rows: {offer.provider} {offer.product}, ${offer.usd_per_gpu_hour}/GPU-h "
+            f"({offer.date}, {offer.source}); tokens = prompt + response, verl's perf/throughput."
+        )
+    return "\n".join(rows)
+
+
+def _splice(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        raise RecipeError(f"README.md has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def render_readme(text: str, table: str, results: str | None = None) -> str:
+    """The README with its generated blocks replaced (the results block only when given)."""
+    out = _splice(text, BEGIN, END, table)
+    return _splice(out, RBEGIN, REND, results) if results is not None else out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     readme = repo_root() / "README.md"
-    new = render_readme(readme.read_text(), recipe_table())
+    new = render_readme(readme.read_text(), recipe_table(), results_table())
     if args.write:
         readme.write_text(new)
         print(f"wrote {readme}")
