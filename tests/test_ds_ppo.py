@@ -637,3 +637,17 @@ def test_deepspeed_on_cuda_records_nvml(tiny: dict[str, Path], tmp_path: Path) -
         assert s["table"]["nvml_peak_gib"] > 0
         assert len(s["torch_memory"]) == ranks and s["torch_memory"][0]["max_allocated_gib"] > 0
     assert res["ds"]["summary"]["switch_actor_to_critic_s"]["median"] > 0
+
+
+def test_run_both_refuses_a_bad_gpu_count_before_doing_anything(root: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    r = subprocess.run(
+        ["bash", "recipes/verl-vs-deepspeed/run-both.sh", str(tmp_path / "out"), "two"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "NPROC must be a positive number" in r.stderr
+    assert not (tmp_path / "out").exists()

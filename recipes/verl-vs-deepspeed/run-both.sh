@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The comparison in one run: the same PPO workload on DeepSpeed ZeRO-3 (compare.py ds), then on
+# verl (verl-recipes train verl-vs-deepspeed with compare.py's overrides), then one table and plot
+# (compare.py report). Both sides read the same model, the same fixed-length prompts and the same
+# batch; every number comes from this one invocation.
+#
+# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [compare.py workload options...]
+#   NPROC      GPUs for both sides (default 2)
+#   options    e.g. --batch 64 --warmup-steps 2 --measured-steps 5 (compare.py ds --help)
+#   LAYERS     env: truncate the synthetic Qwen2-7B (full width) to this many layers (one GPU)
+# On a host without internet, install the wheelhouse first (gpu/README.md).
+set -euo pipefail
+
+out=${1:?usage: run-both.sh OUT_DIR [NPROC] [compare.py workload options...]}
+nproc=${2:-2}
+shift $(( $# >= 2 ? 2 : 1 ))
+workload=("$@")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+compare="$here/compare.py"
+command -v verl-recipes >/dev/null || { echo "run-both.sh: verl-recipes is not installed (pip install -e '.[gpu]')" >&2; exit 2; }
+[[ "$nproc" =~ ^[1-9][0-9]*$ ]] || { echo "run-both.sh: NPROC must be a positive number of GPUs, got '$nproc'" >&2; exit 2; }
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} PYTHONUNBUFFERED=1
+
+cache=${VERL_RECIPES_CACHE:-$HOME/.cache/verl-recipes}
+model="$cache/models/qwen2-7b-full-width-L${LAYERS:-all}"
+if [[ ! -f "$model/config.json" ]]; then
+  verl-recipes synth-model --arch qwen2-7b --scale full-width --device cuda ${LAYERS:+--layers "$LAYERS"} --out "$model"
+fi
+src="$cache/data/arith"
+[[ -f "$src/train.parquet" ]] || verl-recipes dataset --out "$src"
+mkdir -p "$out/data"
+python3 "$compare" prep-data --model "$model" --data "$src/train.parquet" --out "$out/data/train.parquet"
+cp "$out/data/train.parquet" "$out/data/test.parquet"
+
+echo "== 1/3 DeepSpeed ZeRO-3 PPO on $nproc GPU(s)"
+python3 -m torch.distributed.run --standalone --nproc_per_node "$nproc" "$compare" ds \
+  --model "$model" --data "$out/data/train.parquet" --out "$out/ds" "${workload[@]}"
+
+echo "== 2/3 verl PPO, same workload"
+sets=()
+steps=7
+while IFS= read -r line; do
+  line=${line% \\}
+  case "$line" in
+    # the launcher owns paths, GPU counts, steps and logging
+    data.train_files=* | data.val_files=* | *.model.path=* | trainer.n_gpus_per_node=* | trainer.nnodes=* | trainer.logger=*) ;;
+    trainer.total_training_steps=*) steps=${line#*=} ;;
+    *) sets+=(--set "$line") ;;
+  esac
+done < <(python3 "$compare" verl-overrides --model "$model" --data "$out/data/train.parquet" --gpus "$nproc" "${workload[@]}")
+verl-recipes train verl-vs-deepspeed --model "$model" --data "$out/data" --gpus "$nproc" --steps "$steps" \
+  "${sets[@]}" --run-dir "$out/verl" --quiet
+
+echo "== 3/3 one table"
+python3 "$compare" report --ds "$out/ds" --verl "$out/verl/metrics.jsonl" --verl-gpus "$nproc" \
+  --verl-monitor "$out/verl/summary.json" --out "$out"
