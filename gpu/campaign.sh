@@ -5,7 +5,8 @@
 # usage: gpu/campaign.sh PLAN OUT_DIR
 #   PLAN: lines of `name|timeout_s|requires|what`; `#` starts a comment.
 #     what:     `verl-recipes train` arguments (`7b-lora --variant grpo --steps 3`), or
-#               `pytest ARGS` to run GPU-marked tests whose runs are kept under OUT_DIR/runs/NAME/.
+#               `pytest ARGS` to run GPU-marked tests whose runs are kept under OUT_DIR/runs/NAME/, or
+#               `bash SCRIPT ARGS` to run `bash SCRIPT OUT_DIR/runs/NAME ARGS` (e.g. run-both.sh).
 #     requires: `-`; NAME (an earlier run must have passed); `!NAME` (it must have failed: the next
 #               step of a bisection).
 #   OUT_DIR/status.tsv gets one line per run: name, exit code, seconds, run folder.
@@ -46,6 +47,11 @@ while IFS='|' read -r name limit requires what; do
     # shellcheck disable=SC2086  # the plan's arguments are split on purpose
     VERL_RECIPES_GPU_RUNS_DIR="$run" timeout --kill-after=30 "$limit" \
       python3 -m pytest -m gpu -p no:cacheprovider ${what#pytest } >"$run/pytest.log" 2>&1 || rc=$?
+    verl-recipes reap --under "$run" || true
+  elif [[ "$what" == bash\ * ]]; then
+    read -r -a words <<<"${what#bash }"
+    mkdir -p "$run"
+    timeout --kill-after=30 "$limit" bash "${words[0]}" "$run" "${words[@]:1}" >"$run/script.log" 2>&1 || rc=$?
     verl-recipes reap --under "$run" || true
   else
     # shellcheck disable=SC2086

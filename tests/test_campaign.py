@@ -25,6 +25,7 @@ def test_campaign_plan_semantics(root: Path, tmp_path: Path) -> None:
         "after-pass|60|bad|7b-lora --steps 1\n"
         "after-fail|120|!bad|pytest --collect-only -q tests/test_reap.py\n"
         "never|60|!after-fail-missing|7b-lora\n"
+        "script|60|-|bash recipes/verl-vs-deepspeed/run-both.sh not-a-count\n"
     )
     out = tmp_path / "lane"
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
@@ -40,4 +41,7 @@ def test_campaign_plan_semantics(root: Path, tmp_path: Path) -> None:
     assert status["after-fail"] == "5"
     assert (out / "runs" / "after-fail" / "pytest.log").is_file()
     assert status["never"] == "skipped"
+    # `bash SCRIPT ARGS` gets the run folder first: run-both.sh OUT NPROC refuses NPROC "not-a-count"
+    assert status["script"] == "2"
+    assert "NPROC must be a positive number" in (out / "runs" / "script" / "script.log").read_text()
     assert (out / "DONE").is_file()
