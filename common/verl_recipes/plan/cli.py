@@ -46,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
     p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
     p.add_argument("--allow-empty", action="store_true", help="--validate: pass when no run is committed")
+    p.add_argument("--write", type=Path, help="--validate: also write the error table (Markdown, with causes) here")
     p.set_defaults(func=run)
 
 
@@ -311,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         from verl_recipes.plan.validate import main_validate
 
-        return main_validate(args.tolerance, args.allow_empty)
+        return main_validate(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
         raise RecipeError("give a recipe id or a config.yaml path (or --validate)")
     from verl_recipes.plan.knobs import helpful, path_to_fit
