@@ -2,7 +2,7 @@
 # Build the verl-recipes images: the base image, optionally the DeepSpeed image and recipe images.
 #
 #   images/build.sh [--stack gpu|cpu] [--recipe ID]... [--all-recipes] [--deepspeed]
-#                   [--ca-bundle FILE] [--build-arg NAME=VALUE]... [--no-cache] [--python X.Y]
+#                   [--ca-bundle FILE] [--build-arg NAME=VALUE]... [--no-cache]
 #
 #   --stack cpu      the light CI variant (no torch, vLLM, verl); tags end in -cpu. Default: gpu.
 #   --recipe ID      also build recipes/ID/Dockerfile FROM the base (or the DeepSpeed image).
@@ -13,16 +13,14 @@
 #   --base-image TAG the OS image to build on instead of the pinned one (a mirror's copy, a local
 #                    image with the same Python); it must exist here or be pullable.
 #   --build-arg N=V  passed to every `docker build` after ours (e.g. to see a wrong pin refused).
-#   --python X.Y     the full GPU stack on Python X.Y instead of versions.toml [python] gpu, from
-#                    images/lock/gpu-pyXY.txt (`nox -s lock-py311`), on python:X.Y-slim-bookworm
-#                    (3.11: Debian 12's own, made here); base image only, tagged ...-pyXY and
-#                    labelled verl-recipes.python=X.Y. For a host with no Python 3.12 image
-#                    (`nox -s image-gpu` on this build machine).
 #
 # Versions, tags and the base image come from images/versions.toml through
 # `python3 -m verl_recipes.pins_check build-info`. When the base OS image (BASE_IMAGE) is missing:
 # the CPU variant's python:3.11-slim-bookworm is made here from Debian 12 with mmdebstrap and
-# `docker import` (Docker Hub is not needed); the GPU variant's python:3.12-slim-bookworm is pulled.
+# `docker import` (Docker Hub is not needed); the GPU variant's python:3.12-slim-bookworm is pulled,
+# and where that fails, a stand-in is made under that tag: Debian 12 from mmdebstrap plus a CPython
+# 3.12 already built on this host (VERL_RECIPES_CPYTHON=PREFIX, else the newest pyenv 3.12.*) in
+# /usr/local, labelled verl-recipes.os-image=stand-in... (images/README.md).
 # Uses the classic builder (DOCKER_BUILDKIT=0) and `--network host` for pip.
 set -euo pipefail
 
@@ -37,7 +35,6 @@ ca_bundle="${VERL_RECIPES_CA_BUNDLE:-}"
 extra_args=()
 no_cache=()
 base_image=""
-python_version=""
 
 while (($# > 0)); do
   case "$1" in
@@ -51,16 +48,13 @@ while (($# > 0)); do
     --base-image) [[ $# -ge 2 ]] || die "--base-image needs an image tag"; base_image="$2"; shift 2 ;;
     --build-arg) [[ $# -ge 2 ]] || die "--build-arg needs NAME=VALUE"; extra_args+=(--build-arg "$2"); shift 2 ;;
     --no-cache) no_cache=(--no-cache); shift ;;
-    --python) [[ $# -ge 2 ]] || die "--python needs X.Y"; python_version="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 
 [[ "$stack" == gpu || "$stack" == cpu ]] || die "--stack must be gpu or cpu, got '$stack'"
 [[ "$deepspeed" == 0 || "$stack" == gpu ]] || die "the DeepSpeed image is GPU-only (drop --deepspeed or use --stack gpu)"
-[[ -z "$python_version" || "$python_version" =~ ^3\.[0-9]+$ ]] || die "--python must be X.Y (e.g. 3.11), got '$python_version'"
-[[ -z "$python_version" || "$stack" == gpu ]] || die "--python is for the GPU stack (the light variant is on Debian 12's Python already)"
 [[ -z "$ca_bundle" || -s "$ca_bundle" ]] || die "CA bundle '$ca_bundle' does not exist or is empty"
 command -v "$python" >/dev/null 2>&1 || die "no '$python' to read images/versions.toml (set PYTHON=...)"
 command -v docker >/dev/null 2>&1 || die "no docker client; run .ci/docker-up.sh"
@@ -82,23 +76,6 @@ for key in VERL_VERSION VLLM_VERSION TORCH_VERSION CUDA_VERSION DEEPSPEED_VERSIO
            CPU_BASE_IMAGE BASE_REF DEEPSPEED_REF PROJECT_VERSION SOURCE; do
   [[ -v "info[$key]" ]] || die "pins_check build-info did not print $key"
 done
-
-# --python X.Y other than the pinned one: the same Dockerfile, told (FALLBACK_PYTHON) that the GPU
-# stack may build on X.Y; it installs images/lock/gpu-pyXY.txt, picked by the base image's Python.
-fallback_args=()
-gpu_python="$(PYTHONPATH="$root/common" "$python" -c 'import sys; from verl_recipes.versions import load_pins
-print(load_pins(sys.argv[1])["python"]["gpu"])' "$root/images/versions.toml")"
-if [[ -n "$python_version" && "$python_version" != "$gpu_python" ]]; then
-  ((${#recipes[@]} == 0 && deepspeed == 0)) \
-    || die "--python $python_version builds the base image only (the DeepSpeed and recipe images are for Python $gpu_python)"
-  [[ -s "$root/images/lock/gpu-py${python_version/./}.txt" ]] \
-    || die "--python $python_version needs images/lock/gpu-py${python_version/./}.txt (nox -s lock-py${python_version/./})"
-  info[BASE_IMAGE]="python:${python_version}-slim-bookworm"
-  info[BASE_REF]="${info[BASE_REF]}-py${python_version/./}"
-  fallback_args=(--build-arg "FALLBACK_PYTHON=$python_version"
-    --label "verl-recipes.python=$python_version (fallback: versions.toml [python] gpu is $gpu_python)")
-  echo "build.sh: the GPU stack on Python $python_version (images/lock/gpu-py${python_version/./}.txt), not $gpu_python: tag ${info[BASE_REF]}"
-fi
 [[ -z "$base_image" ]] || info[BASE_IMAGE]="$base_image"
 
 revision=unknown
@@ -126,25 +103,91 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/verl-recipes-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 # --- the base OS image -------------------------------------------------------------------------
+# Debian 12 (bookworm) minbase from deb.debian.org, as the official slim images have it.
+debian_opts=(
+  --quiet --variant=minbase
+  --aptopt='APT::Install-Recommends "false"' --dpkgopt=force-unsafe-io
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*'
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
+)
+debian_mirrors=(
+  "deb http://deb.debian.org/debian bookworm main"
+  "deb http://deb.debian.org/debian bookworm-updates main"
+  "deb http://deb.debian.org/debian-security bookworm-security main"
+)
+
+local_cpython() {  # local_cpython X.Y: the prefix of a CPython X.Y build on this host, or nothing
+  local ver="$1" cand
+  local cands=()
+  [[ -z "${VERL_RECIPES_CPYTHON:-}" ]] || cands+=("$VERL_RECIPES_CPYTHON")
+  while IFS= read -r cand; do cands+=("$cand"); done \
+    < <(compgen -G "${PYENV_ROOT:-$HOME/.pyenv}/versions/$ver.*" | sort -rV || true)
+  for cand in "${cands[@]}"; do
+    if [[ -x "$cand/bin/python$ver" ]] && "$cand/bin/python$ver" -c \
+        "import sys, ssl, venv, ensurepip; sys.exit(sys.version_info[:2] != tuple(map(int, '$ver'.split('.'))))" 2>/dev/null; then
+      echo "$cand"
+      return 0
+    fi
+  done
+  return 1
+}
+
+make_python_standin() {  # make_python_standin TAG X.Y PREFIX: Debian 12 + that CPython in /usr/local
+  local tag="$1" ver="$2" prefix="$3" start=$SECONDS rootfs="$work/rootfs" full
+  full="$("$prefix/bin/python$ver" -c 'import platform; print(platform.python_version())')"
+  echo "build.sh: making a stand-in for $tag: Debian 12 (bookworm) + CPython $full from $prefix"
+  # The run-time libraries CPython's extension modules link against (tkinter left out, as in slim).
+  mmdebstrap "${debian_opts[@]}" \
+    --include=ca-certificates,netbase,tzdata,libbz2-1.0,libexpat1,libffi8,liblzma5,libncursesw6,libnsl2,libreadline8,libsqlite3-0,libssl3,libtinfo6,libtirpc3,libuuid1,zlib1g \
+    bookworm "$rootfs" "${debian_mirrors[@]}"
+  # The interpreter, its shared library, standard library and headers; no site-packages (whatever
+  # the host installed stays out: pip comes from ensurepip below), no tests, tkinter or byte code.
+  tar -C "$prefix" -cf - \
+    --exclude="lib/python$ver/site-packages/*" --exclude='test' --exclude='tests' --exclude='idle_test' \
+    --exclude="lib/python$ver/tkinter" --exclude="lib/python$ver/idlelib" --exclude="lib/python$ver/turtledemo" \
+    --exclude='_tkinter*' --exclude='__pycache__' --exclude='*.pyc' --exclude='libpython*.a' \
+    "bin/python$ver" lib include | tar -C "$rootfs/usr/local" -xf -
+  # Paths the host build recorded (sysconfig, pkg-config, the config Makefile) now name /usr/local.
+  grep -rlIF "$prefix" "$rootfs/usr/local/lib" | xargs -r sed -i "s#$prefix#/usr/local#g"
+  ln -s "python$ver" "$rootfs/usr/local/bin/python3"
+  ln -s python3 "$rootfs/usr/local/bin/python"
+  chroot "$rootfs" /sbin/ldconfig
+  # (ensurepip drops PIP_* settings, so its warning about running as root shows; it is harmless here)
+  chroot "$rootfs" /usr/local/bin/python3 -m ensurepip --default-pip >/dev/null
+  find "$rootfs/usr/local" -depth -name __pycache__ -type d -exec rm -rf {} +
+  chroot "$rootfs" /usr/local/bin/python3 -c \
+    "import sys, ssl, sqlite3, ctypes, lzma, bz2, zlib, venv, uuid, readline, pip; print(sys.version.split()[0], ssl.OPENSSL_VERSION, 'pip', pip.__version__)" \
+    || die "the stand-in's Python does not start or lacks a module; see above"
+  tar -C "$rootfs" -cf - . | docker import \
+    --change 'ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' \
+    --change "ENV PYTHON_VERSION=$full" \
+    --change "LABEL verl-recipes.os-image=\"stand-in for $tag: Debian 12 (bookworm) minbase + CPython $full copied from $prefix on the build host into /usr/local, made by mmdebstrap in images/build.sh\"" \
+    --change 'CMD ["python3"]' \
+    - "$tag" >/dev/null
+  rm -rf "$rootfs"
+  echo "build.sh: made $tag (stand-in, CPython $full) in $((SECONDS - start)) s"
+}
+
 ensure_os_image() {
-  local tag="$1"
+  local tag="$1" ver prefix
   docker image inspect "$tag" >/dev/null 2>&1 && return 0
   if [[ "$tag" != "${info[CPU_BASE_IMAGE]}" ]]; then
     echo "build.sh: $tag is not here; pulling it"
-    docker pull "$tag" || die "cannot pull $tag. The GPU variant needs the Python its lock is for (images/versions.toml [python] gpu); Debian 12 has only 3.11, so mmdebstrap cannot make it here. 'docker load' the image, or pass --base-image <a local image with that Python>"
+    docker pull "$tag" && return 0
+    # No registry: a stand-in made from Debian 12 and a CPython of that version built on this host.
+    [[ "$tag" =~ ^python:(3\.[0-9]+)-slim-bookworm$ ]] || die "cannot pull $tag; 'docker load' it"
+    ver="${BASH_REMATCH[1]}"
+    command -v mmdebstrap >/dev/null 2>&1 || die "mmdebstrap is missing; run .ci/docker-up.sh (it installs it)"
+    prefix="$(local_cpython "$ver")" || die "cannot pull $tag, and no CPython $ver on this host to make a stand-in from (Debian 12 ships only 3.11). Point VERL_RECIPES_CPYTHON at a CPython $ver install prefix, 'docker load' the image, or pass --base-image <a local image with that Python>"
+    make_python_standin "$tag" "$ver" "$prefix"
     return 0
   fi
   command -v mmdebstrap >/dev/null 2>&1 || die "mmdebstrap is missing; run .ci/docker-up.sh (it installs it)"
   echo "build.sh: making $tag from Debian 12 (bookworm) with mmdebstrap"
   local start=$SECONDS
-  mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
-    --aptopt='APT::Install-Recommends "false"' --dpkgopt=force-unsafe-io \
-    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    bookworm "$work/rootfs.tar" \
-    "deb http://deb.debian.org/debian bookworm main" \
-    "deb http://deb.debian.org/debian bookworm-updates main" \
-    "deb http://deb.debian.org/debian-security bookworm-security main"
+  mmdebstrap "${debian_opts[@]}" --include=python3,python3-venv,ca-certificates \
+    bookworm "$work/rootfs.tar" "${debian_mirrors[@]}"
   docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
@@ -180,8 +223,7 @@ ensure_os_image "${info[BASE_IMAGE]}"
 ctx="$work/base"
 stage_common "$ctx"
 cp "$root/images/base/Dockerfile" "$ctx/Dockerfile"
-build "${info[BASE_REF]}" "$ctx" --build-arg "STACK=$stack" --build-arg "BASE_IMAGE=${info[BASE_IMAGE]}" \
-  "${fallback_args[@]}"
+build "${info[BASE_REF]}" "$ctx" --build-arg "STACK=$stack" --build-arg "BASE_IMAGE=${info[BASE_IMAGE]}"
 
 need_ds=$deepspeed
 for id in "${recipes[@]}"; do

@@ -4,8 +4,11 @@
 #   images/measure.sh OUT_DIR
 #
 # 1. the light (CPU) variant built cold: the local OS image and every layer removed first;
-# 2. the GPU variant's stack in parts (its python:3.12 base cannot be had here): download every
-#    locked distribution but the sdist-only DeepSpeed and antlr4 for CPython 3.12 with hashes checked, then install them.
+# 2. the GPU variant's stack in parts: download every locked distribution but the sdist-only
+#    DeepSpeed and antlr4 for CPython 3.12 with hashes checked, then install them;
+# 3. the full GPU base image built cold through `nox -s image-gpu` (no GPU image, no OS image or
+#    stand-in, no dangling layers first), then its size, tags, labels, layers and `verify --json`.
+# SKIP_LIGHT=1, SKIP_GPU_PARTS=1, SKIP_GPU_FULL=1 leave a part out (3 took 25 GB of disk here).
 # Each step's command, wall time and sizes go to OUT_DIR/*.log; OUT_DIR/summary.txt lists them.
 set -euo pipefail
 out=${1:?usage: images/measure.sh OUT_DIR}
@@ -39,6 +42,7 @@ docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(verl-re
 fi
 
 # 2. the GPU stack in parts
+if [[ "${SKIP_GPU_PARTS:-0}" != 1 ]]; then
 python3 - "$root/images/lock/gpu-py312.txt" "$work/lock-no-deepspeed.txt" <<'PY'
 import re, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -61,3 +65,32 @@ echo "gpu wheels: $(find "$work/wheels" -name '*.whl' | wc -l) files, $(du -sb "
 step gpu-install python3 -m pip install -q --no-deps --no-index --find-links "$work/wheels" --target "$work/site" \
   --only-binary=:all: --ignore-requires-python "${tags[@]}" --require-hashes -r "$work/lock-no-deepspeed.txt"
 echo "gpu site: $(du -sb "$work/site" | cut -f1) bytes" | tee -a "$out/summary.txt"
+rm -rf "$work/wheels" "$work/site"
+fi
+
+# 3. the full GPU base image, cold, as `nox -s image-gpu` builds it
+if [[ "${SKIP_GPU_FULL:-0}" != 1 ]]; then
+info=$(PYTHONPATH="$root/common" python3 -m verl_recipes.pins_check build-info \
+  --versions "$root/images/versions.toml" --stack gpu)
+ref=$(sed -n 's/^BASE_REF=//p' <<<"$info")
+os_image=$(sed -n 's/^BASE_IMAGE=//p' <<<"$info")
+docker rmi -f "$ref" "$os_image" >/dev/null 2>&1 || true
+docker image prune -f >/dev/null
+echo "gpu-full: free on /var/lib/docker before: $(df -B1 --output=avail /var/lib/docker | tail -n 1) bytes" \
+  | tee -a "$out/summary.txt"
+step gpu-full "${NOX:-nox}" -f "$root/noxfile.py" -s image-gpu -- --ca-bundle "$ca"
+echo "gpu-full: free on /var/lib/docker after: $(df -B1 --output=avail /var/lib/docker | tail -n 1) bytes" \
+  | tee -a "$out/summary.txt"
+docker image inspect -f "$ref: {{.Size}} bytes; tags {{json .RepoTags}}" "$ref" | tee -a "$out/summary.txt"
+docker image inspect -f "$os_image: {{.Size}} bytes" "$os_image" | tee -a "$out/summary.txt"
+docker image inspect -f '{{json .Config.Labels}}' "$ref" >"$out/gpu-full-labels.json"
+docker history --format '{{.Size}}\t{{.CreatedSince}}\t{{printf "%.110s" .CreatedBy}}' "$ref" >"$out/gpu-full-history.txt"
+docker run --rm --network none --entrypoint python "$ref" -c '
+import importlib.metadata as m, platform
+print("python", platform.python_version(), *(f"{d} {m.version(d)}" for d in ("torch", "vllm", "verl", "ray", "transformers", "verl-recipes")), sep="; ")
+print("distributions:", len(list(m.distributions())))' | tee -a "$out/summary.txt"
+rc=0
+docker run --rm --network none "$ref" verify --json >"$out/gpu-full-verify.json" 2>"$out/gpu-full-verify.stderr" || rc=$?
+echo "gpu-full: docker run --rm --network none $ref verify --json: exit $rc (gpu-full-verify.json)" | tee -a "$out/summary.txt"
+docker system df >"$out/gpu-full-docker-df.txt"
+fi

@@ -10,6 +10,7 @@ the build time. Every check reads what the build produced: `docker inspect`, `do
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -328,7 +329,9 @@ def test_asking_for_a_ca_bundle_without_giving_one_fails(images: dict[str, str])
 # --- the full GPU image: a nox session, never built by CI (~11 GB, ~20 min on this machine) --------
 
 
+@functools.cache
 def _noxfile() -> Any:
+    """noxfile.py as a module, loaded once (each load registers its sessions with nox again)."""
     spec = importlib.util.spec_from_file_location("verl_recipes_noxfile", ROOT / "noxfile.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -355,7 +358,8 @@ def test_the_full_gpu_image_session_calls_build_sh_for_the_gpu_stack(tmp_path: P
     calls: list[tuple[tuple[str, ...], dict[str, Any]]] = []
 
     class FakeSession:
-        posargs = ["--no-cache"]
+        def __init__(self) -> None:
+            self.posargs = ["--no-cache"]
 
         def run(self, *a: str, **kw: Any) -> None:
             calls.append((a, kw))
@@ -371,3 +375,23 @@ def test_ci_does_not_build_the_full_gpu_image() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "nox -s tests" in ci and "image-gpu" not in ci and "measure.sh" not in ci
     assert _noxfile().nox.options.sessions == ["tests"]
+
+
+def test_the_readme_gpu_image_figures_come_from_the_kept_logs() -> None:
+    kept = ROOT / "images" / "measurements" / "2026-11-29-gpu-full"
+    summary = (kept / "summary.txt").read_text()
+    log = (kept / "gpu-full.log").read_text()
+    readme = (ROOT / "images" / "README.md").read_text()
+    total = re.search(r"^gpu-full: (\d+) s ", summary, re.M)
+    size = re.search(r"^verl-recipes/base:\S+: (\d+) bytes", summary, re.M)
+    os_size = re.search(r"^python:3\.12-slim-bookworm: (\d+) bytes", summary, re.M)
+    standin = re.search(
+        r"^build\.sh: made python:3\.12-slim-bookworm \(stand-in, CPython [\d.]+\) in (\d+) s", log, re.M
+    )
+    build = re.search(r"^build\.sh: built verl-recipes/base:\S+ in (\d+) s", log, re.M)
+    assert total and size and os_size and standin and build
+    assert f"| {total[1]} s (" in readme and f"stand-in {standin[1]} s, `docker build` {build[1]} s" in readme
+    assert f"base {int(size[1]):,} bytes" in readme and f"stand-in OS image {int(os_size[1]):,} bytes" in readme
+    verify = json.loads((kept / "gpu-full-verify.json").read_text())
+    failed = [c["name"] for c in verify["checks"] if c["status"] == "fail"]
+    assert failed == ["shm"] and "the one\nfailure is `/dev/shm`" in readme
