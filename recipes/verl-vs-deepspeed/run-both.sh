@@ -7,7 +7,8 @@
 # usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [compare.py workload options...]
 #   NPROC      GPUs for both sides (default 2)
 #   options    e.g. --batch 64 --warmup-steps 2 --measured-steps 5 (compare.py ds --help)
-#   LAYERS     env: truncate the synthetic Qwen2-7B (full width) to this many layers (one GPU)
+#   LAYERS     env: truncate the synthetic Qwen2-7B (full width) to this many layers; default: all
+#              layers on 2+ GPUs, 8 on one (ZeRO-3 states of the full model need two H200s)
 # On a host without internet, install the wheelhouse first (gpu/README.md).
 set -euo pipefail
 
@@ -22,10 +23,12 @@ command -v verl-recipes >/dev/null || { echo "run-both.sh: verl-recipes is not i
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} PYTHONUNBUFFERED=1
 
+layers=${LAYERS:-}
+if [[ -z "$layers" && "$nproc" == 1 ]]; then layers=8; fi
 cache=${VERL_RECIPES_CACHE:-$HOME/.cache/verl-recipes}
-model="$cache/models/qwen2-7b-full-width-L${LAYERS:-all}"
+model="$cache/models/qwen2-7b-full-width-L${layers:-all}"
 if [[ ! -f "$model/config.json" ]]; then
-  verl-recipes synth-model --arch qwen2-7b --scale full-width --device cuda ${LAYERS:+--layers "$LAYERS"} --out "$model"
+  verl-recipes synth-model --arch qwen2-7b --scale full-width --device cuda ${layers:+--layers "$layers"} --out "$model"
 fi
 src="$cache/data/arith"
 [[ -f "$src/train.parquet" ]] || verl-recipes dataset --out "$src"
