@@ -89,3 +89,27 @@ def test_cap_overrun_names_the_worst_phase_of_a_real_run(root: Path, tmp_path: P
     assert msg is not None and "70.87 GiB" in msg and "GPU 0" in msg and "--cap-gib 24" in msg
     assert "phase gen" in msg or "phase update_weights" in msg or "phase step" in msg
     assert cap_overrun(run, 80) is None
+
+
+def test_gpus_makes_a_multi_node_recipe_a_one_node_run(root: Path, tmp_path: Path) -> None:
+    """`--gpus 2` on the 32-GPU 70b-3d recipe (a truncated rehearsal on two GPUs) composes a
+    one-node, two-GPU config instead of keeping the recipe's 4 nodes."""
+    from omegaconf import OmegaConf
+
+    env = {**os.environ, "VERL_RECIPES_CACHE": str(tmp_path / "cache"), "VERL_RECIPES_ROOT": str(root)}
+    sets = [
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1",
+        "critic.megatron.tensor_model_parallel_size=2",
+        "critic.megatron.pipeline_model_parallel_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ]
+    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--rehearse"]
+    cmd += [x for s in sets for x in ("--set", s)] + ["--run-dir", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    cfg = OmegaConf.load(tmp_path / "run" / "verl_config.yaml")
+    assert cfg.trainer.nnodes == 1 and cfg.trainer.n_gpus_per_node == 2
+    assert cfg.critic.megatron.override_transformer_config.attention_backend == "fused"

@@ -72,7 +72,9 @@ def ensure_dataset(out: Path | None) -> Path:
     return path
 
 
-def launcher_settings(recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int) -> Any:
+def launcher_settings(
+    recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int, nnodes: int | None = None
+) -> Any:
     """What the launcher owns in verl's config: paths, GPUs, steps, logging, the Ray hook."""
     from omegaconf import OmegaConf
 
@@ -85,7 +87,7 @@ def launcher_settings(recipe: Recipe, model: Path, data: Path, run_dir: Path, st
         "reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}},
         "trainer": {
             "n_gpus_per_node": n_gpus,
-            "nnodes": recipe.gpus.nodes,
+            "nnodes": nnodes or recipe.gpus.nodes,
             "total_training_steps": steps,
             "total_epochs": 1000,
             "logger": ["console", "file"],
@@ -202,6 +204,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     n_gpus, gpu_gib = _gpu_info()
+    # --gpus N: a scaled-down run on this one node (e.g. a truncated 70B on 2 GPUs), whatever the
+    # recipe's node count; verify checks N GPUs instead of the recipe's.
+    nnodes = 1 if args.gpus else None
     need = args.gpus or (1 if args.smoke else recipe.gpus.count) * recipe.gpus.nodes
     per_node = min(need, n_gpus) if n_gpus else need // recipe.gpus.nodes
     gpu_ok = n_gpus > 0 and n_gpus >= per_node
@@ -224,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     # checkpoint has been written; the paths are filled in again below once they exist.
     model = args.model or Path("/nonexistent/model-made-at-launch")
     data = args.data or _cache_dir() / "data" / "arith"
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node)
+    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     runtime_env = _open_runtime_env(cfg)
     cfg_path = run_dir / "verl_config.yaml"
@@ -239,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if not args.model:
             model = ensure_model(recipe, recipe.smoke.layers, "tiny", "cpu", args.model_out, args.arch)
-            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node)
+            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, nnodes)
             cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
             _open_runtime_env(cfg)
         OmegaConf.save(cfg, cfg_path)
@@ -248,13 +253,14 @@ def run(args: argparse.Namespace) -> int:
     # A GPU host: check the install and the host first (driver, CUDA, NCCL, versions, /dev/shm),
     # then make what is missing, then train under the monitor.
     if not args.skip_verify:
-        _run([*CLI, "verify", "--recipe", recipe.id], "verify (pass --skip-verify to run anyway)")
+        gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
+        _run([*CLI, "verify", "--recipe", recipe.id, *gpus_arg], "verify (pass --skip-verify to run anyway)")
     if not args.model:
         layers = recipe.smoke.layers if args.smoke else args.layers
         scale = recipe.smoke.scale if args.smoke else "full-width"
         model = ensure_model(recipe, layers, scale, "cuda", args.model_out, args.arch)
     data = ensure_dataset(args.data)
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node)
+    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     _open_runtime_env(cfg)
     vllm_util = None

@@ -218,7 +218,7 @@ def check_driver(nv: _NV, torch: Any, pins: _Pins, need_gpu: bool) -> Check:
     return Check("driver", "pass", detail)
 
 
-def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
+def check_gpus(nv: _NV, torch: Any, recipe: Any, gpus_per_node: int | None = None) -> list[Check]:
     need = bool(recipe is not None and recipe.needs_gpu)
     n = nv.count()
     if n == 0:
@@ -291,14 +291,16 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
                 )
             )
     if recipe is not None and recipe.needs_gpu:
-        per_node = math.ceil(recipe.gpus.count / recipe.gpus.nodes)
+        # --gpus: a scaled-down rehearsal (e.g. a truncated 70B on 2 GPUs) asks for fewer per node.
+        per_node = gpus_per_node or math.ceil(recipe.gpus.count / recipe.gpus.nodes)
         if n < per_node:
             out.append(
                 Check(
                     "gpu-count",
                     "fail",
                     f"recipe {recipe.id} needs {per_node} GPU(s) per node; {n} here",
-                    f"run on {recipe.gpus.nodes} node(s) with {per_node} GPUs each",
+                    f"run on {recipe.gpus.nodes} node(s) with {per_node} GPUs each, or give --gpus for a "
+                    "scaled-down run",
                 )
             )
         small = min(totals)
@@ -531,7 +533,7 @@ def check_disk(recipe: Any, path: Path) -> Check:
     return Check("disk", "pass", detail)
 
 
-def run_checks(recipe_id: str | None = None, allreduce: bool = True) -> list[Check]:
+def run_checks(recipe_id: str | None = None, allreduce: bool = True, gpus_per_node: int | None = None) -> list[Check]:
     """All checks, in the order they are printed."""
     checks: list[Check] = []
     pins, why = _load_pins()
@@ -553,7 +555,7 @@ def run_checks(recipe_id: str | None = None, allreduce: bool = True) -> list[Che
     checks.append(tc)
     nv = _NV()
     checks.append(check_driver(nv, torch, pins, need_gpu))
-    gpu_checks = check_gpus(nv, torch, recipe)
+    gpu_checks = check_gpus(nv, torch, recipe, gpus_per_node)
     checks += gpu_checks
     checks += check_nccl(torch, nv.count(), allreduce)
     checks += check_packages(pins, recipe, nv.count() > 0)
@@ -574,11 +576,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", help="also check what this recipe needs (GPUs, memory, packages)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.add_argument("--no-allreduce", action="store_true", help="skip the multi-GPU NCCL all-reduce")
+    p.add_argument("--gpus", type=int, help="with --recipe: GPUs per node this run uses (a scaled-down run)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(args.recipe, allreduce=not args.no_allreduce)
+    checks = run_checks(args.recipe, allreduce=not args.no_allreduce, gpus_per_node=args.gpus)
     failed = [c for c in checks if c.status == "fail"]
     if args.json:
         print(json.dumps({"ok": not failed, "recipe": args.recipe, "checks": [asdict(c) for c in checks]}, indent=1))
