@@ -269,6 +269,20 @@ def _read(path: str) -> bytes | None:
         return None
 
 
+def run_marker(run_dir: str | os.PathLike[str]) -> bytes:
+    """The environment entry every process of a run carries (RUN_DIR_ENV=<resolved run dir>)."""
+    return f"{RUN_DIR_ENV}={Path(run_dir).resolve()}".encode()
+
+
+def has_marker(pid: int, marker: bytes, under: bool = False) -> bool:
+    """Whether /proc/PID/environ carries `marker` (with `under`: also a run folder below it)."""
+    env = _read(f"/proc/{pid}/environ")
+    if not env:
+        return False
+    entries = env.split(b"\0")
+    return marker in entries or (under and any(e.startswith(marker + b"/") for e in entries))
+
+
 class _ProcSet:
     """The monitored processes: the command's tree plus processes tagged with our run dir.
 
@@ -336,8 +350,7 @@ class _ProcSet:
         return changed
 
     def _has_marker(self, pid: int) -> bool:
-        env = _read(f"/proc/{pid}/environ")
-        return bool(env and self.marker and self.marker in env.split(b"\0"))
+        return bool(self.marker) and has_marker(pid, self.marker or b"")
 
     def host(self, full: bool) -> dict[str, Any]:
         """Memory of the members: RSS always; USS and PSS (smaps_rollup, slower) when `full`."""
@@ -440,7 +453,7 @@ class Monitor:
         self.tree_s, self.full_mem_s, self.env_scan_s = tree_s, full_mem_s, env_scan_s
         self.host_s, self.procs_s = host_s, procs_s
         self._last_host = self._last_procs = -1e18
-        marker = f"{RUN_DIR_ENV}={self.out_dir}".encode()
+        marker = run_marker(self.out_dir)
         self.procs = _ProcSet(root_pid, marker)
         self.nvml = _Nvml()
         self.writer = JsonlWriter(self.out_dir / SAMPLES_FILE)

@@ -17,7 +17,8 @@ import signal
 import time
 from pathlib import Path
 
-from verl_recipes import RUN_DIR_ENV, RecipeError
+from verl_recipes import RecipeError
+from verl_recipes.monitor import has_marker, run_marker
 
 
 def marked_pids(run_dir: Path, under: bool = False) -> list[int]:
@@ -25,20 +26,10 @@ def marked_pids(run_dir: Path, under: bool = False) -> list[int]:
 
     With `under`, runs in folders below `run_dir` count too (a GPU test keeps one run per test).
     """
-    marker = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:  # gone, or not ours to read
-            continue
-        entries = env.split(b"\0")
-        if marker in entries or (under and any(e.startswith(marker + b"/") for e in entries)):
-            found.append(int(name))
-    return sorted(found)
+    marker = run_marker(run_dir)
+    me = os.getpid()
+    pids = (int(n) for n in os.listdir("/proc") if n.isdigit())
+    return sorted(pid for pid in pids if pid != me and has_marker(pid, marker, under))
 
 
 def reap(run_dir: Path, grace_s: float = 5.0, under: bool = False) -> list[int]:
