@@ -407,9 +407,38 @@ def ray_left(job: str) -> list[str]:
     return left
 
 
+# States after which a job never runs again. A requeue passes through REQUEUED (and, between
+# its steps, states plain `squeue` leaves out), so "not listed" alone must not mean "ended".
+ENDED = {
+    *("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL"),
+    *("PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"),
+}
+
+
 def job_state(job: str) -> str:
-    res = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
-    return res.stdout.strip()
+    """The job's state in any state (`--states=all`), or "" once slurmctld no longer knows it.
+    A failed squeue call (slurmctld busy) is retried rather than read as "ended"."""
+    for _ in range(10):
+        res = subprocess.run(["squeue", "-h", "-j", job, "--states=all", "-o", "%T"], capture_output=True, text=True)
+        if res.returncode == 0:
+            return res.stdout.strip()
+        if "Invalid job id" in res.stderr:
+            return ""
+        time.sleep(1)
+    raise AssertionError(f"squeue kept failing for job {job}: {res.stderr.strip()}")
+
+
+def job_ended(job: str, settle: float = 3.0) -> bool:
+    """True when the job is gone or in an ended state, and still so `settle` seconds later:
+    a requeue is ended for an instant between its run and its next one."""
+    deadline = time.monotonic() + settle
+    while True:
+        state = job_state(job)
+        if state and state not in ENDED:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.5)
 
 
 def wait_for(path: Path, pattern: str, job: str, timeout: float = 300) -> str:
@@ -418,8 +447,12 @@ def wait_for(path: Path, pattern: str, job: str, timeout: float = 300) -> str:
         text = path.read_text(errors="replace") if path.exists() else ""
         if re.search(pattern, text, re.M):
             return text
-        if not job_state(job):
-            pytest.fail(f"job {job} ended before {pattern!r}:\n{text}")
+        if job_ended(job, settle=0):
+            text = path.read_text(errors="replace") if path.exists() else ""
+            if re.search(pattern, text, re.M):
+                return text
+            if job_ended(job):
+                pytest.fail(f"job {job} ended ({job_state(job) or 'gone'}) before {pattern!r}:\n{text}")
         time.sleep(1)
     pytest.fail(f"no {pattern!r} in {path} after {timeout}s:\n{path.read_text(errors='replace')}")
 
@@ -531,8 +564,9 @@ def test_usr1_requeues_and_scancel_tears_down(tmp_path: Path, cancel_on_exit: li
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
     wait_for(out, r"requeueing job", job, timeout=120)
     deadline = time.monotonic() + 120
-    while job_state(job) not in ("PENDING", "") and time.monotonic() < deadline:
+    while job_state(job) != "PENDING" and time.monotonic() < deadline:
         time.sleep(1)
+    assert job_state(job) == "PENDING", f"job {job} is {job_state(job) or 'gone'} after its requeue, not PENDING"
     assert ray_left(job) == []
     # Slurm holds a requeued job back for a while; start it now.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
@@ -540,9 +574,9 @@ def test_usr1_requeues_and_scancel_tears_down(tmp_path: Path, cancel_on_exit: li
     assert "trainer.resume_mode=auto" in text
     subprocess.run(["scancel", job], check=True)
     deadline = time.monotonic() + 90
-    while job_state(job) and time.monotonic() < deadline:
+    while not job_ended(job, settle=0) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not job_state(job), f"job {job} still {job_state(job)} after scancel"
+    assert job_ended(job), f"job {job} still {job_state(job)} after scancel"
     time.sleep(2)
     assert ray_left(job) == [], out.read_text(errors="replace")
     assert not (tmp_path / "job" / "auth_token").exists()

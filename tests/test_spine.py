@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from verl_recipes.cli import SUBCOMMANDS, main
-from verl_recipes.docs import recipe_table, render_readme, results_table
+from verl_recipes.docs import plans_table, recipe_table, render_readme, results_table
 from verl_recipes.recipes import discover
 
 
@@ -40,9 +41,42 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
     assert "recipe-7b-lora-copy" in out and "validate-7b-lora-copy" in out
 
 
-def test_readme_table_is_fresh(root: Path) -> None:
+@pytest.fixture(scope="module")
+def plans() -> str:
+    return plans_table()  # composes every recipe and variant against verl's config: ~20 s
+
+
+def test_readme_table_is_fresh(root: Path, plans: str) -> None:
     readme = (root / "README.md").read_text()
-    assert render_readme(readme, recipe_table(), results_table()) == readme, "run `verl-recipes docs --write`"
+    assert render_readme(readme, recipe_table(), results_table(), plans) == readme, "run `verl-recipes docs --write`"
+
+
+def _plan_cells(plans: str) -> dict[tuple[str, str], dict[str, str]]:
+    lines = [r for r in plans.splitlines() if r.startswith("|") and not r.startswith("|---")]
+    head = [c.strip().split(" ")[0] for c in lines[0].strip("|").split("|")]
+    out = {}
+    for row in lines[1:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        out[(cells[0], cells[1])] = dict(zip(head[3:], cells[3:], strict=True))
+    return out
+
+
+def test_plans_table_covers_every_recipe_variant_and_agrees_with_the_measured_peaks(root: Path, plans: str) -> None:
+    """Every recipe and variant has a row; where a bounds file measured the same configuration on an
+    H200, the predicted cell is within 10% of the measured peak (the planner's tolerance)."""
+    cells = _plan_cells(plans)
+    for r in discover().values():
+        for v in ["default", *r.variants]:
+            assert (r.id, v) in cells, f"no plans row for {r.id} {v}"
+    for variant, bounds in (("default", "h200x1.yaml"), ("grpo", "h200x1-grpo.yaml")):
+        doc = yaml.safe_load((root / "recipes/7b-lora/expected" / bounds).read_text())
+        runs = doc["measured"].values() if "memory_gib" not in doc["measured"] else [doc["measured"]]
+        peak = max(v for run in runs for per in run["memory_gib"].values() for v in per.values())
+        predicted = float(cells[("7b-lora", variant)]["h200-141g"])
+        assert predicted == pytest.approx(peak, rel=0.10), (variant, predicted, peak)
+    # the 24 GB-card settings are predicted to fit a 24 GB card; the plain recipe is not
+    assert not cells[("7b-lora", "24gib")]["a10g-24g"].startswith("no")
+    assert cells[("7b-lora", "default")]["a10g-24g"].startswith("no")
 
 
 def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path) -> None:

@@ -1,11 +1,13 @@
 """Tables generated from the recipe metadata and the committed measurements.
 
 The README's recipe table sits between `<!-- recipes:begin -->` and `<!-- recipes:end -->`, the
-measured-results table (with cost) between `<!-- results:begin -->` and `<!-- results:end -->`;
-`verl-recipes docs --write` regenerates both, `verl-recipes report --summary` prints the second,
+measured-results table (with cost) between `<!-- results:begin -->` and `<!-- results:end -->`,
+the planner's predicted fit per GPU type between `<!-- plans:begin -->` and `<!-- plans:end -->`;
+`verl-recipes docs --write` regenerates all three, `verl-recipes report --summary` prints the second,
 and tests/test_spine.py fails when the README is stale. Every number comes from an
 `expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
-shows "not measured yet", never a guess.
+shows "not measured yet", never a guess. The plans table is a prediction and says so in its
+heading; its error against every measured run is `validation/planner-errors.md`.
 
 Cost per million tokens = GPUs x (1e6 / job tokens/s) / 3600 x the cheapest on-demand price of the
 GPU the run was measured on (`validation/prices.yaml`, each price dated and sourced;
@@ -28,6 +30,7 @@ from verl_recipes.recipes import Recipe, discover
 
 BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
 RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"
+PBEGIN, PEND = "<!-- plans:begin -->", "<!-- plans:end -->"
 
 
 def _runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -131,6 +134,44 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     return "\n".join(rows)
 
 
+def plans_table(recipes: dict[str, Recipe] | None = None) -> str:
+    """Predicted per-GPU peak of every recipe and variant on every catalogued GPU type.
+
+    The question users ask before renting ("which GPUs does this job need, will it fit") for the
+    recipes not measured yet, answered by the same planner `validate-planner` checks against every
+    measured run. A cell is the predicted peak over the step's phases in GiB per GPU, with the GPU
+    count the recipe is written for; "no" marks a GPU it does not fit and names the phase, or
+    says why vLLM cannot run when the phases' sum would fit.
+    """
+    from verl_recipes.plan.cli import load_setup
+    from verl_recipes.plan.gpus import GIB, catalogue
+    from verl_recipes.plan.phases import Constants, plan_gpu
+
+    recipes = recipes if recipes is not None else discover()
+    gpus = list(catalogue().values())
+    rows = [
+        "| recipe | configuration | GPUs | " + " | ".join(f"{g.id} ({g.visible_gib:.0f})" for g in gpus) + " |",
+        "|---|---|---|" + "---|" * len(gpus),
+    ]
+    c = Constants()
+    for r in recipes.values():
+        for variant in [None, *r.variants]:
+            _, setup, _ = load_setup(r.id, [variant] if variant else [], [])
+            cells = []
+            for g in gpus:
+                p = plan_gpu(setup, g, c)
+                peak = p.peak.total / GIB
+                if p.fits:
+                    cells.append(f"{peak:.1f}")
+                elif p.peak.total > g.visible_bytes:
+                    cells.append(f"no: {peak:.1f} ({p.peak.phase})")
+                else:  # the sum fits, vLLM does not (no KV cache, or no room to start)
+                    why = next((q for q in p.problems if " needs " not in q), "does not fit")
+                    cells.append(f"no: {why.split(':')[0]}")
+            rows.append(f"| {r.id} | {variant or 'default'} | {setup.world} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def _splice(text: str, begin: str, end: str, body: str) -> str:
     if begin not in text or end not in text:
         raise RecipeError(f"README.md has no {begin} ... {end} block")
@@ -139,10 +180,11 @@ def _splice(text: str, begin: str, end: str, body: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-def render_readme(text: str, table: str, results: str | None = None) -> str:
-    """The README with its generated blocks replaced (the results block only when given)."""
+def render_readme(text: str, table: str, results: str | None = None, plans: str | None = None) -> str:
+    """The README with its generated blocks replaced (the results and plans blocks only when given)."""
     out = _splice(text, BEGIN, END, table)
-    return _splice(out, RBEGIN, REND, results) if results is not None else out
+    out = _splice(out, RBEGIN, REND, results) if results is not None else out
+    return _splice(out, PBEGIN, PEND, plans) if plans is not None else out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -153,7 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     readme = repo_root() / "README.md"
-    new = render_readme(readme.read_text(), recipe_table(), results_table())
+    new = render_readme(readme.read_text(), recipe_table(), results_table(), plans_table())
     if args.write:
         readme.write_text(new)
         print(f"wrote {readme}")
