@@ -45,3 +45,54 @@ def test_campaign_plan_semantics(root: Path, tmp_path: Path) -> None:
     assert status["script"] == "2"
     assert "NPROC must be a positive number" in (out / "runs" / "script" / "script.log").read_text()
     assert (out / "DONE").is_file()
+
+
+def _plan_lines(path: Path) -> list[tuple[str, str, str, str]]:
+    out = []
+    for raw in path.read_text().splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        name, limit, requires, what = raw.split("|", 3)
+        out.append((name.strip(), limit.strip(), requires.strip(), what.strip()))
+    return out
+
+
+@pytest.mark.parametrize("plan", sorted(p.name for p in (Path(__file__).parents[1] / "gpu").glob("plan-*.txt")))
+def test_committed_gpu_plans_compose(root: Path, plan: str, tmp_path: Path) -> None:
+    """A typo in a committed GPU plan costs scarce device minutes, so each line is checked here:
+    unique names, `requires` naming an earlier line, existing scripts and test files, and every
+    `train` line parsed by the real `train` parser and composed against verl's config schema with
+    the GPU layout the launcher would give it (no model or dataset is made)."""
+    import argparse
+    import shlex
+
+    from verl_recipes import train
+    from verl_recipes.compose import compose_recipe
+    from verl_recipes.recipes import get_recipe
+
+    parser = argparse.ArgumentParser()
+    train.register(parser.add_subparsers())
+    seen: list[str] = []
+    for name, limit, requires, what in _plan_lines(root / "gpu" / plan):
+        assert name not in seen, f"{plan}: {name} twice"
+        assert limit.isdigit() and 0 < int(limit) <= 1800, f"{plan}: {name}: limit {limit!r}"
+        if requires != "-":
+            assert requires.lstrip("!") in seen, f"{plan}: {name} requires {requires}, not an earlier line"
+        seen.append(name)
+        words = shlex.split(what)
+        if words[0] == "pytest":
+            for w in words[1:]:
+                if w.startswith("tests/"):
+                    assert (root / w.split("::")[0]).is_file(), f"{plan}: {name}: no {w}"
+            continue
+        if words[0] == "bash":
+            assert (root / words[1]).is_file(), f"{plan}: {name}: no {words[1]}"
+            continue
+        args = parser.parse_args(["train", *words])
+        recipe = get_recipe(args.recipe)
+        per_node = args.gpus or recipe.gpus.count
+        extra = train.launcher_settings(
+            recipe, Path("/m"), Path("/d"), tmp_path, args.steps, per_node, 1 if args.gpus else None
+        )
+        cfg = compose_recipe(recipe, args.variant, args.sets, extra=extra)
+        assert cfg.trainer.total_training_steps == args.steps
