@@ -170,6 +170,11 @@ def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | Non
     for name in names:
         path = recipe.dir / name
         doc = yaml.safe_load(path.read_text())
+        if doc.get("status") == "predicted":
+            raise RecipeError(
+                f"{path}: a prediction from truncated runs (status: predicted), not measured bounds; "
+                "measure the full configuration and write bounds with --write-bounds"
+            )
         if doc.get("schema") != SCHEMA:
             raise RecipeError(f"{path}: schema: expected {SCHEMA}")
         sources = doc.get("source_runs") or [doc["source_run"]]

@@ -3,6 +3,7 @@
     verl-recipes plan 7b-lora --variant 24gib --gpu a10g-24g --gpu 24GiB
     verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
     verl-recipes plan --validate [--tolerance 0.10] [--allow-empty]
+    verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100-80gx32.yaml
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
 recipe's deltas and variants, the recipe's GPU count, then `--set`); a path is a file of deltas
@@ -46,7 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
     p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
     p.add_argument("--allow-empty", action="store_true", help="--validate: pass when no run is committed")
-    p.add_argument("--write", type=Path, help="--validate: also write the error table (Markdown, with causes) here")
+    p.add_argument(
+        "--from-layers",
+        nargs="+",
+        type=Path,
+        metavar="RUN",
+        help="runs of the target's widths truncated in depth (two depths or more per layout): scale the "
+        "planner's per-layer and fixed terms by what they measured (verl_recipes.plan.layers); one --gpu",
+    )
+    p.add_argument(
+        "--write",
+        type=Path,
+        help="--validate: also write the error table (Markdown) here; --from-layers: write the predicted file here",
+    )
     p.set_defaults(func=run)
 
 
@@ -318,6 +331,10 @@ def run(args: argparse.Namespace) -> int:
     from verl_recipes.plan.knobs import helpful, path_to_fit
 
     label, s, recipe = load_setup(args.target, args.variant, args.sets, args.arch, args.config_name)
+    if args.from_layers:
+        return _from_layers(args, s)
+    if args.write:
+        raise RecipeError("--write goes with --validate or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu] or list(catalogue().values())
     c = Constants()
     plans = [plan_gpu(s, g, c) for g in gpus]
@@ -337,4 +354,29 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(render_text(label, s, plans, suggestions, cost_lines, c))
+    return 0
+
+
+def _from_layers(args: argparse.Namespace, s: Setup) -> int:
+    """`plan TARGET --gpu G --from-layers RUN...`: the truncated-depth calibration (plan/layers.py)."""
+    import shlex
+
+    import yaml
+
+    from verl_recipes.plan.layers import document, predict, render
+
+    if len(args.gpu) != 1:
+        raise RecipeError("--from-layers predicts for one GPU type: give exactly one --gpu (e.g. --gpu h100-80g)")
+    gpu = parse_gpu(args.gpu[0])
+    result, fits = predict(s, gpu, args.from_layers)
+    print(render(result, fits, gpu))
+    if args.write:
+        command = shlex.join(["verl-recipes", "plan", *sys.argv[2:]]) if len(sys.argv) > 2 else "verl-recipes plan"
+        doc = document(args.target, args.variant, s, gpu, result, fits, command)
+        header = (
+            "# PREDICTED, not measured: the full-depth configuration was never run. Written by\n"
+            f"# `{command}`\n# from the truncated-depth runs under `fit` (verl_recipes/plan/layers.py says how).\n"
+        )
+        args.write.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110))
+        print(f"wrote {args.write}")
     return 0

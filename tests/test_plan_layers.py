@@ -1,0 +1,156 @@
+"""`plan --from-layers`: the truncated-depth calibration of recipe 70b-3d (verl_recipes.plan.layers).
+
+The runs here are built from the planner itself, with a known error added (a fixed offset and a
+per-layer factor), so the answer is known in closed form: the fit must recover the error and carry
+it to the full depth. Their configs are composed for real against verl's schema, the same way
+`verl-recipes train 70b-3d --gpus 2 --layers N` composes them (gpu/plan-h200x2-70b.txt).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes.cli import main
+from verl_recipes.plan.cli import load_setup
+from verl_recipes.plan.gpus import GIB, GPU, parse_gpu
+from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
+from verl_recipes.plan.phases import Constants
+
+H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))
+TP2 = [
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1",
+    "critic.megatron.tensor_model_parallel_size=2",
+    "critic.megatron.pipeline_model_parallel_size=1",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+]
+PP2 = [s.replace("tensor_model_parallel_size=2", "X").replace("pipeline_model_parallel_size=1", "Y") for s in TP2]
+PP2 = [s.replace("X", "tensor_model_parallel_size=1").replace("Y", "pipeline_model_parallel_size=2") for s in PP2]
+PP2[-1] = "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+
+
+def _make_run(
+    where: Path, layers: int, sets: list[str], offset_gib: float, per_layer_factor: float
+) -> tuple[Path, dict[str, int]]:
+    """A run folder as `verl-recipes train` + `report` leave it, whose 'measured' peaks are the
+    planner's plus `offset_gib` plus `per_layer_factor - 1` times the planner's per-layer part."""
+    from omegaconf import OmegaConf
+    from verl_recipes import train
+    from verl_recipes.compose import compose_recipe
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.recipes import get_recipe
+
+    run = where / f"l{layers}"
+    run.mkdir(parents=True)
+    recipe = get_recipe("70b-3d")
+    extra = train.launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, 2, 1)
+    cfg = compose_recipe(recipe, [], sets, extra=extra)
+    (run / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    model_cfg = json.loads((ARCHS_DIR / "llama-2-70b" / "config.json").read_text())
+    model_cfg["num_hidden_layers"] = layers
+    (run / "model_config.json").write_text(json.dumps(model_cfg))
+    setup = setup_from_config(cfg, Arch.from_config(model_cfg))
+    here = _planned_peaks(setup, H200, Constants())
+    other = _planned_peaks(_with_layers(setup, 2 * layers), H200, Constants())
+    slope = {ph: (other[ph] - here[ph]) / layers for ph in here}  # the planner's bytes per layer
+    measured = {ph: round(here[ph] + offset_gib * GIB + (per_layer_factor - 1) * slope[ph] * layers) for ph in here}
+    phases = {
+        ("outside" if ph == "loaded" else ph): {"gpu": {"0": {"used_gib": v / GIB}}} for ph, v in measured.items()
+    }
+    summary = {
+        "schema": "verl-recipes/monitor-summary/1",
+        "gpus": [{"index": 0, "name": "NVIDIA H200", "total_gib": 140.4}],
+        "phases": phases,
+        "steps": [],
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "provenance.json").write_text(json.dumps({"note": "made by tests/test_plan_layers.py"}))
+    return run, measured
+
+
+def test_fit_line_least_squares_and_needs_two_depths() -> None:
+    line = fit_line([(2, 10.0), (4, 14.0), (8, 22.0)])
+    assert line.intercept == pytest.approx(6.0) and line.slope == pytest.approx(2.0)
+    with pytest.raises(RecipeError, match="two different depths"):
+        fit_line([(2, 10.0), (2, 11.0)])
+
+
+def test_runs_that_match_the_planner_give_the_planner(tmp_path: Path) -> None:
+    runs = [_make_run(tmp_path / "tp2", n, TP2, 0.0, 1.0)[0] for n in (2, 4)]
+    _, target, _ = load_setup("70b-3d", [], [])
+    gpu = parse_gpu("h100-80g")
+    result, fits = predict(target, gpu, runs)
+    assert len(fits) == 1 and fits[0].depths == [2, 4]
+    for ph, v in result["predicted_gib"].items():
+        assert v == pytest.approx(result["planner_gib"][ph], abs=0.02), ph
+
+
+def test_an_offset_and_a_per_layer_error_carry_to_full_depth(tmp_path: Path) -> None:
+    """Measured = planner + 1.5 GiB + 20% more per layer, in both layouts: the 80-layer prediction is
+    the planner's full fixed part + 1.5 GiB + 1.2 x its full per-layer part, and the larger layout wins."""
+    runs = [_make_run(tmp_path / "tp2", n, TP2, 1.5, 1.2)[0] for n in (2, 4)]
+    runs += [_make_run(tmp_path / "pp2", n, PP2, 0.0, 1.0)[0] for n in (2, 4)]
+    _, target, _ = load_setup("70b-3d", [], [])
+    gpu = parse_gpu("h100-80g")
+    result, fits = predict(target, gpu, runs)
+    assert len(fits) == 2
+    full = _planned_peaks(target, gpu, Constants())
+    half = _planned_peaks(_with_layers(target, 40), gpu, Constants())
+    for ph in ("update_actor", "update_critic", "old_log_prob"):
+        per_layer = (full[ph] - half[ph]) / 40
+        want = (full[ph] - 80 * per_layer + 1.5 * GIB + 1.2 * 80 * per_layer) / GIB
+        tp2 = next(v for k, v in result["per_layout_gib"].items() if "TP2 PP1" in k)
+        assert tp2[ph] == pytest.approx(want, rel=1e-3), ph
+        assert result["predicted_gib"][ph] == pytest.approx(max(v[ph] for v in result["per_layout_gib"].values()))
+    assert result["fits"] == (max(result["predicted_gib"].values()) * GIB <= gpu.visible_bytes)
+
+
+def test_written_file_is_marked_predicted_and_validate_refuses_it(
+    tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = [str(_make_run(tmp_path / "tp2", n, TP2, 0.5, 1.1)[0]) for n in (2, 4)]
+    out = tmp_path / "h100-80gx32.yaml"
+    assert main(["plan", "70b-3d", "--gpu", "h100-80g", "--from-layers", *runs, "--write", str(out)]) == 0
+    assert "two depths: no residual" in capsys.readouterr().out
+    assert out.read_text().startswith("# PREDICTED, not measured")
+    doc = yaml.safe_load(out.read_text())
+    assert doc["status"] == "predicted" and doc["schema"] == "verl-recipes/predicted/1"
+    assert doc["target"]["gpus"] == 32 and doc["target"]["layers"] == 80
+    assert sorted(doc["provenance"]) == sorted(runs)
+    # a predicted file is never taken for measured bounds
+    from verl_recipes.recipes import get_recipe
+    from verl_recipes.validate import validate_recipe
+
+    recipe = get_recipe("70b-3d")
+    rel = Path("expected") / "test-predicted.yaml"
+    dest = recipe.dir / rel
+    dest.parent.mkdir(exist_ok=True)
+    dest.write_text(out.read_text())
+    try:
+        with pytest.raises(RecipeError, match="status: predicted"):
+            validate_recipe(recipe, Path(runs[0]), str(rel))
+    finally:
+        dest.unlink()
+        if not any(dest.parent.iterdir()):
+            dest.parent.rmdir()
+
+
+def test_runs_of_other_widths_are_refused(root: Path) -> None:
+    """A committed 0.5B run cannot calibrate the 70B widths."""
+    _, target, _ = load_setup("70b-3d", [], [])
+    run = root / "recipes/7b-lora/results/bringup-qwen2-0.5b-ppo"
+    with pytest.raises(RecipeError, match="not the target's"):
+        predict(target, parse_gpu("h100-80g"), [run])
+
+
+def test_from_layers_needs_one_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "70b-3d", "--from-layers", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exactly one --gpu" in err[0]
