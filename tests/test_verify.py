@@ -128,3 +128,35 @@ def test_verify_on_a_gpu_host() -> None:
     if "nccl-allreduce" in checks:
         assert checks["nccl-allreduce"]["status"] == "pass", checks["nccl-allreduce"]
     print("\n" + "\n".join(f"{c['status']:4s} {n}: {c['detail']}" for n, c in checks.items()))
+
+
+def _fake_dist(where: Path, name: str, version: str) -> None:
+    """An installed-distribution record (what pip leaves in site-packages), enough for metadata."""
+    d = where / f"{name.replace('-', '_')}-{version}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_megatron_recipe_checks_the_megatron_pins(tmp_path: Path) -> None:
+    """70b-3d needs versions.toml [megatron] on top of the lock; 7b-lora does not. A Transformer
+    Engine without its torch extension is its own failure: it breaks `import megatron.core`."""
+    pins = load_pins()["megatron"]
+    _, checks = _verify("--recipe", "70b-3d")
+    for name in pins:
+        assert name in checks, name
+        assert checks[name]["status"] == "fail" and "--with megatron" in checks[name]["fix"]
+    _, plain = _verify("--recipe", "7b-lora")
+    assert not set(pins) & set(plain)
+    # TE meta + cu13 present, the torch extension not: the half-installed failure
+    for name in ("transformer-engine", "transformer-engine-cu13"):
+        want = pins[name] if isinstance(pins[name], str) else pins[name]["version"]
+        _fake_dist(tmp_path, name, want)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    _, half = _verify("--recipe", "70b-3d", env=env)
+    assert half["transformer-engine-cu13"]["status"] == "pass"
+    assert half["te-complete"]["status"] == "fail"
+    assert (
+        "half installed" in half["te-complete"]["detail"]
+        and "transformer-engine-torch" in half["te-complete"]["detail"]
+    )
+    assert "te-complete" not in checks  # none installed: each is missing, no half-install verdict

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -71,6 +71,7 @@ class _Pins:
     python: tuple[str, str, str] | None  # (min, max_exclusive, the GPU image's)
     min_cuda13: str
     source: str
+    megatron: dict[str, str] = field(default_factory=dict)  # versions.toml [megatron]: recipe backend megatron
 
 
 def _load_pins() -> tuple[_Pins, str | None]:
@@ -90,6 +91,9 @@ def _load_pins() -> tuple[_Pins, str | None]:
                 ),
                 min_cuda13=str(full["driver"]["min_cuda13"]),
                 source="images/versions.toml",
+                megatron={
+                    k: str(v["version"] if isinstance(v, dict) else v) for k, v in full.get("megatron", {}).items()
+                },
             ),
             None,
         )
@@ -433,6 +437,40 @@ def check_packages(pins: _Pins, recipe: Any, gpu_host: bool) -> list[Check]:
     return out
 
 
+def check_megatron(pins: _Pins, recipe: Any) -> list[Check]:
+    """The Megatron stack a `backend: megatron` recipe needs on top of the lock (versions.toml
+    [megatron]). Transformer Engine half-installed is worse than absent: its meta package without
+    the torch extension makes `import megatron.core` itself fail (gpu/megatron-notes.md), so a
+    partial TE is a failure of its own."""
+    if recipe is None or recipe.backend != "megatron":
+        return []
+    fix = "carry them: verl-recipes wheelhouse --with megatron --local-wheels DIR (gpu/megatron-notes.md)"
+    if not pins.megatron:
+        return [Check("megatron", "warn", f"no [megatron] pins in {pins.source}", "set VERL_RECIPES_ROOT=checkout")]
+    out = []
+    for name, want in pins.megatron.items():
+        have = _dist_version(name)
+        if have is None:
+            out.append(Check(name, "fail", f"not installed (needed by recipe {recipe.id}, Megatron backend)", fix))
+        elif _v(have)[:3] != _v(want)[:3]:
+            out.append(Check(name, "fail", f"{have}; pinned {want}", fix))
+        else:
+            out.append(Check(name, "pass", have))
+    te = [n for n in pins.megatron if n.startswith("transformer-engine")]
+    present = [n for n in te if _dist_version(n) is not None]
+    if present and len(present) != len(te):
+        missing = ", ".join(n for n in te if n not in present)
+        out.append(
+            Check(
+                "te-complete",
+                "fail",
+                f"Transformer Engine half installed: {missing} missing, which breaks `import megatron.core`",
+                "install all three transformer-engine packages in one pip call, or none",
+            )
+        )
+    return out
+
+
 def check_flash_attn() -> Check:
     v = _dist_version("flash-attn") or _dist_version("flash_attn")
     if v:
@@ -559,6 +597,7 @@ def run_checks(recipe_id: str | None = None, allreduce: bool = True, gpus_per_no
     checks += gpu_checks
     checks += check_nccl(torch, nv.count(), allreduce)
     checks += check_packages(pins, recipe, nv.count() > 0)
+    checks += check_megatron(pins, recipe)
     checks.append(check_flash_attn())
     checks.append(check_shm())
     checks += check_ulimits()
