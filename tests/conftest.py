@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -31,3 +32,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def pypi() -> None:
+    """Skip a test that downloads from PyPI when pypi.org cannot be reached (checked once a session)."""
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+    except OSError:
+        pytest.skip("needs PyPI to resolve and download (pypi.org:443 unreachable)")

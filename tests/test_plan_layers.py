@@ -9,6 +9,7 @@ it to the full depth. Their configs are composed for real against verl's schema,
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -21,18 +22,19 @@ from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, pre
 from verl_recipes.plan.phases import Constants
 
 H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))
-TP2 = [
-    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
-    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
-    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1",
-    "critic.megatron.tensor_model_parallel_size=2",
-    "critic.megatron.pipeline_model_parallel_size=1",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-]
-PP2 = [s.replace("tensor_model_parallel_size=2", "X").replace("pipeline_model_parallel_size=1", "Y") for s in TP2]
-PP2 = [s.replace("X", "tensor_model_parallel_size=1").replace("Y", "pipeline_model_parallel_size=2") for s in PP2]
-PP2[-1] = "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+PLAN = Path(__file__).resolve().parents[1] / "gpu" / "plan-h200x2-70b.txt"
+
+
+def _plan_sets(name: str) -> list[str]:
+    """The `--set` overrides of one line of the committed 70B plan: the layouts the GPU runs use."""
+    for raw in PLAN.read_text().splitlines():
+        if raw.startswith(f"{name}|"):
+            words = shlex.split(raw.split("|", 3)[3])
+            return [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    raise AssertionError(f"{PLAN}: no line {name}")
+
+
+TP2, PP2 = _plan_sets("70b-tp2-l2"), _plan_sets("70b-pp2-l2")
 
 
 def _make_run(

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import zipfile
@@ -335,18 +334,9 @@ def test_install_sh_stage_refuses_a_corrupt_chunk(house: Path, tmp_path: Path) -
 # --------------------------------------------------------------------------- the real thing, small
 
 
-def _pypi_reachable() -> bool:
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _pypi_reachable(), reason="needs PyPI to resolve and download")
 @pytest.mark.skipif(not (shutil.which("uv") or Path(sys.executable).with_name("uv").exists()), reason="pip install uv")
-def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path) -> None:
+def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path, pypi: None) -> None:
     """The real pipeline for a CPU 3.11 target: lock, download, sdist build, project wheel, install."""
     have = tmp_path / "freeze.txt"
     have.write_text("pip==23.2.1\n")

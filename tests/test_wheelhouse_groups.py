@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import zipfile
@@ -230,18 +229,9 @@ def test_local_wheel_for_another_python_is_refused(
     assert not cache.exists() and not out.exists()
 
 
-def _pypi_reachable() -> bool:
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
-        return False
-
-
 @needs_glibc
-@pytest.mark.skipif(not _pypi_reachable(), reason="needs PyPI to download six and iniconfig (about 20 KB)")
 def test_group_with_a_local_platform_wheel_installs_offline_into_a_fresh_venv(
-    tmp_path: Path, inputs: dict[str, Path], tinyext_wheel: Path
+    tmp_path: Path, inputs: dict[str, Path], tinyext_wheel: Path, pypi: None
 ) -> None:
     """This machine's Python and platform as the target: six (lock), iniconfig (PyPI) + tinyext (local)."""
     out = tmp_path / "house"
