@@ -7,6 +7,7 @@
 #   gpu/offline-host.sh start PLAN [GPUS]   start gpu/campaign.sh PLAN in the background (survives this shell);
 #                                           with GPUS (e.g. 0 or 0,1) it runs on those GPUs only, in its own
 #                                           lane $CAMPAIGN/lane-GPUS, so one plan per GPU can run at once
+#   gpu/offline-host.sh exec CMD [ARGS...]  run CMD in the same environment (e.g. the GPU-marked tests)
 #   gpu/offline-host.sh wait SECONDS [OUT]  wait for every lane (at most SECONDS), print their status, and
 #                                           pack the results into OUT/results.tgz
 #
@@ -52,6 +53,10 @@ case "$cmd" in
     setsid nohup bash "$here/campaign.sh" "$plan" "$lane" >"$lane/campaign.log" 2>&1 </dev/null &
     echo "campaign started: $lane/campaign.log"
     ;;
+  exec)
+    [[ $# -gt 0 ]] || { echo "usage: gpu/offline-host.sh exec CMD [ARGS...]" >&2; exit 2; }
+    exec "$@"
+    ;;
   wait)
     limit=${1:?usage: gpu/offline-host.sh wait SECONDS [OUT]}
     out=${2:-${OUT:-/tmp/out}}
@@ -60,6 +65,11 @@ case "$cmd" in
     while ! all_done && [[ $(date +%s) -lt $deadline ]]; do sleep 5; done
     mkdir -p "$out"
     tar -czf "$out/results.tgz" -C "$CAMPAIGN" --exclude='checkpoints' --exclude='*.safetensors' . || true
+    # what comes back from such a host is often capped per file (16 MiB here): split a larger archive
+    if [[ -f "$out/results.tgz" && $(stat -c %s "$out/results.tgz") -gt $((15 * 1024 * 1024)) ]]; then
+      split -b 15M -d "$out/results.tgz" "$out/results.tgz.part-" && rm "$out/results.tgz"
+      echo "results split: cat results.tgz.part-* > results.tgz"
+    fi
     for l in "$CAMPAIGN"/lane-*/; do
       echo "=== lane $(basename "$l")"
       echo "--- status"; cat "$l/status.tsv" 2>/dev/null || true
@@ -76,7 +86,7 @@ case "$cmd" in
     all_done && echo "CAMPAIGN DONE" || echo "CAMPAIGN RUNNING"
     ;;
   *)
-    echo "gpu/offline-host.sh: unknown command $cmd (stage, install, start, wait)" >&2
+    echo "gpu/offline-host.sh: unknown command $cmd (stage, install, start, exec, wait)" >&2
     exit 2
     ;;
 esac

@@ -181,8 +181,14 @@ def _overhead(tmp_path: Path, members: int, seconds: float) -> tuple[Monitor, fl
     print(
         f"\nsampler over {members} processes: {mon.samples} samples in {wall:.1f} s, cpu "
         f"{mon.sampler_cpu_s * 1e3:.1f} ms = {share * 100:.3f}% of one core; steady state {steady * 100:.3f}%, "
-        f"{(mon.sampler_cpu_s - cpu1) / (mon.samples - n1) * 1e6:.0f} us/sample"
+        f"{(mon.sampler_cpu_s - cpu1) / (mon.samples - n1) * 1e6:.0f} us/sample; by part (ms): "
+        + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(mon.sampler_cpu_parts_s.items()))
     )
+    # the parts account for the whole: an overhead above budget names its cause in the exit record
+    assert sum(mon.sampler_cpu_parts_s.values()) == pytest.approx(mon.sampler_cpu_s, rel=1e-6, abs=1e-6)
+    exit_rec = read_jsonl(tmp_path / SAMPLES_FILE)[0][-1]
+    assert exit_rec["kind"] == "exit" and exit_rec["members_max"] == members
+    assert set(exit_rec["sampler_cpu_parts_s"]) >= {"tree", "host_rss", "write"}
     return mon, share, wall
 
 

@@ -31,7 +31,8 @@ line on a full disk; readers skip it). Records (`kind`):
 - proc: t, pid, class, name, cmdline (a process joined the set or changed its title);
 - sample: t, gpus [{index, used, and every `procs_s`: util, mem_util, procs [{pid, used, class}]}],
   and every `host_s`: host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss}};
-- exit: t, rc, samples, sampler_cpu_s, wall_s (absent when the monitor itself was killed).
+- exit: t, rc, samples, sampler_cpu_s (and per part, sampler_cpu_parts_s), members_max, wall_s
+  (absent when the monitor itself was killed).
 
 Overhead: the sampler runs in a thread and accounts its own CPU time (time.thread_time); the exit
 record carries it (sampler_cpu_s). History of the measurements on the H200 (7B verl runs, ~45-60
@@ -459,6 +460,8 @@ class Monitor:
         self.writer = JsonlWriter(self.out_dir / SAMPLES_FILE)
         self.samples = 0
         self.sampler_cpu_s = 0.0
+        self.sampler_cpu_parts_s: dict[str, float] = {}
+        self.members_max = 0  # the largest monitored process set: the overhead scales with it
         self._t0 = time.time()
         self._last_tree = self._last_full = self._last_env = -1e18
         self._stop = threading.Event()
@@ -498,8 +501,11 @@ class Monitor:
                     }
                 )
             self._last_tree = mono
+            self.members_max = max(self.members_max, len(self.procs.members))
             if scan:
                 self._last_env = mono
+        c1 = time.thread_time()
+        self._charge("tree", c1 - c0)
         procs_too = mono - self._last_procs >= self.procs_s
         if procs_too:
             self._last_procs = mono
@@ -507,6 +513,8 @@ class Monitor:
         for g in gpus:
             for p in g.get("procs", ()):
                 p["class"] = self.procs.classify_pid(p["pid"])
+        c2 = time.thread_time()
+        self._charge("nvml_procs" if procs_too else "nvml_total", c2 - c1)
         rec: dict[str, Any] = {"kind": "sample", "t": now, "gpus": gpus}
         if mono - self._last_host >= self.host_s:
             self._last_host = mono
@@ -514,10 +522,22 @@ class Monitor:
             if full:
                 self._last_full = mono
             rec["host"] = self.procs.host(full)
+            c3 = time.thread_time()
+            self._charge("host_full" if full else "host_rss", c3 - c2)
+            c2 = c3
         self.writer.write(rec)
         self.samples += 1
-        self.sampler_cpu_s += time.thread_time() - c0
+        c4 = time.thread_time()
+        self._charge("write", c4 - c2)
+        self.sampler_cpu_s += c4 - c0
         return rec
+
+    def _charge(self, part: str, cpu_s: float) -> None:
+        """Account the sampler's CPU time per part, so an overhead above budget names its cause
+        (the exit record's sampler_cpu_parts_s: tree = process-tree refresh, nvml_total = device
+        totals alone, nvml_procs = samples that also read NVML's per-process list and utilization,
+        host_rss / host_full = host memory without / with USS+PSS, write = JSON and write(2))."""
+        self.sampler_cpu_parts_s[part] = self.sampler_cpu_parts_s.get(part, 0.0) + cpu_s
 
     def _loop(self) -> None:
         next_t = time.monotonic()
@@ -552,6 +572,8 @@ class Monitor:
                 "rc": self._rc,
                 "samples": self.samples,
                 "sampler_cpu_s": round(self.sampler_cpu_s, 6),
+                "sampler_cpu_parts_s": {k: round(v, 6) for k, v in sorted(self.sampler_cpu_parts_s.items())},
+                "members_max": self.members_max,
                 "wall_s": round(time.time() - self._t0, 6),
             }
         )

@@ -27,6 +27,8 @@ null where not measured; on a host without NVML "gpus" is [] and every "gpu" map
       "gpus": [{"index": int, "name": str, "total_gib": float}],
       "peak": PEAKS,                    # over the whole run
       "phases": {phase: PEAKS},         # over all steps; phase names as verl's marked_timer names them
+      "monitor": {"sampler_cpu_s": float, "core_share": float, "parts_core_share": {part: float},
+                  "members_max": int | null} | null,   # the sampler's own CPU (exit record)
       "steps": [{
           "step": int,
           "time_s": float | null,       # metrics timing_s/step, else the step interval
@@ -275,6 +277,20 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "peak": total.to_json(),
         "phases": {n: by_phase[n].to_json() for n in _phase_order(by_phase, intervals)},
         "steps": steps_out,
+        "monitor": _monitor_cost(exit_),
+    }
+
+
+def _monitor_cost(exit_: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The sampler's own CPU use from its exit record, as a share of one core (the budget is 1%)."""
+    if not exit_ or not exit_.get("wall_s") or exit_.get("sampler_cpu_s") is None:
+        return None
+    wall = float(exit_["wall_s"])
+    return {
+        "sampler_cpu_s": exit_["sampler_cpu_s"],
+        "core_share": round(float(exit_["sampler_cpu_s"]) / wall, 5),
+        "parts_core_share": {k: round(float(v) / wall, 5) for k, v in (exit_.get("sampler_cpu_parts_s") or {}).items()},
+        "members_max": exit_.get("members_max"),
     }
 
 
@@ -315,6 +331,14 @@ def render_markdown(summary: dict[str, Any], png: str | None) -> str:
         f"- {summary['samples']} samples every {summary['interval_s']} s over {summary['wall_s']:.1f} s"
         + (f"; {summary['skipped_lines']} unreadable lines skipped" if summary["skipped_lines"] else "")
     )
+    cost = summary.get("monitor")
+    if cost:
+        parts = ", ".join(f"{k} {100 * v:.2f}%" for k, v in cost["parts_core_share"].items())
+        lines.append(
+            f"- monitor's own CPU: {100 * cost['core_share']:.2f}% of one core"
+            + (f" ({parts})" if parts else "")
+            + (f", up to {cost['members_max']} processes" if cost.get("members_max") else "")
+        )
     if summary["gpus"]:
         lines.append(
             "- GPUs: " + "; ".join(f"{g['index']}: {g['name']} {g['total_gib']:.1f} GiB" for g in summary["gpus"])
