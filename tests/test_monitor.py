@@ -208,6 +208,65 @@ def test_sampler_overhead(tmp_path: Path) -> None:
     assert share < 0.01
 
 
+# A process with tens of thousands of memory mappings: /proc/PID/smaps_rollup walks every one, which
+# is what makes USS/PSS reads of CUDA processes costly (0.32-0.37 s for a 7B verl run's processes).
+_MANY_MAPPINGS = textwrap.dedent(
+    """
+    import ctypes, mmap, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    n, page = int(sys.argv[1]), mmap.PAGESIZE
+    base = libc.mmap(None, n * page, 3, 0x22, -1, 0)      # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    ctypes.memset(base, 1, n * page)
+    for i in range(0, n, 2):                               # alternate protections: one mapping a page
+        libc.mprotect(ctypes.c_void_p(base + i * page), page, 1)
+    print("ready", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_uss_pss_reads_keep_to_their_share_of_a_core(tmp_path: Path) -> None:
+    """USS/PSS reads are spaced by their own measured cost: never more than `full_mem_share` of a core
+    (plus the one read that measured it), however short `full_mem_s` is."""
+    kids = [
+        subprocess.Popen([sys.executable, "-c", _MANY_MAPPINGS, "30000"], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        for k in kids:
+            assert k.stdout is not None and k.stdout.readline().strip() == "ready"
+        share, wall = 0.02, 12.0
+        with Monitor(tmp_path, root_pid=os.getpid(), full_mem_s=0.2, full_mem_share=share) as mon:
+            time.sleep(wall)
+        full_cpu = mon.sampler_cpu_parts_s["host_full"]
+        per_read = full_cpu / mon.full_reads
+        print(f"\n{mon.full_reads} USS/PSS reads, {per_read * 1e3:.1f} ms each, {full_cpu / wall:.4f} of a core")
+        assert per_read > 0.01, "the fixture should make smaps_rollup slow"
+        assert 2 <= mon.full_reads <= wall / 0.2 / 4  # spaced out, not stopped
+        assert full_cpu <= share * wall + 2 * per_read
+        hosted = [r for r in _samples(tmp_path) if "host" in r]
+        assert sum(r["host"]["uss"] is not None for r in hosted) == mon.full_reads
+        assert read_jsonl(tmp_path / SAMPLES_FILE)[0][-1]["full_reads"] == mon.full_reads
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+
+
+def test_monitor_refuses_a_bad_full_mem_share(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "monitor", "--out", str(tmp_path / "r"), "--full-mem-share", "0",
+         "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith("error: --full-mem-share must be a share of one core")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.gpu
 def test_sampler_overhead_with_nvml(tmp_path: Path) -> None:
     """The same on a GPU host, NVML included (device total at 10 Hz, per-process list at 2 Hz)."""

@@ -13,7 +13,8 @@ What is sampled:
 - every `procs_s` (default 0.5 s), per GPU: utilization and every compute process with its used
   memory (which process holds what; it changes at phase boundaries, not within 100 ms);
 - every `host_s` (default 0.5 s), host memory of the monitored process set: RSS of every member;
-  USS and PSS (from /proc/PID/smaps_rollup, slower) every `full_mem_s`.
+  USS and PSS (from /proc/PID/smaps_rollup, slower) every `full_mem_s` at most, and no more often
+  than keeps their cost under `full_mem_share` of one core (see Overhead).
 
 The monitored process set is the command's process tree, refreshed every `tree_s`, plus any process
 whose environment carries VERL_RECIPES_RUN_DIR=<this run dir> (scanned every `env_scan_s`). verl's
@@ -43,8 +44,16 @@ members), so host RSS and NVML's per-process list moved to 2 Hz (`host_s`, `proc
 device total stays at 10 Hz, and `verl-recipes train` reads USS/PSS once a minute (smaps_rollup of
 60 members took 24 ms here, far more for CUDA processes). Host path with 60 members, measured here:
 1.30% of one core before, 0.69% after (0.53% steady), printed and asserted < 1% by
-tests/test_monitor.py::test_sampler_overhead. NVML's own cost is measured only on a GPU host
-(test_sampler_overhead_with_nvml, gpu marker; not yet run there).
+tests/test_monitor.py::test_sampler_overhead. On the H200 (2026-11-30, gpu marker)
+test_sampler_overhead_with_nvml measured 0.62% with NVML. In three 7B verl runs there (exit records
+split the CPU by part) everything but USS/PSS cost 0.64-0.70% of one core with 68 processes, and the
+USS/PSS reads every 60 s cost 0.59-0.64% more (0.32-0.37 s a read): 1.22-1.34% in all. So the
+USS/PSS cadence now follows its own measured cost: after each read the next one waits cost /
+`full_mem_share` (default 0.1% of a core: ~6 minutes on the H200), never less than `full_mem_s`.
+The next part, the tree refresh (0.27-0.34% there), spent 60% of its time opening every member's
+cmdline each second; those are now kept open and re-read with pread like statm (0.69 ms a refresh
+with 60 members here, 2.5 ms before). Not yet re-measured in a verl run on a GPU: the report of the
+next run prints the share and its parts (`monitor` in summary.json).
 """
 
 from __future__ import annotations
@@ -71,6 +80,9 @@ import psutil
 from verl_recipes import RUN_DIR_ENV, RecipeError
 
 SAMPLES_FILE = "samples.jsonl"
+# USS/PSS reads may take at most this share of one core: on the H200 one read of 51-68 verl
+# processes cost 0.32-0.37 s of CPU (smaps_rollup walks every mapping of the CUDA processes).
+FULL_MEM_SHARE = 0.001
 GIB = 1024**3
 
 # Process classes, in the order reports list them.
@@ -302,6 +314,7 @@ class _ProcSet:
         self._ppid: dict[int, int] = {}
         self._env_checked: set[int] = set()
         self._statm: dict[int, int] = {}  # pid -> open fd of /proc/PID/statm, re-read with pread
+        self._cmdline: dict[int, int] = {}  # pid -> open fd of /proc/PID/cmdline (titles change: Ray)
 
     def _pids(self) -> set[int]:
         pids = {int(n) for n in os.listdir("/proc") if n.isdigit()}
@@ -335,11 +348,12 @@ class _ProcSet:
                     self.tagged.add(pid)
         found |= self.tagged
         self.members = found
-        for pid in self._statm.keys() - found:
-            os.close(self._statm.pop(pid))
+        for fds in (self._statm, self._cmdline):
+            for pid in fds.keys() - found:
+                os.close(fds.pop(pid))
         changed = []
         for pid in found:
-            raw = _read(f"/proc/{pid}/cmdline")
+            raw = self._pread(self._cmdline, pid, "cmdline", 1 << 16)
             if raw is None:
                 continue
             joined = raw.replace(b"\0", b" ").decode(errors="replace").strip()
@@ -381,22 +395,28 @@ class _ProcSet:
         }
 
     def _read_statm(self, pid: int) -> bytes | None:
-        """/proc/PID/statm through a kept fd: pread costs ~2 us where open+read costs ~15 us."""
-        fd = self._statm.get(pid)
+        return self._pread(self._statm, pid, "statm", 256)
+
+    @staticmethod
+    def _pread(fds: dict[int, int], pid: int, name: str, size: int) -> bytes | None:
+        """/proc/PID/<name> through a kept fd: pread costs ~2 us where open+read costs ~15 us, and
+        the tree refresh reads every member's cmdline each second (profiled: 60% of its time)."""
+        fd = fds.get(pid)
         try:
             if fd is None:
-                fd = self._statm[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
-            data = os.pread(fd, 256, 0)
+                fd = fds[pid] = os.open(f"/proc/{pid}/{name}", os.O_RDONLY)
+            data = os.pread(fd, size, 0)
         except OSError:  # the process is gone (a reused pid reads as an error, not as the new process)
             data = b""
         if not data and fd is not None:
-            os.close(self._statm.pop(pid))
+            os.close(fds.pop(pid))
         return data or None
 
     def close(self) -> None:
-        for fd in self._statm.values():
-            os.close(fd)
-        self._statm.clear()
+        for fds in (self._statm, self._cmdline):
+            for fd in fds.values():
+                os.close(fd)
+            fds.clear()
 
     def classify_pid(self, pid: int) -> str:
         """Class of a GPU process, also when it is outside the monitored set."""
@@ -442,16 +462,22 @@ class Monitor:
         cmd: Sequence[str] | None = None,
         tree_s: float = 1.0,
         full_mem_s: float = 2.0,
+        full_mem_share: float = FULL_MEM_SHARE,
         env_scan_s: float = 5.0,
         host_s: float = 0.5,
         procs_s: float = 0.5,
     ) -> None:
         if interval <= 0:
             raise RecipeError(f"--interval must be > 0 seconds, got {interval}")
+        if not 0 < full_mem_share <= 1:
+            raise RecipeError(f"--full-mem-share must be a share of one core in (0, 1], got {full_mem_share}")
         self.out_dir = Path(out_dir).resolve()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.interval = interval
         self.tree_s, self.full_mem_s, self.env_scan_s = tree_s, full_mem_s, env_scan_s
+        self.full_mem_share = full_mem_share
+        self._full_gap = full_mem_s  # grows with the measured cost of a USS/PSS read
+        self.full_reads = 0
         self.host_s, self.procs_s = host_s, procs_s
         self._last_host = self._last_procs = -1e18
         marker = run_marker(self.out_dir)
@@ -518,12 +544,16 @@ class Monitor:
         rec: dict[str, Any] = {"kind": "sample", "t": now, "gpus": gpus}
         if mono - self._last_host >= self.host_s:
             self._last_host = mono
-            full = mono - self._last_full >= self.full_mem_s
+            full = mono - self._last_full >= self._full_gap
             if full:
                 self._last_full = mono
             rec["host"] = self.procs.host(full)
             c3 = time.thread_time()
             self._charge("host_full" if full else "host_rss", c3 - c2)
+            if full:
+                self.full_reads += 1
+                # space the next USS/PSS read so that these reads stay within their share of a core
+                self._full_gap = max(self.full_mem_s, (c3 - c2) / self.full_mem_share)
             c2 = c3
         self.writer.write(rec)
         self.samples += 1
@@ -574,6 +604,7 @@ class Monitor:
                 "sampler_cpu_s": round(self.sampler_cpu_s, 6),
                 "sampler_cpu_parts_s": {k: round(v, 6) for k, v in sorted(self.sampler_cpu_parts_s.items())},
                 "members_max": self.members_max,
+                "full_reads": self.full_reads,
                 "wall_s": round(time.time() - self._t0, 6),
             }
         )
@@ -594,6 +625,7 @@ def monitor_command(
     interval: float = 0.1,
     full_mem_s: float = 2.0,
     detail_s: float = 0.5,
+    full_mem_share: float = FULL_MEM_SHARE,
 ) -> int:
     """Run `cmd` under the monitor; return its exit code (128+N when killed by signal N).
 
@@ -624,6 +656,7 @@ def monitor_command(
             root_pid=proc.pid,
             cmd=cmd,
             full_mem_s=full_mem_s,
+            full_mem_share=full_mem_share,
             host_s=detail_s,
             procs_s=detail_s,
         ) as mon:
@@ -658,6 +691,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between host RSS and NVML per-process reads (default 0.5; the device total is read every "
         "--interval)",
     )
+    p.add_argument(
+        "--full-mem-share",
+        type=float,
+        default=FULL_MEM_SHARE,
+        help="most of one core the USS/PSS reads may use; each read's measured cost spaces the next "
+        f"(default {FULL_MEM_SHARE})",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p.set_defaults(func=run)
 
@@ -669,7 +709,12 @@ def run(args: argparse.Namespace) -> int:
     if not cmd:
         raise RecipeError("give the command to monitor after --: verl-recipes monitor --out DIR -- CMD ARGS...")
     return monitor_command(
-        cmd, args.out, args.interval, full_mem_s=args.full_mem_interval, detail_s=args.detail_interval
+        cmd,
+        args.out,
+        args.interval,
+        full_mem_s=args.full_mem_interval,
+        detail_s=args.detail_interval,
+        full_mem_share=args.full_mem_share,
     )
 
 
