@@ -62,7 +62,18 @@ def _measured_cell(recipe: Recipe) -> str:
         label = Path(name).stem
         parts = [f"{peak:.1f} GiB peak" if peak is not None else "", f"{tput:,.0f} tok/s" if tput else ""]
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
-    return "<br>".join(cells) if cells else "not measured yet"
+    if cells:
+        return "<br>".join(cells)
+    runs = sorted(
+        {
+            p.parent.relative_to(recipe.dir / "results").parts[0]
+            for p in (recipe.dir / "results").glob("*/**/summary.json")
+        }
+    )
+    if runs:  # measured, but no run makes bounds yet (partial, or another setup than the recipe's)
+        links = ", ".join(f"[{r}](recipes/{recipe.id}/results/{r}/)" for r in runs)
+        return f"no bounds yet; runs: {links}"
+    return "not measured yet"
 
 
 def recipe_table(recipes: dict[str, Recipe] | None = None) -> str:

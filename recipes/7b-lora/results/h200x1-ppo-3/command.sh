@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+set -euo pipefail
+/opt/torch/.venv/bin/python3 -m verl.trainer.main_ppo --config-path /tmp/campaign/lane-0/runs/ppo-test/7b-lora --config-name verl_config
