@@ -8,7 +8,13 @@
 #    DeepSpeed and antlr4 for CPython 3.12 with hashes checked, then install them;
 # 3. the full GPU base image built cold through `nox -s image-gpu` (no GPU image, no OS image or
 #    stand-in, no dangling layers first), then its size, tags, labels, layers and `verify --json`.
-# SKIP_LIGHT=1, SKIP_GPU_PARTS=1, SKIP_GPU_FULL=1 leave a part out (3 took 25 GB of disk here).
+# 4. the DeepSpeed image and every recipe image on the GPU base, as
+#    `images/build.sh --stack gpu --deepspeed --all-recipes` builds them (the base from 3's layers,
+#    or built here first), then per image: size, tags, labels, `verify --json` (and for a recipe
+#    image `verify --json --recipe ID`) with its exit code and failed checks, and DeepSpeed's
+#    version inside the DeepSpeed image.
+# SKIP_LIGHT=1, SKIP_GPU_PARTS=1, SKIP_GPU_FULL=1, SKIP_GPU_ALL=1 leave a part out (3 took 25 GB of
+# disk here). APPEND=1 adds to OUT_DIR/summary.txt instead of starting it anew.
 # Each step's command, wall time and sizes go to OUT_DIR/*.log; OUT_DIR/summary.txt lists them.
 set -euo pipefail
 out=${1:?usage: images/measure.sh OUT_DIR}
@@ -30,7 +36,7 @@ step() {  # name, command...: run it, log it, time it
   echo "$name: $((t1 - t0)) s  ($*)" | tee -a "$out/summary.txt"
 }
 
-: >"$out/summary.txt"
+[[ "${APPEND:-0}" == 1 ]] || : >"$out/summary.txt"
 # 1. light variant, cold (SKIP_LIGHT=1 measures only the GPU stack)
 if [[ "${SKIP_LIGHT:-0}" != 1 ]]; then
 docker images --format '{{.Repository}}:{{.Tag}}' | grep -E '^(verl-recipes/|python:3\.11-slim-bookworm)' \
@@ -93,4 +99,55 @@ rc=0
 docker run --rm --network none "$ref" verify --json >"$out/gpu-full-verify.json" 2>"$out/gpu-full-verify.stderr" || rc=$?
 echo "gpu-full: docker run --rm --network none $ref verify --json: exit $rc (gpu-full-verify.json)" | tee -a "$out/summary.txt"
 docker system df >"$out/gpu-full-docker-df.txt"
+fi
+
+# 4. the DeepSpeed image and the recipe images on the GPU base
+if [[ "${SKIP_GPU_ALL:-0}" != 1 ]]; then
+info=$(PYTHONPATH="$root/common" python3 -m verl_recipes.pins_check build-info \
+  --versions "$root/images/versions.toml" --stack gpu)
+tag=$(sed -n 's/^TAG=//p' <<<"$info")
+refs=("$(sed -n 's/^BASE_REF=//p' <<<"$info")" "$(sed -n 's/^DEEPSPEED_REF=//p' <<<"$info")")
+for df in "$root"/recipes/*/Dockerfile; do refs+=("verl-recipes/$(basename "$(dirname "$df")"):$tag"); done
+echo "gpu-all: free on /var/lib/docker before: $(df -B1 --output=avail /var/lib/docker | tail -n 1) bytes" \
+  | tee -a "$out/summary.txt"
+step gpu-all bash "$root/images/build.sh" --stack gpu --deepspeed --all-recipes --ca-bundle "$ca"
+echo "gpu-all: free on /var/lib/docker after: $(df -B1 --output=avail /var/lib/docker | tail -n 1) bytes" \
+  | tee -a "$out/summary.txt"
+grep -E '^build\.sh: built ' "$out/gpu-all.log" | sed 's/^/gpu-all: /' | tee -a "$out/summary.txt"
+checks() {  # checks FILE: the failed and warned checks of a verify --json report
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except ValueError as e:
+    sys.exit(f"no JSON ({e})")
+by = lambda s: ",".join(c["name"] for c in r["checks"] if c["status"] == s) or "-"
+print(f"ok={r['ok']}; failed: {by('fail')}; warned: {by('warn')}")
+PY
+}
+for ref in "${refs[@]}"; do
+  name=${ref%%:*}; name=${name#verl-recipes/}
+  docker image inspect -f "$ref: {{.Size}} bytes; tags {{json .RepoTags}}" "$ref" | tee -a "$out/summary.txt"
+  docker image inspect -f '{{json .Config.Labels}}' "$ref" >"$out/gpu-all-$name-labels.json"
+  rc=0
+  docker run --rm --network none "$ref" verify --json >"$out/gpu-all-$name-verify.json" \
+    2>"$out/gpu-all-$name-verify.stderr" || rc=$?
+  echo "gpu-all: docker run --rm --network none $ref verify --json: exit $rc; $(checks "$out/gpu-all-$name-verify.json")" \
+    | tee -a "$out/summary.txt"
+  if [[ -f "$root/recipes/$name/Dockerfile" ]]; then
+    rc=0
+    docker run --rm --network none "$ref" verify --json --recipe "$name" >"$out/gpu-all-$name-verify-recipe.json" \
+      2>"$out/gpu-all-$name-verify-recipe.stderr" || rc=$?
+    echo "gpu-all: docker run --rm --network none $ref verify --json --recipe $name: exit $rc; $(checks "$out/gpu-all-$name-verify-recipe.json")" \
+      | tee -a "$out/summary.txt"
+  fi
+done
+docker run --rm --network none --entrypoint python "${refs[1]}" -c \
+  'import deepspeed; print("deepspeed", deepspeed.__version__)' 2>"$out/gpu-all-deepspeed-import.stderr" \
+  | sed "s#^#gpu-all: ${refs[1]}: #" | tee -a "$out/summary.txt"
+rc=0
+docker run --rm --network none --entrypoint ds_report "${refs[1]}" >"$out/gpu-all-ds_report.txt" 2>&1 || rc=$?
+echo "gpu-all: docker run --rm --network none --entrypoint ds_report ${refs[1]}: exit $rc (gpu-all-ds_report.txt)" \
+  | tee -a "$out/summary.txt"
+docker system df >"$out/gpu-all-docker-df.txt"
 fi

@@ -395,3 +395,61 @@ def test_the_readme_gpu_image_figures_come_from_the_kept_logs() -> None:
     verify = json.loads((kept / "gpu-full-verify.json").read_text())
     failed = [c["name"] for c in verify["checks"] if c["status"] == "fail"]
     assert failed == ["shm"] and "the one\nfailure is `/dev/shm`" in readme
+
+
+def test_the_readme_deepspeed_and_recipe_image_figures_come_from_the_kept_logs() -> None:
+    """images/measurements/2026-11-30-gpu-all: the GPU base again from a fresh clone, then the
+    DeepSpeed image and every recipe image; the README's figures and verify results are these."""
+    kept = ROOT / "images" / "measurements" / "2026-11-30-gpu-all"
+    summary = (kept / "summary.txt").read_text()
+    readme = (ROOT / "images" / "README.md").read_text()
+    pins = load_pins(ROOT / "images" / "versions.toml")
+    g = pins["gpu"]
+    # the cold GPU base (part 3 of measure.sh)
+    full = re.search(r"^gpu-full: (\d+) s ", summary, re.M)
+    log = (kept / "gpu-full.log").read_text()
+    standin = re.search(
+        r"^build\.sh: made python:3\.12-slim-bookworm \(stand-in, CPython [\d.]+\) in (\d+) s", log, re.M
+    )
+    build = re.search(r"^build\.sh: built verl-recipes/base:\S+ in (\d+) s, (\d+) bytes", log, re.M)
+    assert full and standin and build
+    assert f"| {full[1]} s (" in readme and f"stand-in {standin[1]} s, `docker build` {build[1]} s" in readme
+    assert f"base {int(build[2]):,} bytes" in readme
+    # the DeepSpeed and recipe images (part 4)
+    total = re.search(r"^gpu-all: (\d+) s ", summary, re.M)
+    assert total and f"| {total[1]} s: base " in readme
+    built = re.findall(r"^gpu-all: build\.sh: built verl-recipes/([^:]+):(\S+) in (\d+) s, (\d+) bytes", summary, re.M)
+    names = {name for name, *_ in built}
+    recipes = {df.parent.name for df in (ROOT / "recipes").glob("*/Dockerfile")}
+    assert names == {"base", "deepspeed"} | recipes, names
+    for name, tag, secs, size in built:
+        assert tag == pins_check.image_ref(name, pins).split(":", 1)[1], (name, tag)
+        assert f"{int(size):,}" in readme, (name, size)
+        if name == "deepspeed":
+            assert f"DeepSpeed {secs} s" in readme
+    assert f"deepspeed {g['deepspeed']}" in summary  # `import deepspeed` inside the DeepSpeed image
+    # verify --json: exit 1 everywhere, the one failure shm; deepspeed passes where it is installed
+    for name in names:
+        report = json.loads((kept / f"gpu-all-{name}-verify.json").read_text())
+        status = {c["name"]: c["status"] for c in report["checks"]}
+        assert [n for n, s in status.items() if s == "fail"] == ["shm"], (name, status)
+        assert status["gpu"] == "warn" and status["driver"] == "warn"
+        want_ds = name in ("deepspeed", "verl-vs-deepspeed")
+        assert (status["deepspeed"] == "pass") == want_ds, (name, status["deepspeed"])
+        assert re.search(rf"^gpu-all: docker run .* verl-recipes/{name}:\S+ verify --json: exit 1;", summary, re.M)
+        labels = json.loads((kept / f"gpu-all-{name}-labels.json").read_text())
+        assert [labels[f"verl-recipes.{k}"] for k in ("verl", "vllm", "torch", "cuda", "stack")] == [
+            g["verl"],
+            g["vllm"],
+            g["torch"],
+            g["cuda"],
+            "gpu",
+        ], (name, labels)
+        assert labels.get("verl-recipes.deepspeed") == (g["deepspeed"] if want_ds else None)
+        assert labels.get("verl-recipes.recipe") == (name if name in recipes else None)
+    # verify --json --recipe ID: 70b-3d lacks the Megatron stack, and the README says so
+    report = json.loads((kept / "gpu-all-70b-3d-verify-recipe.json").read_text())
+    failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
+    megatron = sorted(pins["megatron"])
+    assert sorted(set(failed) - {"driver", "gpu", "shm"}) == megatron
+    assert all(f"`{n}`" in readme for n in megatron) and "The 70b-3d image therefore cannot run its recipe" in readme
