@@ -51,9 +51,9 @@ USS/PSS reads every 60 s cost 0.59-0.64% more (0.32-0.37 s a read): 1.22-1.34% i
 USS/PSS cadence now follows its own measured cost: after each read the next one waits cost /
 `full_mem_share` (default 0.1% of a core: ~6 minutes on the H200), never less than `full_mem_s`.
 The next part, the tree refresh (0.27-0.34% there), spent 60% of its time opening every member's
-cmdline each second; those are now kept open and re-read with pread like statm (0.69 ms a refresh
-with 60 members here, 2.5 ms before). Not yet re-measured in a verl run on a GPU: the report of the
-next run prints the share and its parts (`monitor` in summary.json).
+cmdline each second; those are now kept open and re-read with pread like statm (the `tree` part
+that test_sampler_overhead prints shows the cost). Not yet re-measured in a verl run on a GPU: the
+report of the next run prints the share and its parts (`monitor` in summary.json).
 """
 
 from __future__ import annotations
