@@ -199,3 +199,22 @@ def test_phase_end_reading_counts_for_the_ending_phase(tmp_path: Path) -> None:
         assert "7" not in pk["gpu"]
     step = next(st for st in s["steps"] if st["step"] == end["step"])
     assert step["phases"]["update_actor"]["gpu"]["3"]["used_gib"] == pytest.approx(900 / 1024, abs=1e-3)
+
+
+def test_report_shows_the_monitors_own_cpu_by_part(tmp_path: Path) -> None:
+    """A committed H200 run whose exit record splits the sampler's CPU: the summary's share is CPU
+    over wall, its parts add up to it, and report.md says it in one line."""
+    import gzip
+
+    run = Path(__file__).parent.parent / "recipes" / "7b-lora" / "results" / "h200x1-ppo-3"
+    with gzip.open(run / "samples.jsonl.gz", "rt") as f:
+        exit_rec = [json.loads(line) for line in f if '"kind":"exit"' in line][-1]
+    cost = summarize(run)["monitor"]
+    assert cost["core_share"] == pytest.approx(exit_rec["sampler_cpu_s"] / exit_rec["wall_s"], rel=1e-3)
+    assert sum(cost["parts_core_share"].values()) == pytest.approx(cost["core_share"], rel=1e-3)
+    assert cost["members_max"] == exit_rec["members_max"] > 0
+    write_report(run, tmp_path)
+    line = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if "monitor's own CPU" in ln)
+    assert f"{100 * cost['core_share']:.2f}% of one core" in line and "host_full" in line
+    # an exit record without the split (older runs) gives the total alone, not an error
+    assert summarize(CPU_RUN)["monitor"]["parts_core_share"] == {}
