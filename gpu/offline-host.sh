@@ -4,9 +4,11 @@
 #
 #   gpu/offline-host.sh stage CHUNK_DIR     add the wheelhouse chunks present in CHUNK_DIR to the staging dir
 #   gpu/offline-host.sh install             verify and install the staged wheelhouse into $SITE
-#   gpu/offline-host.sh start PLAN [GPUS]   start gpu/campaign.sh PLAN in the background (survives this shell);
+#   gpu/offline-host.sh start PLAN [GPUS [NAME]]
+#                                           start gpu/campaign.sh PLAN in the background (survives this shell);
 #                                           with GPUS (e.g. 0 or 0,1) it runs on those GPUs only, in its own
-#                                           lane $CAMPAIGN/lane-GPUS, so one plan per GPU can run at once
+#                                           lane $CAMPAIGN/lane-GPUS (or lane-NAME), so one plan per GPU, or two
+#                                           small plans on one GPU, can run at once
 #   gpu/offline-host.sh exec CMD [ARGS...]  run CMD in the same environment (e.g. the GPU-marked tests)
 #   gpu/offline-host.sh wait SECONDS [OUT]  wait for every lane (at most SECONDS), print their status, and
 #                                           pack the results into OUT/results.tgz
@@ -45,9 +47,10 @@ case "$cmd" in
     python3 -m verl_recipes.cli --version
     ;;
   start)
-    plan=${1:?usage: gpu/offline-host.sh start PLAN [GPUS]}
+    plan=${1:?usage: gpu/offline-host.sh start PLAN [GPUS [NAME]]}
     gpus=${2:-}
-    lane="$CAMPAIGN/lane-${gpus:-all}"
+    lane="$CAMPAIGN/lane-${3:-${gpus:-all}}"
+    [[ -e "$lane/campaign.log" && ! -e "$lane/DONE" ]] && { echo "lane $lane is running; give another NAME" >&2; exit 2; }
     mkdir -p "$lane"
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES="$gpus"; fi
     setsid nohup bash "$here/campaign.sh" "$plan" "$lane" >"$lane/campaign.log" 2>&1 </dev/null &

@@ -1,13 +1,15 @@
-"""verl 0.9.1's critic bugs, shown failing with verl's own code and passing with our fixes.
+"""verl 0.9.1's bugs and slow paths, shown with verl's own code and then with our fixes.
 
-Both run on a tiny Llama value model on the CPU; flash-attn is not installed here (it has no
-PyPI wheel), which is exactly the situation of the recipes' users.
+All run on tiny Llama models on the CPU; flash-attn is not installed here (it has no PyPI wheel),
+which is exactly the situation of the recipes' users. The merged LoRA sync runs on a real FSDP2
+module (one gloo rank).
 """
 
 from __future__ import annotations
 
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -84,7 +86,7 @@ def test_verl_critic_lora_fails(value_model_dir: Path) -> None:
 
 def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path) -> None:
     applied = verl_fixes.apply()
-    assert applied == ["critic-attn-implementation", "critic-lora-token-cls"]
+    assert applied == ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place"]
     from verl.workers.engine.fsdp import transformer_impl
 
     model = LlamaForTokenClassification.from_pretrained(value_model_dir)
@@ -104,3 +106,143 @@ def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path)
 def test_fixes_leave_other_verl_versions_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verl_fixes, "verl_version", lambda: "0.10.0")
     assert verl_fixes.apply() == []
+
+
+# --- the merged LoRA weight sync (fix 3) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fsdp2_lora() -> Any:
+    """A tiny bf16 Llama with a non-zero LoRA adapter, wrapped as verl wraps it (FSDP2 per layer and
+    the root), and the weights peft's own merge gives for it (computed before wrapping)."""
+    import copy
+    import socket
+
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl_recipes import sync_probe
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    cfg = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
+    )
+    cfg.vocab_size = 256
+    torch.manual_seed(0)
+    peft_model = get_peft_model(
+        LlamaForCausalLM(cfg).to(torch.bfloat16), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+    )
+    assert sync_probe.init_lora_b(peft_model, 0.1) == 14
+    merged = copy.deepcopy(peft_model).merge_and_unload().state_dict()
+    for layer in peft_model.base_model.model.model.layers:
+        fully_shard(layer)
+    fully_shard(peft_model)
+    yield peft_model, merged
+    dist.destroy_process_group()
+
+
+def _engine_on_cpu(monkeypatch: pytest.MonkeyPatch, module: Any) -> tuple[Any, types.SimpleNamespace]:
+    """verl's FSDPEngine class and a stand-in `self` on this CPU host: verl 0.9.1 registers no CPU
+    platform, so its device query is pointed at the CPU, and its GPU memory log line is muted."""
+    import verl.utils.device as vdevice
+    from verl.workers.engine.fsdp import transformer_impl
+
+    monkeypatch.setattr(vdevice, "get_device_id", lambda: "cpu")
+    monkeypatch.setattr(transformer_impl, "get_device_id", lambda: "cpu")
+    monkeypatch.setattr(transformer_impl, "log_gpu_memory_usage", lambda *a, **k: None)
+    return transformer_impl.FSDPEngine, types.SimpleNamespace(module=module, _is_offload_param=False)
+
+
+def _params(module: Any) -> dict[str, torch.Tensor]:
+    return {k: v.full_tensor().clone() for k, v in module.state_dict().items()}
+
+
+def _backups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes of each CPU restore point verl's merged sync takes (a spy on verl's own function)."""
+    import verl.utils.fsdp_utils as fsdp_utils
+
+    sizes: list[int] = []
+    original = fsdp_utils.backup_base_model_weights
+
+    def spy(module: Any) -> dict[str, torch.Tensor]:
+        backup = original(module)
+        sizes.append(sum(t.numel() * t.element_size() for t in backup.values() if t.device.type == "cpu"))
+        return backup
+
+    monkeypatch.setattr(fsdp_utils, "backup_base_model_weights", spy)
+    return sizes
+
+
+def test_verl_merged_sync_round_trips_every_base_weight_through_the_cpu(
+    fsdp2_lora: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module, merged = fsdp2_lora
+    verl_fixes.apply()
+    _, me = _engine_on_cpu(monkeypatch, module)
+    backups = _backups(monkeypatch)
+    original = verl_fixes.ORIGINALS["_merged_lora_per_tensor_param"]
+    sent = {name: t.clone() for name, t in original(me)}  # a sender that copies each tensor as it comes
+    base_bytes = sum(t.numel() * t.element_size() for k, t in _params(module).items() if "lora_" not in k)
+    assert backups == [base_bytes], "verl copies every base weight to the CPU once per sync"
+    assert all(torch.equal(sent[k], merged[k]) for k in merged)
+    # A sender that keeps references and flushes after the stream ends (verl's own docstring warns
+    # of it) gets the restored base weights: on one rank full_tensor() aliases the live storage.
+    held = dict(original(me))
+    assert not all(torch.equal(held[k], merged[k]) for k in merged)
+
+
+def test_fixed_merged_sync_streams_peft_merge_out_of_place(fsdp2_lora: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, merged = fsdp2_lora
+    verl_fixes.apply()
+    engine, me = _engine_on_cpu(monkeypatch, module)
+    backups = _backups(monkeypatch)
+    before = _params(module)
+    held = dict(engine._merged_lora_per_tensor_param(me))
+    assert backups == [], "no restore point: the training parameters are never written"
+    assert sorted(held) == sorted(merged)
+    assert all(torch.equal(held[k], merged[k]) for k in merged), "bit for bit what peft's merge gives"
+    after = _params(module)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_probe_control_sends_the_base_weights_without_the_adapter(
+    fsdp2_lora: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_recipes import sync_probe
+
+    module, merged = fsdp2_lora
+    verl_fixes.apply()
+    engine, me = _engine_on_cpu(monkeypatch, module)
+    monkeypatch.setattr(sync_probe, "_syncs", 0)
+    monkeypatch.setenv(sync_probe.ENV_DROP_SYNCS, "1")
+    base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in _params(module).items()}
+    syncs = [dict(engine._merged_lora_per_tensor_param(me)) for _ in range(3)]
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(syncs[0][q], merged[q]) and torch.equal(syncs[2][q], merged[q])
+    assert torch.equal(syncs[1][q], base[q]) and not torch.equal(base[q], merged[q])
+
+
+def test_setup_hook_imports_nothing_heavy_and_fixes_apply_on_import(tmp_path: Path) -> None:
+    """Ray runs the hook in every worker; the fixes must wait for verl's own import of the module."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from verl_recipes import hooks\n"
+        "hooks.setup()\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft', 'verl.utils.model') if m in sys.modules]\n"
+        "print('heavy', heavy)\n"
+        "from verl.workers.engine.fsdp import transformer_impl as ti\n"
+        "import verl.utils.model as vm\n"
+        "print('patched', hasattr(ti.FSDPEngine._merged_lora_per_tensor_param, '__wrapped__'),"
+        " hasattr(ti.FSDPEngine._build_lora_module, '__wrapped__'), vm.load_valuehead_model.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "heavy []" in out
+    assert "patched True True verl_recipes.verl_fixes" in out

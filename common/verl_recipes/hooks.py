@@ -6,7 +6,9 @@ anything we add must be installed in those processes. The launcher puts
 ``ray_kwargs.ray_init.runtime_env``; Ray calls it in each worker process at start.
 
 It does three things, each controlled by an environment variable the launcher sets:
-- applies the verl 0.9.1 fixes (`verl_recipes.verl_fixes`), unless VERL_RECIPES_NO_FIXES=1;
+- registers the verl 0.9.1 fixes (`verl_recipes.verl_fixes`), unless VERL_RECIPES_NO_FIXES=1
+  (VERL_RECIPES_FIXES_OFF leaves out single ones); each is applied when verl imports the module
+  it patches, so a worker that never loads verl's FSDP engine does not import it for us;
 - caps the process's torch allocator to VERL_RECIPES_TORCH_MEM_FRACTION of the GPU (the
   24 GiB rehearsal on a larger GPU), when the process sees a GPU;
 - installs phase attribution (`verl_recipes.phases`) when VERL_RECIPES_RUN_DIR is set.

@@ -33,8 +33,6 @@ nothing already written.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import inspect
 import json
 import math
@@ -42,12 +40,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
 from verl_recipes import RUN_DIR_ENV
+from verl_recipes.import_hooks import after_import
 
 PHASES_FILE = "phases.jsonl"
 #: the phase names verl 0.9.1's v1 trainer gives `marked_timer` in one PPO/GRPO step.
@@ -72,7 +71,6 @@ _MARK = "_verl_recipes_wrapped"
 
 _lock = threading.Lock()
 _fds: dict[str, tuple[int, int]] = {}  # path -> (pid that opened it, fd); reopened after fork
-_installed = False
 
 
 def _append(name: str, record: dict[str, Any]) -> None:
@@ -265,59 +263,17 @@ _HOOKS: dict[str, Callable[[ModuleType], None]] = {
 }
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then our patch; everything else is the real loader's."""
-
-    def __init__(self, inner: importlib.abc.Loader, hook: Callable[[ModuleType], None]) -> None:
-        self._inner, self._hook = inner, hook
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        self._hook(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks
-        return getattr(self._inner, name)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        hook = _HOOKS.get(fullname)
-        if hook is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, hook)
-                return spec
-        return None
-
-
 def install() -> bool:
     """Patch verl's marked_timer and Tracking.log if VERL_RECIPES_RUN_DIR is set; idempotent.
 
     Returns whether the patch is active. Safe to call before or after verl is imported.
     """
-    global _installed
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return False
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    if not _installed:
-        if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PostImportFinder())
-        _installed = True
     for name, hook in _HOOKS.items():
-        mod = sys.modules.get(name)
-        if mod is not None:
-            hook(mod)
+        after_import(name, hook)
     _rebind_imported()
     return True
 

@@ -22,6 +22,11 @@ null where not measured; on a host without NVML "gpus" is [] and every "gpu" map
       "schema": "verl-recipes/monitor-summary/1",
       "run_dir": str, "cmd": [str] | null,
       "exit_code": int | null,          # null: the monitor did not finish (killed, OOM)
+      "ended": {"ok": bool, "exit_code": int | null, "signal": str | null, "step": int | null,
+                "phase": str | null, "last_error": str | null, "error_file": str | null},
+                                        # verl_recipes.ending: where and why the run ended
+      "startup": {"to_first_step_s": float | null, "stages": [{"stage": str, "s": float, "at_s": float}],
+                  "vllm_s": {part: float}},   # verl_recipes.startup: the time before step 1
       "wall_s": float, "interval_s": float, "samples": int, "skipped_lines": int,
       "nvml_error": str | null,         # why there are no GPU fields
       "gpus": [{"index": int, "name": str, "total_gib": float}],
@@ -34,6 +39,7 @@ null where not measured; on a host without NVML "gpus" is [] and every "gpu" map
           "time_s": float | null,       # metrics timing_s/step, else the step interval
           "timing_s": {phase: float},   # metrics timing_s/*, else from the phase intervals
           "throughput": float | null,   # metrics perf/throughput
+          "mfu": {role: float},         # metrics perf/mfu/* (verl's FLOP count over the phase time)
           "verl_memory_gib": {metric: float},   # every */max_memory_{allocated,reserved}_gb metric
           "verl_max_reserved_gib": float | null,
           "nvml_peak_gib": float | null,        # max over GPUs of the device peak during the step
@@ -59,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, ending, startup
 from verl_recipes.monitor import CLASSES, GIB, SAMPLES_FILE, read_jsonl
 from verl_recipes.phases import METRICS_FILE, PHASES_FILE
 
@@ -249,6 +255,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                 "time_s": _r(timing.get("step")),
                 "timing_s": {k: _r(v) for k, v in timing.items()},
                 "throughput": m.get("perf/throughput"),
+                "mfu": {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("perf/mfu/")},
                 "verl_memory_gib": verl_mem,
                 "verl_max_reserved_gib": verl_res,
                 "nvml_peak_gib": nvml_peak,
@@ -260,13 +267,18 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             }
         )
 
-    wall = (exit_ or samples[-1])["t"] - start.get("t", samples[0]["t"])
+    t0 = start.get("t", samples[0]["t"])
+    wall = (exit_ or samples[-1])["t"] - t0
+    first_step = min((iv.begin for iv in intervals if iv.name == "step"), default=None)
+    exit_code = exit_.get("rc") if exit_ else None
     return {
         "schema": SCHEMA,
         "run_dir": str(run_dir),
         "cmd": start.get("cmd"),
-        "exit_code": exit_.get("rc") if exit_ else None,
+        "exit_code": exit_code,
+        "ended": ending.describe(run_dir, exit_code, ph_recs),
         "wall_s": round(wall, 3),
+        "startup": startup.summarize(run_dir, t0, first_step),
         "interval_s": start.get("interval_s"),
         "samples": len(samples),
         "skipped_lines": bad + bad_ph + bad_met,
@@ -327,6 +339,8 @@ def render_markdown(summary: dict[str, Any], png: str | None) -> str:
     lines.append(f"- command: `{cmd[:300]}`")
     ec = summary["exit_code"]
     lines.append(f"- exit code: {ec}" if ec is not None else "- exit code: none: the monitor did not finish (killed?)")
+    if summary.get("ended"):
+        lines.append(f"- {ending.one_line(summary['ended'])}")
     lines.append(
         f"- {summary['samples']} samples every {summary['interval_s']} s over {summary['wall_s']:.1f} s"
         + (f"; {summary['skipped_lines']} unreadable lines skipped" if summary["skipped_lines"] else "")
@@ -345,6 +359,13 @@ def render_markdown(summary: dict[str, Any], png: str | None) -> str:
         )
     else:
         lines.append(f"- no GPU fields: {summary['nvml_error']}")
+    boot = summary.get("startup") or {}
+    if boot.get("stages"):
+        lines += ["", f"## Start-up: {_f(boot.get('to_first_step_s'), 1)} s from launch to step 1", ""]
+        lines += [_row(["stage", "s", "at s"]), _row(["---"] * 3)]
+        lines += [_row([st["stage"], _f(st["s"], 1), _f(st["at_s"], 1)]) for st in boot["stages"]]
+        if boot.get("vllm_s"):
+            lines += ["", "vLLM's own timings: " + "; ".join(f"{k} {v:.1f} s" for k, v in boot["vllm_s"].items())]
     lines += ["", "## Peak per phase, all steps", ""]
     head = ["phase", "time s", "samples", *gh, "host RSS GiB", "host PSS GiB"]
     lines += [_row(head), _row(["---"] * len(head))]
@@ -392,6 +413,7 @@ def render_markdown(summary: dict[str, Any], png: str | None) -> str:
         "step",
         "step s",
         "throughput",
+        "MFU (verl)",
         "NVML peak GiB (max GPU)",
         "verl max reserved GiB",
         "NVML − verl GiB",
@@ -404,6 +426,7 @@ def render_markdown(summary: dict[str, Any], png: str | None) -> str:
                     str(st["step"]),
                     _f(st["time_s"]),
                     _f(st["throughput"], 1),
+                    ", ".join(f"{k} {100 * v:.1f}%" for k, v in (st.get("mfu") or {}).items()) or "-",
                     _f(st["nvml_peak_gib"]),
                     _f(st["verl_max_reserved_gib"]),
                     _f(st["nvml_minus_verl_reserved_gib"]),

@@ -30,6 +30,7 @@ from verl_recipes.compose import compose_recipe
 from verl_recipes.provenance import gpus as nvml_gpus
 from verl_recipes.provenance import record
 from verl_recipes.recipes import Recipe, get_recipe
+from verl_recipes.verl_fixes import ENV_FIXES_OFF, FIXES
 
 GIB = 1024**3
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
@@ -192,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = get_recipe(args.recipe)
     variants = args.variant
+    bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
+    if bad_fix:
+        raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
     if args.model and not (args.model / "config.json").is_file():
         raise RecipeError(f"--model {args.model}: no config.json there; point it at a Hugging Face checkpoint folder")
     if args.data and not (args.data / "train.parquet").is_file():
@@ -281,6 +285,9 @@ def run(args: argparse.Namespace) -> int:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.update(run_env(env, compile_cache=not args.no_compile_cache))
+    if args.verl_fix_off:
+        env[ENV_FIXES_OFF] = ",".join(args.verl_fix_off)
     prov = record(
         cmd,
         {
@@ -294,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
             "vllm_gpu_memory_utilization": vllm_util,
             "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
             "runtime_env": runtime_env,
+            "verl_fixes_off": args.verl_fix_off,
+            "compile_cache": not args.no_compile_cache,
         },
     )
     (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
@@ -313,9 +322,11 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         rc = proc.wait()
     (run_dir / "exit_code").write_text(f"{rc}\n")
+    errors = collect_worker_errors(run_dir)
     _run([*CLI, "report", str(run_dir)], "report", check=False)
     if rc != 0:
-        raise RecipeError(f"verl exited {rc}; the log and everything measured up to then are in {run_dir}")
+        why = f"; {errors[0]['file']}: {errors[0]['last_error']}" if errors else ""
+        raise RecipeError(f"verl exited {rc}{why}; the log and everything measured up to then are in {run_dir}")
     if args.cap_gib:
         over = cap_overrun(run_dir, args.cap_gib)
         if over:
@@ -323,6 +334,39 @@ def run(args: argparse.Namespace) -> int:
             raise RecipeError(over)
     print(f"run folder: {run_dir}")
     return 0
+
+
+def run_env(env: dict[str, str], compile_cache: bool = True) -> dict[str, str]:
+    """Variables every run's processes inherit (a user's own setting of any of them wins).
+
+    - vLLM's torch.compile cache: verl 0.9.1 sets ``VLLM_DISABLE_COMPILE_CACHE=1`` in its Ray
+      runtime env unless the launching shell sets it, so every start recompiles the model. Set to 0,
+      the compiled graphs persist under ``VLLM_CACHE_ROOT`` (default ~/.cache/vllm) and a second run
+      of the same architecture on the host loads them. ``--no-compile-cache`` keeps verl's setting.
+    - ``VLLM_LOGGING_LEVEL=INFO``: vLLM then logs how long loading, compiling and graph capture took,
+      which the report's start-up table shows (verl's default is WARN).
+    - ``PYTHONFAULTHANDLER=1``: a process killed by SIGABRT or SIGSEGV prints its Python stack first,
+      so a native crash says where it happened (the Ray worker logs kept in ray-logs/).
+    """
+    want = {"VLLM_LOGGING_LEVEL": "INFO", "PYTHONFAULTHANDLER": "1"}
+    if compile_cache:
+        want["VLLM_DISABLE_COMPILE_CACHE"] = "0"
+    return {k: v for k, v in want.items() if k not in env}
+
+
+def collect_worker_errors(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's Ray worker logs that carry an error, copied into RUN_DIR/ray-logs/ (`ending`)."""
+    from verl_recipes import ending
+    from verl_recipes.monitor import SAMPLES_FILE, read_jsonl
+
+    recs, _ = read_jsonl(run_dir / SAMPLES_FILE)
+    start = next((r for r in recs if r.get("kind") == "start"), {})
+    pid = start.get("pid")
+    try:
+        return ending.collect_ray_logs(run_dir, int(pid) if pid else None)
+    except OSError as e:
+        print(f"ray logs: not collected: {e}", file=sys.stderr)
+        return []
 
 
 def cap_overrun(run_dir: Path, cap_gib: float) -> str | None:
@@ -388,4 +432,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
     p.add_argument("--force", action="store_true", help="run even when the planner predicts it will not fit")
     p.add_argument("--skip-verify", action="store_true", help="do not run `verl-recipes verify` before training")
+    p.add_argument(
+        "--verl-fix-off",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run verl's own code instead of this fix (names: verl_recipes.verl_fixes.FIXES); repeatable",
+    )
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="recompile vLLM's model at every start, as verl does by default (VLLM_DISABLE_COMPILE_CACHE=1)",
+    )
     p.set_defaults(func=run)
