@@ -218,3 +218,24 @@ def test_report_shows_the_monitors_own_cpu_by_part(tmp_path: Path) -> None:
     assert f"{100 * cost['core_share']:.2f}% of one core" in line and "host_full" in line
     # an exit record without the split (older runs) gives the total alone, not an error
     assert summarize(CPU_RUN)["monitor"]["parts_core_share"] == {}
+
+
+def test_startup_stages_of_committed_runs_add_up_to_the_first_step() -> None:
+    """The start-up table from verl's own log stamps, on a warm 7B run and a cold 4-layer one."""
+    root = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results"
+    warm = summarize(root / "h200x1-ppo-3")["startup"]
+    cold = summarize(root / "failed" / "h200x1-ppo-L4-sync-probe-timeout")["startup"]
+    for boot in (warm, cold):
+        assert abs(sum(st["s"] for st in boot["stages"]) - boot["to_first_step_s"]) < 0.05
+        assert boot["stages"][-1]["stage"].startswith("first step begins")
+    names = [st["stage"] for st in warm["stages"]]
+    assert names[0].startswith("driver start") and any(n.startswith("vLLM server start") for n in names)
+    assert warm["to_first_step_s"] == pytest.approx(281.2, abs=0.1)
+    assert warm["vllm_s"] == {}  # verl's WARN level hid vLLM's own timings then
+    assert cold["vllm_s"]["torch.compile"] == pytest.approx(11.9) and "CUDA graph capture" in cold["vllm_s"]
+
+
+def test_a_killed_run_says_in_which_step_and_phase_it_ended() -> None:
+    run = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results" / "failed"
+    ended = summarize(run / "h200x1-ppo-L4-sync-probe-timeout")["ended"]
+    assert (ended["ok"], ended["exit_code"], ended["step"], ended["phase"]) == (False, None, 1, "step")

@@ -138,8 +138,11 @@ def describe(run_dir: Path, exit_code: int | None, phases: list[dict[str, Any]],
         except ValueError:
             errors = []
     log_err = last_error(_tail(run_dir / log_name)) if (run_dir / log_name).is_file() else None
-    # the worker's own last error says why; the driver's log says only that a worker went away
-    worker = next((e for e in errors if "worker" in e["file"] and "raylet" not in e["file"]), None)
+    # a worker's own stderr says why; Ray's core log of it, then the driver's log, say less
+    worker = next(
+        (e for e in errors if Path(e["file"]).name.startswith("worker-") and e["file"].endswith(".err")), None
+    )
+    worker = worker or next((e for e in errors if "core-worker" in e["file"]), None)
     driver = {"file": log_name, "last_error": log_err} if log_err else None
     source = worker or driver or (errors[0] if errors else None)
     ok = exit_code == 0

@@ -36,7 +36,7 @@ _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})[,.](\d{3})")
 #: vLLM's own timing lines: (what, regex with the seconds as group 1)
 VLLM_TIMINGS: tuple[tuple[str, str], ...] = (
     ("model loading", r"Model loading took [\d.]+ Gi?B (?:memory )?and ([\d.]+) s"),
-    ("torch.compile", r"torch\.compile takes ([\d.]+) s in total"),
+    ("torch.compile", r"torch\.compile (?:takes|took) ([\d.]+) s in total"),
     ("dynamo bytecode transform", r"Dynamo bytecode transform time: ([\d.]+) s"),
     ("compile cache load", r"[Ll]oad(?:ed|ing)? the compiled graph.* ([\d.]+) s"),
     ("CUDA graph capture", r"Graph capturing finished in ([\d.]+) sec"),

@@ -276,6 +276,10 @@ def run(args: argparse.Namespace) -> int:
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
         rollout.gpu_memory_utilization = vllm_util
     OmegaConf.save(cfg, cfg_path)
+    # the model's architecture beside the run: the planner's check of this run reads it (a
+    # truncated or user model is not the recipe's bundled one)
+    if (model / "config.json").is_file():
+        (run_dir / "model_config.json").write_text((model / "config.json").read_text())
 
     env.update(
         {
