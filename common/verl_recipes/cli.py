@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
     "plan": ("verl_recipes.plan.cli", "predict per-phase, per-GPU peak memory of a verl configuration"),
     "validate": ("verl_recipes.validate", "check a run's memory and throughput against a recipe's bounds"),
     "ray-slurm": ("verl_recipes.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
+    "trace": ("verl_recipes.trace", "where a torch profiler trace spends its time"),
     "compare-runs": ("verl_recipes.runs_compare", "tokens/s and peak memory of runs against a baseline run"),
     "reap": ("verl_recipes.reap", "end the processes one run left behind, leaving other runs alone"),
     "wheelhouse": ("verl_recipes.wheelhouse", "build an offline wheelhouse of the pinned stack for a target"),

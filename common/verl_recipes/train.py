@@ -271,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.force:
         # Before anything starts: the plan for the card (or the cap) it is meant for.
         preflight_fit(cfg, model, args.cap_gib or gpu_gib, "the --cap-gib budget" if args.cap_gib else "this GPU")
+    if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in args.sets):
+        # verl's default is a relative outputs/profile under whatever folder the workers run in
+        cfg.global_profiler.save_path = str(run_dir / "profile")
     if cap_scale is not None:
         rollout = cfg.actor_rollout_ref.rollout
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
