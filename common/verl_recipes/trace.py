@@ -29,7 +29,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("softmax / cross-entropy / log-probs", r"softmax|log_softmax|cross_entropy|nll_loss|logsumexp|entropy|gather"),
     ("matrix multiply", r"gemm|matmul|aten::mm\b|aten::bmm|aten::addmm|aten::linear|cutlass|sm90_xmma|nvjet|cublas"),
     ("optimizer", r"adam|foreach|multi_tensor|_fused_adam"),
-    ("normalisation / elementwise", r"norm|elementwise|vectorized|unrolled|reduce|silu|mul|add|exp|pow|rsqrt|neg|where"),
+    ("normalisation / elementwise", r"norm|elementwise|vectorized|unrolled|reduce|silu|mul|add|exp|pow|rsqrt|where"),
 )
 
 
@@ -44,7 +44,7 @@ def family(name: str) -> str:
 def load_events(path: Path) -> list[dict[str, Any]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        with opener(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise RecipeError(f"{path}: not a Chrome trace ({e}); give a torch profiler *.json or *.json.gz") from None
