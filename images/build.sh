@@ -15,7 +15,7 @@
 #   --build-arg N=V  passed to every `docker build` after ours (e.g. to see a wrong pin refused).
 #
 # Versions, tags and the base image come from images/versions.toml through
-# `python3 -m verl_recipes.pins_check build-info`. When the base OS image (BASE_IMAGE) is missing:
+# `python3 -m verl_recipes.stack.pins_check build-info`. When the base OS image (BASE_IMAGE) is missing:
 # the CPU variant's python:3.11-slim-bookworm is made here from Debian 12 with mmdebstrap and
 # `docker import` (Docker Hub is not needed); the GPU variant's python:3.12-slim-bookworm is pulled,
 # and where that fails, a stand-in is made under that tag: Debian 12 from mmdebstrap plus a CPython
@@ -67,7 +67,7 @@ export DOCKER_BUILDKIT=0  # no buildx here; the classic builder needs no fronten
 
 # --- versions and tags, from versions.toml and pyproject.toml (python, not grep) -----------------
 build_info() {  # build_info [extra pins_check options...]: prints NAME=VALUE lines
-  PYTHONPATH="$root/common" "$python" -m verl_recipes.pins_check build-info \
+  PYTHONPATH="$root/common" "$python" -m verl_recipes.stack.pins_check build-info \
     --versions "$root/images/versions.toml" --stack "$stack" --pyproject "$root/pyproject.toml" "$@"
 }
 declare -A info=()

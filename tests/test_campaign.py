@@ -67,8 +67,8 @@ def test_committed_gpu_plans_compose(root: Path, plan: str, tmp_path: Path) -> N
     import shlex
 
     from verl_recipes import train
-    from verl_recipes.compose import compose_recipe
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from verl_recipes import pins_check
-from verl_recipes.versions import load_pins
+from verl_recipes.stack import pins_check
+from verl_recipes.stack.pins import load_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "images" / "build.sh"

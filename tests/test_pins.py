@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from verl_recipes import pins_check
-from verl_recipes.recipes import discover
-from verl_recipes.versions import load_pins
+from verl_recipes.recipe.metadata import discover
+from verl_recipes.stack import pins_check
+from verl_recipes.stack.pins import load_pins
 
 
 @pytest.fixture
@@ -34,10 +34,10 @@ def copy(root: Path, tmp_path: Path) -> Path:
     for df in root.glob("recipes/*/Dockerfile"):
         (dst / df.parent.relative_to(root)).mkdir(parents=True)
         shutil.copy2(df, dst / df.relative_to(root))
-    (dst / "common" / "verl_recipes").mkdir(parents=True)
-    verify = root / "common" / "verl_recipes" / "verify.py"
+    (dst / "common" / "verl_recipes" / "stack").mkdir(parents=True)
+    verify = root / "common" / "verl_recipes" / "stack" / "verify.py"
     if verify.is_file():
-        shutil.copy2(verify, dst / "common" / "verl_recipes" / "verify.py")
+        shutil.copy2(verify, dst / "common" / "verl_recipes" / "stack" / "verify.py")
     return dst
 
 
@@ -175,14 +175,14 @@ def test_lock_without_vllm_is_a_problem(copy: Path) -> None:
     ],
 )
 def test_verify_expectations_drift(copy: Path, source: str) -> None:
-    verify = copy / "common" / "verl_recipes" / "verify.py"
+    verify = copy / "common" / "verl_recipes" / "stack" / "verify.py"
     verify.write_text(source)
     problems = pins_check.check_repo(copy)
-    assert [p.file for p in problems] == ["common/verl_recipes/verify.py"], _strs(problems)
+    assert [p.file for p in problems] == ["common/verl_recipes/stack/verify.py"], _strs(problems)
 
 
 def test_verify_source_that_agrees_passes(copy: Path, pins: dict) -> None:
-    verify = copy / "common" / "verl_recipes" / "verify.py"
+    verify = copy / "common" / "verl_recipes" / "stack" / "verify.py"
     verify.write_text(f'_PINS = {{"vllm": "{pins["gpu"]["vllm"]}"}}\nX = "torch=={pins["gpu"]["torch"]}"\n')
     assert _strs(pins_check.check_repo(copy)) == []
 

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import verl_recipes.compose as compose_mod
+import verl_recipes.recipe.compose as compose_mod
 import yaml
 from omegaconf import OmegaConf
 from verl_recipes import ARCHS_DIR, RecipeError
 from verl_recipes.cli import main
-from verl_recipes.compose import merge_strict, parse_sets
 from verl_recipes.plan.cli import load_setup, recipe_extra
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
@@ -27,7 +26,8 @@ from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, plan_gpu
 from verl_recipes.plan.validate import SCHEMA, main_validate, validate_all
-from verl_recipes.recipes import discover, get_recipe
+from verl_recipes.recipe.compose import merge_strict, parse_sets
+from verl_recipes.recipe.metadata import discover, get_recipe
 
 MIB = 1024**2
 

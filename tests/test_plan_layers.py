@@ -44,10 +44,10 @@ def _make_run(
     planner's plus `offset_gib` plus `per_layer_factor - 1` times the planner's per-layer part."""
     from omegaconf import OmegaConf
     from verl_recipes import train
-    from verl_recipes.compose import compose_recipe
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.model import Arch
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     run = where / f"l{layers}"
     run.mkdir(parents=True)
@@ -127,8 +127,8 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     assert doc["target"]["gpus"] == 32 and doc["target"]["layers"] == 80
     assert sorted(doc["provenance"]) == sorted(runs)
     # a predicted file is never taken for measured bounds
-    from verl_recipes.recipes import get_recipe
-    from verl_recipes.validate import validate_recipe
+    from verl_recipes.measure.bounds import validate_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     recipe = get_recipe("70b-3d")
     rel = Path("expected") / "test-predicted.yaml"

@@ -1,4 +1,4 @@
-"""The Ray-on-Slurm bootstrap (`verl_recipes.ray_cluster`) and the sbatch templates.
+"""The Ray-on-Slurm bootstrap (`verl_recipes.cluster.ray_cluster`) and the sbatch templates.
 
 Three layers, cheapest first:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from verl_recipes import RecipeError
-from verl_recipes import ray_cluster as rc
+from verl_recipes.cluster import ray_cluster as rc
 
 ROOT = Path(__file__).resolve().parents[1]
 T70 = ROOT / "recipes" / "70b-3d" / "slurm"
@@ -168,7 +168,7 @@ def test_check_train_cmd_outside_rehearsal() -> None:
 def test_launcher_imports_only_the_standard_library() -> None:
     """In container deployments the launcher runs on the host's bare python3 (no site-packages)."""
     code = (
-        "import sys, verl_recipes.ray_cluster as m; "
+        "import sys, verl_recipes.cluster.ray_cluster as m; "
         "heavy = ('ray', 'pydantic', 'yaml', 'torch', 'psutil'); "
         "bad = [k for k in sys.modules if k.split('.')[0] in heavy]; "
         "assert not bad, bad; m.main(['env'])"

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.synth import (
+from verl_recipes.workload.synth import (
     IM_END,
     IM_START,
     _Tensor,

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("verl")
 
 from transformers import LlamaConfig, LlamaForTokenClassification
-from verl_recipes import verl_fixes
+from verl_recipes.worker import verl_fixes
 
 
 @pytest.fixture(scope="module")

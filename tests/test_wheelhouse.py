@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from verl_recipes import RecipeError
-from verl_recipes.lock import Pin, Target, canonical, gpu_target, parse_freeze, parse_lock
 from verl_recipes.paths import repo_root
-from verl_recipes.versions import gpu_pins
-from verl_recipes.wheelhouse import (
+from verl_recipes.stack.lock import Pin, Target, canonical, gpu_target, parse_freeze, parse_lock
+from verl_recipes.stack.pins import gpu_pins
+from verl_recipes.stack.wheelhouse import (
     CHUNK_PREFIX,
     Excludes,
     choose_file,

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from packaging.tags import platform_tags
 from verl_recipes import RecipeError
-from verl_recipes.lock import Target
 from verl_recipes.paths import repo_root
-from verl_recipes.versions import load_pins
-from verl_recipes.wheelhouse import (
+from verl_recipes.stack.lock import Target
+from verl_recipes.stack.pins import load_pins
+from verl_recipes.stack.wheelhouse import (
     GroupPin,
     check_separate_calls,
     load_groups,

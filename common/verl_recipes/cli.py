@@ -17,21 +17,24 @@ from verl_recipes import RecipeError, __version__
 
 # subcommand -> (module that implements it, or None if not built yet, one-line help)
 SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
-    "list": ("verl_recipes.cmd_list", "list the recipes found under recipes/*/recipe.yaml"),
-    "show": ("verl_recipes.compose", "compose a recipe against verl's Hydra config and print it"),
-    "synth-model": ("verl_recipes.synth", "write a random-weight HF checkpoint and tokenizer from a config.json"),
-    "dataset": ("verl_recipes.dataset", "write the embedded arithmetic dataset as verl RL parquet"),
+    "list": ("verl_recipes.recipe.listing", "list the recipes found under recipes/*/recipe.yaml"),
+    "show": ("verl_recipes.recipe.compose", "compose a recipe against verl's Hydra config and print it"),
+    "synth-model": (
+        "verl_recipes.workload.synth",
+        "write a random-weight HF checkpoint and tokenizer from a config.json",
+    ),
+    "dataset": ("verl_recipes.workload.dataset", "write the embedded arithmetic dataset as verl RL parquet"),
     "train": ("verl_recipes.train", "run a recipe: rehearse on CPU, train with verl on GPU"),
     "docs": ("verl_recipes.docs", "regenerate the README's recipe table from the metadata"),
-    "verify": ("verl_recipes.verify", "check the install, GPUs, driver and host against the pins"),
-    "monitor": ("verl_recipes.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
-    "report": ("verl_recipes.report", "tables and a timeline PNG from a monitored run"),
+    "verify": ("verl_recipes.stack.verify", "check the install, GPUs, driver and host against the pins"),
+    "monitor": ("verl_recipes.measure.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
+    "report": ("verl_recipes.measure.report", "tables and a timeline PNG from a monitored run"),
     "plan": ("verl_recipes.plan.cli", "predict per-phase, per-GPU peak memory of a verl configuration"),
-    "validate": ("verl_recipes.validate", "check a run's memory and throughput against a recipe's bounds"),
-    "ray-slurm": ("verl_recipes.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
-    "compare-runs": ("verl_recipes.runs_compare", "tokens/s and peak memory of runs against a baseline run"),
-    "reap": ("verl_recipes.reap", "end the processes one run left behind, leaving other runs alone"),
-    "wheelhouse": ("verl_recipes.wheelhouse", "build an offline wheelhouse of the pinned stack for a target"),
+    "validate": ("verl_recipes.measure.bounds", "check a run's memory and throughput against a recipe's bounds"),
+    "ray-slurm": ("verl_recipes.cluster.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
+    "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
+    "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
+    "wheelhouse": ("verl_recipes.stack.wheelhouse", "build an offline wheelhouse of the pinned stack for a target"),
 }
 
 

@@ -26,7 +26,7 @@ import yaml
 
 from verl_recipes import RecipeError
 from verl_recipes.paths import repo_root
-from verl_recipes.recipes import Recipe, discover
+from verl_recipes.recipe.metadata import Recipe, discover
 
 BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
 RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"

@@ -10,7 +10,7 @@ transformers, the dataset loading in verl's RLHFDataset, and the exact command a
 would run; then it says plainly that training needs a GPU and exits 0.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launcher reaches them through
-Ray's ``worker_process_setup_hook`` (`verl_recipes.hooks.setup`) and environment variables.
+Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment variables.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RUN_DIR_ENV, RecipeError
-from verl_recipes.compose import compose_recipe
-from verl_recipes.provenance import gpus as nvml_gpus
-from verl_recipes.provenance import record
-from verl_recipes.recipes import Recipe, get_recipe
+from verl_recipes.measure.provenance import gpus as nvml_gpus
+from verl_recipes.measure.provenance import record
+from verl_recipes.recipe.compose import compose_recipe
+from verl_recipes.recipe.metadata import Recipe, get_recipe
 
 GIB = 1024**3
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
@@ -78,7 +78,7 @@ def launcher_settings(
     """What the launcher owns in verl's config: paths, GPUs, steps, logging, the Ray hook."""
     from omegaconf import OmegaConf
 
-    from verl_recipes import reward
+    from verl_recipes.workload import reward
 
     settings: dict[str, Any] = {
         "actor_rollout_ref": {"model": {"path": str(model)}},
@@ -103,7 +103,7 @@ def _open_runtime_env(cfg: Any) -> Any:
 
     with open_dict(cfg):
         renv = cfg.ray_kwargs.ray_init.runtime_env
-        renv.worker_process_setup_hook = "verl_recipes.hooks.setup"
+        renv.worker_process_setup_hook = "verl_recipes.worker.hooks.setup"
     return OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
 
 

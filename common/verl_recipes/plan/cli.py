@@ -90,8 +90,8 @@ def load_setup(
     target: str, variants: list[str], sets: list[str], arch: str | None = None, config_name: str | None = None
 ) -> tuple[str, Setup, Any]:
     """(label, Setup, recipe or None) for a recipe id or a deltas file."""
-    from verl_recipes.compose import compose_file, compose_recipe
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.compose import compose_file, compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     path = Path(target)
     if path.suffix in (".yaml", ".yml"):

@@ -1,6 +1,6 @@
 """The planner against measured runs: `verl-recipes plan --validate` / `nox -s validate-planner`.
 
-Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.report`,
+Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.measure.report`,
 schema verl-recipes/monitor-summary/1) is re-planned from the configuration it ran (the
 `verl_config.yaml` the launcher saved beside it; the model's config.json as `model_config.json`
 beside it when the model was not the recipe's full architecture, e.g. a truncated smoke model) on
@@ -36,7 +36,7 @@ from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 
 SUMMARY = "summary.json"
-SCHEMA = "verl-recipes/monitor-summary/1"  # verl_recipes.report.SCHEMA
+SCHEMA = "verl-recipes/monitor-summary/1"  # verl_recipes.measure.report.SCHEMA
 # The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
 # outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
 _ALIASES = {"outside": "loaded"}
@@ -116,7 +116,7 @@ def _run_setup(run: MeasuredRun) -> Any:
             arch = Arch.from_file(cand)
             break
     else:
-        from verl_recipes.recipes import get_recipe
+        from verl_recipes.recipe.metadata import get_recipe
 
         arch = Arch.from_file(ARCHS_DIR / get_recipe(run.recipe).model.arch / "config.json")
     return setup_from_config(cfg, arch)

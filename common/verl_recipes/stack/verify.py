@@ -77,7 +77,7 @@ class _Pins:
 def _load_pins() -> tuple[_Pins, str | None]:
     """Pins from images/versions.toml, else from this package's metadata; plus why it fell back."""
     try:
-        from verl_recipes.versions import load_pins
+        from verl_recipes.stack.pins import load_pins
 
         full = load_pins()
         return (
@@ -125,7 +125,7 @@ def _recipe(recipe_id: str | None) -> tuple[Any, Check | None]:
             f"recipe {recipe_id}: checks skipped: {e}",
             "set VERL_RECIPES_ROOT=/path/to/verl-recipes checkout (or mount it) to check the recipe's needs",
         )
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     r = get_recipe(recipe_id)  # an unknown id is a RecipeError: exit 2 with the valid ids
     return r, Check("recipe", "pass", f"{r.id}: {r.gpus.count} GPU(s) x {r.gpus.per_gpu_gib} GiB, {r.backend}")

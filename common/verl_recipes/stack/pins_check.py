@@ -1,6 +1,6 @@
 """Pin consistency: every place that names a version must agree with `images/versions.toml`.
 
-Places checked by `check_repo()` (and `python -m verl_recipes.pins_check check`):
+Places checked by `check_repo()` (and `python -m verl_recipes.stack.pins_check check`):
 - the `ARG NAME=default` version defaults of every Dockerfile (images/*/Dockerfile, recipes/*/Dockerfile),
   including the `BASE_IMAGE` default, which must be the image tag that the pins name;
 - pyproject.toml: each requirement on a pinned package must admit the pin, and the stack's key
@@ -10,7 +10,7 @@ Places checked by `check_repo()` (and `python -m verl_recipes.pins_check check`)
 
 Each problem reads `file:line: package: found X, versions.toml says Y`.
 
-The image builds call `python -m verl_recipes.pins_check build-args ...` inside the builder stage, so
+The image builds call `python -m verl_recipes.stack.pins_check build-args ...` inside the builder stage, so
 that a `--build-arg VERL_VERSION=0.9.0` fails the build with the reason; that path and the tag helpers
 use the standard library only (the builder has not installed anything yet). `docker_run_line()` gives
 the `docker run` command of a recipe's image for its README.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_recipes.versions import load_pins
+from verl_recipes.stack.pins import load_pins
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,7 +35,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from verl_recipes.recipes import Recipe
+    from verl_recipes.recipe.metadata import Recipe
 
 # Build argument -> (versions.toml table, key). Every `ARG *_VERSION` of a Dockerfile must be here.
 VERSION_ARGS: dict[str, tuple[str, str]] = {
@@ -378,7 +378,7 @@ def check_repo(root: Path) -> list[Problem]:
     problems += check_pyproject(root / "pyproject.toml", pins)
     for lock in sorted((root / "images" / "lock").glob("*.txt")):
         problems += check_lock(lock, root, pins)
-    verify = root / "common" / "verl_recipes" / "verify.py"
+    verify = root / "common" / "verl_recipes" / "stack" / "verify.py"
     if verify.is_file():
         problems += check_verify_source(verify, root, pins)
     return problems
@@ -495,7 +495,9 @@ def _parse_kv(items: Sequence[str]) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_recipes.pins_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m verl_recipes.stack.pins_check", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_args = sub.add_parser("build-args", help="check an image build's arguments (used inside the builds)")
     p_args.add_argument("--versions", type=Path, required=True, help="the versions.toml copied into the build")
@@ -558,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.taken.write_text(taken)
         args.rest.write_text(rest)
         return 0
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     print(docker_run_line(get_recipe(args.recipe)))
     return 0

@@ -2,7 +2,7 @@
 
 The GPU host can only receive files carried in the working tree, at most 64 MiB per transfer, and
 already has most of the stack (torch, CUDA libraries). So we resolve the hashed lock for the
-target's Python and platform (verl_recipes.lock), drop what the target already has at the same
+target's Python and platform (verl_recipes.stack.lock), drop what the target already has at the same
 version (`--have`, its `pip freeze`), leave out what images/wheelhouse-excludes.toml says is not
 needed (each with a reason), build sdist-only packages into pure-Python wheels here, and pack the
 rest into one xz-compressed tar split into chunks. install.sh checks every chunk and every wheel
@@ -41,7 +41,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from verl_recipes import RecipeError, __version__
-from verl_recipes.lock import (
+from verl_recipes.paths import repo_root
+from verl_recipes.stack.lock import (
     Pin,
     Target,
     canonical,
@@ -50,9 +51,8 @@ from verl_recipes.lock import (
     parse_lock,
     stack_requirements,
 )
-from verl_recipes.lock import refresh_lock as refresh_lock  # `nox -s lock` calls it from here
-from verl_recipes.paths import repo_root
-from verl_recipes.versions import load_pins
+from verl_recipes.stack.lock import refresh_lock as refresh_lock  # `nox -s lock` calls it from here
+from verl_recipes.stack.pins import load_pins
 
 INDEX = "https://pypi.org/simple"
 CHUNK_PREFIX = "wheelhouse.tar.xz.part-"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from verl_recipes.recipes import discover
+from verl_recipes.recipe.metadata import discover
 
 
 def register(sub: argparse._SubParsersAction) -> None:

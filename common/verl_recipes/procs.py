@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from verl_recipes import RecipeError
-from verl_recipes.monitor import has_marker, run_marker
+from verl_recipes.measure.monitor import has_marker, run_marker
 
 
 def marked_pids(run_dir: Path, under: bool = False) -> list[int]:

@@ -27,7 +27,7 @@ class _Strict(BaseModel):
 
 
 class ModelSpec(_Strict):
-    arch: str = Field(description="name of a bundled HF config.json under verl_recipes/archs/")
+    arch: str = Field(description="name of a bundled HF config.json under verl_recipes/workload/archs/")
     params: int = Field(gt=0, description="parameter count, checked on the meta device by tests")
     lora_rank: int = Field(0, ge=0, description="LoRA rank of the actor; 0 = full fine-tune")
 

@@ -25,7 +25,7 @@ verl itself: a Ray worker that never uses verl pays nothing, and torch is not im
 has set CUDA_VISIBLE_DEVICES.
 
 Wiring: the trainer loop runs in a Ray actor, so put the hook into Ray's runtime_env, e.g.
-    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=verl_recipes.phases.setup_hook
+    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=verl_recipes.worker.phases.setup_hook
     +ray_kwargs.ray_init.runtime_env.env_vars.VERL_RECIPES_RUN_DIR=<run dir>
 Each line is one write(2) to an O_APPEND file, so several processes may write and a kill loses
 nothing already written.
@@ -323,5 +323,5 @@ def install() -> bool:
 
 
 def setup_hook() -> None:
-    """Ray's runtime_env worker_process_setup_hook ("verl_recipes.phases.setup_hook")."""
+    """Ray's runtime_env worker_process_setup_hook ("verl_recipes.worker.phases.setup_hook")."""
     install()

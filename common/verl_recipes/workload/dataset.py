@@ -2,7 +2,7 @@
 
 Recipes must run without downloading anything (the GPU hosts reach no dataset hub), so the
 default training data is generated here: short arithmetic word problems with exact integer
-answers, which a rule reward (`verl_recipes.reward`) scores without a model. The rows follow
+answers, which a rule reward (`verl_recipes.workload.reward`) scores without a model. The rows follow
 the layout verl's own preprocessors write and `verl.utils.dataset.rl_dataset.RLHFDataset`
 reads: `data_source`, `prompt` (chat messages, read through `data.prompt_key`), `ability`,
 `reward_model.ground_truth` (what the reward manager passes as `ground_truth`) and

@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from verl_recipes import RecipeError
-from verl_recipes.phases import VERL_PHASES
-from verl_recipes.recipes import Recipe, get_recipe
+from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.worker.phases import VERL_PHASES
 
 SCHEMA = "verl-recipes/expected/1"
 UPPER, LOWER = 1.05, 0.8

@@ -1,7 +1,7 @@
 """Runtime fixes for verl 0.9.1 bugs the recipes hit, applied without forking verl.
 
 Each fix replaces one function or method at import time, inside every Ray worker (through the
-hook in `verl_recipes.hooks`), only when the installed verl is the version it was written for.
+hook in `verl_recipes.worker.hooks`), only when the installed verl is the version it was written for.
 Each has a test that shows verl's failure without it and the fix working (tests/test_verl_fixes.py).
 
 1. `verl.utils.model.load_valuehead_model` passes ``attn_implementation="flash_attention_2"``

@@ -1,7 +1,7 @@
 """Ray on a Slurm allocation: validate, start Ray on every node, run the trainer, tear down.
 
 The sbatch templates under ``recipes/*/slurm/`` are thin: they set the recipe's variables and call
-``python -m verl_recipes.ray_cluster launch`` (also ``verl-recipes ray-slurm launch``). The
+``python -m verl_recipes.cluster.ray_cluster launch`` (also ``verl-recipes ray-slurm launch``). The
 launcher runs in the batch step on the first node and drives everything else as Slurm job steps,
 so Slurm tracks, signals and accounts every process:
 
@@ -33,7 +33,7 @@ so the CI rehearses multi-node this way: one Slurm node, several Ray nodes.
 
 This module imports only the standard library at load time: in container deployments the launcher
 runs on the host's python3 with ``PYTHONPATH=<checkout>/common`` while Ray runs in the container.
-Variables are listed in ``ENV_HELP`` (``python -m verl_recipes.ray_cluster env``).
+Variables are listed in ``ENV_HELP`` (``python -m verl_recipes.cluster.ray_cluster env``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from typing import Any
 from verl_recipes import RecipeError
 
 RUNTIMES = ("bare", "pyxis", "apptainer")
-MODULE = "verl_recipes.ray_cluster"
+MODULE = "verl_recipes.cluster.ray_cluster"
 # The environment marker every Ray process of a job inherits; `reap` matches on it.
 MARKER = "VERL_RECIPES_RAY_JOB"
 # What `ray start` prints once its node has registered with the GCS (Ray 2.60's scripts.py).

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.recipes import Recipe, get_recipe
+from verl_recipes.recipe.metadata import Recipe, get_recipe
 
 
 def verl_config_dir() -> Path:

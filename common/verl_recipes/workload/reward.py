@@ -1,9 +1,9 @@
-"""The rule reward for the embedded arithmetic dataset (`verl_recipes.dataset`).
+"""The rule reward for the embedded arithmetic dataset (`verl_recipes.workload.dataset`).
 
 verl 0.9.1 loads a custom reward function from the trainer config group `reward` (the
 top-level `custom_reward_function` group is legacy and `main_ppo` no longer reads it):
 
-    reward.custom_reward_function.path=pkg://verl_recipes.reward
+    reward.custom_reward_function.path=pkg://verl_recipes.workload.reward
     reward.custom_reward_function.name=compute_score
 
 `verl.trainer.ppo.reward.get_custom_reward_fn` imports it with

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.monitor import read_jsonl
+from verl_recipes.measure.monitor import read_jsonl
 
 
 def run_figures(run_dir: Path) -> dict[str, Any]:

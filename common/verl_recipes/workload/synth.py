@@ -2,7 +2,7 @@
 
 Memory and throughput depend on the architecture's shapes, not on its weights, and the GPU
 hosts cannot download checkpoints. So recipes measure on a checkpoint written here from a
-bundled config (`verl_recipes/archs/<name>/config.json`) or any config.json: same shapes, random
+bundled config (`verl_recipes/workload/archs/<name>/config.json`) or any config.json: same shapes, random
 weights, a byte-level BPE tokenizer trained in about a second on the embedded arithmetic text,
 and a ChatML-style chat template. A real checkpoint goes through the same `load_for_check`.
 
@@ -340,7 +340,7 @@ def build_tokenizer(config: PretrainedConfig, seed: int = 0) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from verl_recipes.dataset import corpus
+    from verl_recipes.workload.dataset import corpus
 
     vocab_size = int(config.vocab_size)
     sp = special_tokens(config)

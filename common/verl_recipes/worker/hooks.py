@@ -2,14 +2,14 @@
 
 verl 0.9.1 runs its trainer loop and its FSDP workers in Ray actors, not in the driver, so
 anything we add must be installed in those processes. The launcher puts
-``worker_process_setup_hook: verl_recipes.hooks.setup`` into verl's own
+``worker_process_setup_hook: verl_recipes.worker.hooks.setup`` into verl's own
 ``ray_kwargs.ray_init.runtime_env``; Ray calls it in each worker process at start.
 
 It does three things, each controlled by an environment variable the launcher sets:
-- applies the verl 0.9.1 fixes (`verl_recipes.verl_fixes`), unless VERL_RECIPES_NO_FIXES=1;
+- applies the verl 0.9.1 fixes (`verl_recipes.worker.verl_fixes`), unless VERL_RECIPES_NO_FIXES=1;
 - caps the process's torch allocator to VERL_RECIPES_TORCH_MEM_FRACTION of the GPU (the
   24 GiB rehearsal on a larger GPU), when the process sees a GPU;
-- installs phase attribution (`verl_recipes.phases`) when VERL_RECIPES_RUN_DIR is set.
+- installs phase attribution (`verl_recipes.worker.phases`) when VERL_RECIPES_RUN_DIR is set.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def setup() -> None:
     """Ray's worker_process_setup_hook: never raises, so a hook problem cannot kill a worker."""
     if os.environ.get(ENV_NO_FIXES) != "1":
         try:
-            from verl_recipes import verl_fixes
+            from verl_recipes.worker import verl_fixes
 
             verl_fixes.apply()
         except Exception as e:
@@ -59,7 +59,7 @@ def setup() -> None:
         log.warning("verl_recipes: memory cap not applied: %s", e)
     if os.environ.get(RUN_DIR_ENV):
         try:
-            from verl_recipes import phases
+            from verl_recipes.worker import phases
 
             phases.install()
         except Exception as e:
