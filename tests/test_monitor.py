@@ -15,7 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from verl_recipes.measure.monitor import RUN_DIR_ENV, SAMPLES_FILE, Monitor, classify, read_jsonl
+from verl_recipes.measure.monitor import Monitor, classify
+from verl_recipes.rundir import RUN_DIR_ENV, read_jsonl
+from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
 
 MiB = 1024**2
 GiB = 1024**3

@@ -25,9 +25,10 @@ from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, plan_gpu
-from verl_recipes.plan.validate import SCHEMA, main_validate, validate_all
+from verl_recipes.plan.validate import main_validate, validate_all
 from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
+from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
 
 MIB = 1024**2
 

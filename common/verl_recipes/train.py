@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import shlex
 import subprocess
@@ -25,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RUN_DIR_ENV, RecipeError
+from verl_recipes import RecipeError, rundir
 from verl_recipes.measure.provenance import gpus as nvml_gpus
 from verl_recipes.measure.provenance import record
 from verl_recipes.recipe.compose import compose_recipe
@@ -148,7 +147,7 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
     print(f"== rehearsal of {recipe.id}: {reason}")
     print("== 1/5 install verification")
     _run([*CLI, "verify", "--recipe", recipe.id], "verify", check=False)
-    print(f"== 2/5 composed against verl's schema: {run_dir / 'verl_config.yaml'}")
+    print(f"== 2/5 composed against verl's schema: {run_dir / rundir.CONFIG}")
     print(
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
@@ -160,7 +159,7 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
     data = Path(cfg.data.train_files).parent
     _check_model_and_data(model, data, cfg)
     print("== 5/5 the command a GPU host runs")
-    print(f"   {(run_dir / 'command.sh').read_text().strip().splitlines()[-1]}")
+    print(f"   {(run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
     print(
         f"training needs an NVIDIA GPU ({recipe.gpus.count} x {recipe.gpus.target}); {reason}. "
         "Everything above is what a CPU can check; run the same command on a GPU host to train."
@@ -232,9 +231,9 @@ def run(args: argparse.Namespace) -> int:
     extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     runtime_env = _open_runtime_env(cfg)
-    cfg_path = run_dir / "verl_config.yaml"
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", "verl_config"]
-    (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+    cfg_path = run_dir / rundir.CONFIG
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", cfg_path.stem]
+    (run_dir / rundir.COMMAND).write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
 
     if args.rehearse or not gpu_ok:
         reason = (
@@ -275,8 +274,8 @@ def run(args: argparse.Namespace) -> int:
 
     env.update(
         {
-            RUN_DIR_ENV: str(run_dir),
-            "VERL_FILE_LOGGER_PATH": str(run_dir / "verl_metrics.jsonl"),
+            rundir.RUN_DIR_ENV: str(run_dir),
+            "VERL_FILE_LOGGER_PATH": str(run_dir / rundir.VERL_METRICS),
             "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
             "PYTHONUNBUFFERED": "1",
         }
@@ -296,13 +295,13 @@ def run(args: argparse.Namespace) -> int:
             "runtime_env": runtime_env,
         },
     )
-    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    rundir.write_provenance(run_dir, prov)
     # USS/PSS at most once a minute, and further apart when a read is costly: smaps_rollup of every
     # member (large CUDA processes) was the monitor's main cost on the H200 (0.32-0.37 s a read); the
     # monitor keeps those reads under 0.1% of a core. RSS is read at 2 Hz, the device total at 10 Hz.
     mon = [*CLI, "monitor", "--out", str(run_dir), "--full-mem-interval", "60", "--", *cmd]
-    with open(run_dir / "train.log", "wb") as logf:
-        print(f"+ {shlex.join(mon)}  (log: {run_dir / 'train.log'})", flush=True)
+    with open(run_dir / rundir.LOG, "wb") as logf:
+        print(f"+ {shlex.join(mon)}  (log: {run_dir / rundir.LOG})", flush=True)
         proc = subprocess.Popen(mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -312,14 +311,14 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(line)
                 sys.stdout.flush()
         rc = proc.wait()
-    (run_dir / "exit_code").write_text(f"{rc}\n")
+    (run_dir / rundir.EXIT_CODE).write_text(f"{rc}\n")
     _run([*CLI, "report", str(run_dir)], "report", check=False)
     if rc != 0:
         raise RecipeError(f"verl exited {rc}; the log and everything measured up to then are in {run_dir}")
     if args.cap_gib:
         over = cap_overrun(run_dir, args.cap_gib)
         if over:
-            (run_dir / "cap_exceeded.txt").write_text(over + "\n")
+            (run_dir / rundir.CAP_EXCEEDED).write_text(over + "\n")
             raise RecipeError(over)
     print(f"run folder: {run_dir}")
     return 0
@@ -331,7 +330,7 @@ def cap_overrun(run_dir: Path, cap_gib: float) -> str | None:
     The cap is enforced per process (torch's memory fraction, vLLM's share), but the question a
     24 GiB card asks is the device total, so that is what decides whether the run fitted.
     """
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.read_summary(run_dir)
     worst: tuple[float, str, str] | None = None
     for phase, rec in (summary.get("phases") or {}).items():
         for gpu, g in (rec.get("gpu") or {}).items():

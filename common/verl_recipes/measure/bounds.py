@@ -20,7 +20,6 @@ run on CUDA_VISIBLE_DEVICES=1 is checked against bounds measured on GPU 0.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import yaml
 
 from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.rundir import Summary, read_provenance, read_summary
 from verl_recipes.worker.phases import VERL_PHASES
 
 SCHEMA = "verl-recipes/expected/1"
@@ -37,20 +37,13 @@ UPPER, LOWER = 1.05, 0.8
 BOUNDED_PHASES = VERL_PHASES
 
 
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        raise RecipeError(f"{run_dir}: no summary.json; run `verl-recipes report {run_dir}` first")
-    return json.loads(path.read_text())
-
-
-def _ordinals(summary: dict[str, Any]) -> dict[str, str]:
+def _ordinals(summary: Summary) -> dict[str, str]:
     """NVML index -> position of that GPU among the run's GPUs."""
     indices = sorted(int(g["index"]) for g in summary.get("gpus") or [] if "index" in g)
     return {str(idx): str(pos) for pos, idx in enumerate(indices)}
 
 
-def measured(summary: dict[str, Any]) -> dict[str, Any]:
+def measured(summary: Summary) -> dict[str, Any]:
     """The quantities bounds are set on: phase peaks per GPU, median step time and throughput."""
     mem: dict[str, dict[str, float]] = {}
     pos = _ordinals(summary)
@@ -61,8 +54,8 @@ def measured(summary: dict[str, Any]) -> dict[str, Any]:
             if v.get("used_gib") is not None:
                 mem.setdefault(phase, {})[pos.get(str(gpu), str(gpu))] = float(v["used_gib"])
     steps = summary.get("steps") or []
-    times = [s["time_s"] for s in steps if s.get("time_s")]
-    tput = [s["throughput"] for s in steps if s.get("throughput")]
+    times = [t for s in steps if (t := s.get("time_s"))]
+    tput = [x for s in steps if (x := s.get("throughput"))]
     return {
         "memory_gib": mem,
         "step_time_s": statistics.median(times) if times else None,
@@ -75,7 +68,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
     """Bounds from one or more real runs of one configuration, with each run's provenance."""
     ms = []
     for run_dir in run_dirs:
-        m = measured(load_summary(run_dir))
+        m = measured(read_summary(run_dir))
         if not m["memory_gib"]:
             raise RecipeError(f"{run_dir}: the run has no per-phase GPU memory; bounds need an NVML-monitored run")
         ms.append(m)
@@ -97,8 +90,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
             return str(run_dir)
 
     def prov(run_dir: Path) -> dict[str, Any]:
-        path = run_dir / "provenance.json"
-        p = json.loads(path.read_text()) if path.is_file() else {}
+        p = read_provenance(run_dir)
         keys = ("date_utc", "command", "packages", "gpu", "git_commit", "variants", "sets", "cap_gib", "steps")
         return {k: p.get(k) for k in keys}
 
@@ -122,7 +114,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
     return doc
 
 
-def check(summary: dict[str, Any], bounds_doc: dict[str, Any], label: str) -> list[str]:
+def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]:
     """Every violated bound as one line naming the phase and GPU; empty when the run passes."""
     m = measured(summary)
     b = bounds_doc["bounds"]
@@ -179,7 +171,7 @@ def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | Non
             raise RecipeError(f"{path}: schema: expected {SCHEMA}")
         sources = doc.get("source_runs") or [doc["source_run"]]
         for run_dir in [run] if run else [recipe.dir / s for s in sources]:
-            errs = check(load_summary(run_dir), doc, f"{recipe.id} {name}")
+            errs = check(read_summary(run_dir), doc, f"{recipe.id} {name}")
             print(f"{'FAIL' if errs else 'ok  '} {recipe.id} {name} <- {run_dir}")
             errors += errs
     return errors

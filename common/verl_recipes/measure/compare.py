@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.measure.monitor import read_jsonl
+from verl_recipes.rundir import METRICS, read_jsonl, read_provenance, read_summary
 
 
 def run_figures(run_dir: Path) -> dict[str, Any]:
     """The numbers one row needs, from a run folder."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        raise RecipeError(f"{run_dir}: no summary.json; run `verl-recipes report {run_dir}` first")
-    summary = json.loads(path.read_text())
-    metrics, _ = read_jsonl(run_dir / "metrics.jsonl")
+    summary = read_summary(run_dir)
+    metrics, _ = read_jsonl(run_dir / METRICS)
     by_step = {m["step"]: m.get("metrics", {}) for m in metrics if isinstance(m.get("step"), int)}
     steady = [by_step[s] for s in sorted(by_step) if s >= 2]
     if not steady:
@@ -36,8 +33,7 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
         xs = [float(m[key]) for m in steady if m.get(key) is not None]
         return statistics.median(xs) if xs else None
 
-    prov_path = run_dir / "provenance.json"
-    prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
+    prov = read_provenance(run_dir)
     peak = max((g["used_gib"] for g in summary["peak"]["gpu"].values()), default=None)
     return {
         "run": run_dir.name,

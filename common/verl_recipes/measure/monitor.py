@@ -60,8 +60,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
-import json
 import os
 import re
 import signal
@@ -73,13 +71,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import Any
 
 import psutil
 
-from verl_recipes import RUN_DIR_ENV, RecipeError
+from verl_recipes import RecipeError
+from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 
-SAMPLES_FILE = "samples.jsonl"
 # USS/PSS reads may take at most this share of one core: on the H200 one read of 51-68 verl
 # processes cost 0.32-0.37 s of CPU (smaps_rollup walks every mapping of the CUDA processes).
 FULL_MEM_SHARE = 0.001
@@ -136,56 +134,6 @@ def _short(line: str) -> str:
             words.append(os.path.basename(a))
             break
     return " ".join(words)[:80]
-
-
-class JsonlWriter:
-    """Append JSON lines to a file, one write(2) per line, nothing buffered in this process."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._lock = threading.Lock()
-
-    def write(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
-        with self._lock:
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-
-
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Parse a JSONL file; return (records, number of unparseable lines skipped).
-
-    Committed results keep their samples gzipped (PATH.gz, a tenth of the size, so the repository
-    still travels to a GPU host beside a wheelhouse chunk); either form is read.
-    """
-    records: list[dict[str, Any]] = []
-    bad = 0
-    gz = path.with_name(path.name + ".gz")
-    if not path.is_file() and not gz.is_file():
-        return records, bad
-    text: IO[str] = (
-        open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
-        if path.is_file()
-        else gzip.open(gz, "rt", encoding="utf-8", errors="replace")  # noqa: SIM115
-    )
-    with text as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1
-    return records, bad
 
 
 def _visible_filter() -> tuple[set[int], set[str]] | None:
@@ -483,7 +431,7 @@ class Monitor:
         marker = run_marker(self.out_dir)
         self.procs = _ProcSet(root_pid, marker)
         self.nvml = _Nvml()
-        self.writer = JsonlWriter(self.out_dir / SAMPLES_FILE)
+        self.writer = JsonlWriter(self.out_dir / SAMPLES)
         self.samples = 0
         self.sampler_cpu_s = 0.0
         self.sampler_cpu_parts_s: dict[str, float] = {}

@@ -16,35 +16,8 @@ peaks are maximised separately, so they need not have happened at the same time 
 peak. A phase that was still open when the run ended (a crash) is closed at the last sample and
 counted.
 
-summary.json, schema "verl-recipes/monitor-summary/1" (sizes in GiB = 1024**3 bytes, times in s,
-null where not measured; on a host without NVML "gpus" is [] and every "gpu" map is {}):
-    {
-      "schema": "verl-recipes/monitor-summary/1",
-      "run_dir": str, "cmd": [str] | null,
-      "exit_code": int | null,          # null: the monitor did not finish (killed, OOM)
-      "wall_s": float, "interval_s": float, "samples": int, "skipped_lines": int,
-      "nvml_error": str | null,         # why there are no GPU fields
-      "gpus": [{"index": int, "name": str, "total_gib": float}],
-      "peak": PEAKS,                    # over the whole run
-      "phases": {phase: PEAKS},         # over all steps; phase names as verl's marked_timer names them
-      "monitor": {"sampler_cpu_s": float, "core_share": float, "parts_core_share": {part: float},
-                  "members_max": int | null} | null,   # the sampler's own CPU (exit record)
-      "steps": [{
-          "step": int,
-          "time_s": float | null,       # metrics timing_s/step, else the step interval
-          "timing_s": {phase: float},   # metrics timing_s/*, else from the phase intervals
-          "throughput": float | null,   # metrics perf/throughput
-          "verl_memory_gib": {metric: float},   # every */max_memory_{allocated,reserved}_gb metric
-          "verl_max_reserved_gib": float | null,
-          "nvml_peak_gib": float | null,        # max over GPUs of the device peak during the step
-          "nvml_minus_verl_reserved_gib": float | null,
-          "peak": PEAKS,                # the whole step
-          "phases": {phase: PEAKS}
-      }]
-    }
-    PEAKS = {"samples": int, "duration_s": float | null,
-             "gpu": {"<index>": {"used_gib": float, "by_class_gib": {class: float}}},
-             "host": {"rss_gib": float | null, "pss_gib": float | null, "uss_gib": float | null}}
+summary.json's schema, field by field, is `verl_recipes.rundir.Summary`.
+
 Process classes are verl_recipes.measure.monitor.CLASSES; host RSS is summed over the monitored processes
 (shared pages counted once per process); PSS, sampled every few seconds, counts them once.
 """
@@ -52,7 +25,6 @@ Process classes are verl_recipes.measure.monitor.CLASSES; host RSS is summed ove
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -60,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.measure.monitor import CLASSES, GIB, SAMPLES_FILE, read_jsonl
-from verl_recipes.worker.phases import METRICS_FILE, PHASES_FILE
+from verl_recipes.measure.monitor import CLASSES, GIB
+from verl_recipes.rundir import METRICS, PHASES, REPORT, SAMPLES, SUMMARY_SCHEMA, TIMELINE, read_jsonl, write_summary
 
-SCHEMA = "verl-recipes/monitor-summary/1"
 OUTSIDE = "outside"
 
 
@@ -170,18 +141,18 @@ def _attribute(t: float, intervals: list[Interval]) -> tuple[str, int | None]:
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     """Build summary.json's content from a run directory."""
-    recs, bad = read_jsonl(run_dir / SAMPLES_FILE)
+    recs, bad = read_jsonl(run_dir / SAMPLES)
     if not recs:
-        raise RecipeError(f"{run_dir / SAMPLES_FILE}: no samples; run `verl-recipes monitor --out {run_dir} -- CMD`")
+        raise RecipeError(f"{run_dir / SAMPLES}: no samples; run `verl-recipes monitor --out {run_dir} -- CMD`")
     start = next((r for r in recs if r.get("kind") == "start"), {})
     exit_ = next((r for r in recs if r.get("kind") == "exit"), None)
     samples = [r for r in recs if r.get("kind") == "sample"]
     if not samples:
-        raise RecipeError(f"{run_dir / SAMPLES_FILE}: no sample records; the monitored command ended at once?")
+        raise RecipeError(f"{run_dir / SAMPLES}: no sample records; the monitored command ended at once?")
     t_end = samples[-1]["t"]
-    ph_recs, bad_ph = read_jsonl(run_dir / PHASES_FILE)
+    ph_recs, bad_ph = read_jsonl(run_dir / PHASES)
     intervals = load_intervals(ph_recs, t_end)
-    met_recs, bad_met = read_jsonl(run_dir / METRICS_FILE)
+    met_recs, bad_met = read_jsonl(run_dir / METRICS)
     metrics: dict[int, dict[str, float]] = defaultdict(dict)
     for m in met_recs:
         if isinstance(m.get("step"), int):
@@ -262,7 +233,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 
     wall = (exit_ or samples[-1])["t"] - start.get("t", samples[0]["t"])
     return {
-        "schema": SCHEMA,
+        "schema": SUMMARY_SCHEMA,
         "run_dir": str(run_dir),
         "cmd": start.get("cmd"),
         "exit_code": exit_.get("rc") if exit_ else None,
@@ -443,11 +414,11 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    recs, _ = read_jsonl(run_dir / SAMPLES_FILE)
+    recs, _ = read_jsonl(run_dir / SAMPLES)
     samples = [r for r in recs if r.get("kind") == "sample"]
     start = next((r for r in recs if r.get("kind") == "start"), {})
     t0 = start.get("t", samples[0]["t"])
-    ph, _ = read_jsonl(run_dir / PHASES_FILE)
+    ph, _ = read_jsonl(run_dir / PHASES)
     intervals = [iv for iv in load_intervals(ph, samples[-1]["t"]) if iv.name != "step"]
     gpus = sorted({g["index"] for s in samples for g in s.get("gpus", [])})
     rows = 2 if gpus else 1
@@ -493,14 +464,14 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
 def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     """Write summary.json, report.md and timeline.png; return the summary."""
     run_dir = run_dir.resolve()
-    if not (run_dir / SAMPLES_FILE).is_file() and not (run_dir / (SAMPLES_FILE + ".gz")).is_file():
-        raise RecipeError(f"{run_dir}: no {SAMPLES_FILE}; give the --out DIR of `verl-recipes monitor`")
+    if not (run_dir / SAMPLES).is_file() and not (run_dir / (SAMPLES + ".gz")).is_file():
+        raise RecipeError(f"{run_dir}: no {SAMPLES}; give the --out DIR of `verl-recipes monitor`")
     out = (out_dir or run_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(run_dir)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    render_timeline(run_dir, out / "timeline.png")
-    (out / "report.md").write_text(render_markdown(summary, "timeline.png"))
+    write_summary(out, summary)
+    render_timeline(run_dir, out / TIMELINE)
+    (out / REPORT).write_text(render_markdown(summary, TIMELINE))
     return summary
 
 

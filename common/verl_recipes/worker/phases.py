@@ -36,20 +36,18 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import inspect
-import json
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
-from verl_recipes import RUN_DIR_ENV
+from verl_recipes import rundir
+from verl_recipes.rundir import RUN_DIR_ENV
 
-PHASES_FILE = "phases.jsonl"
 #: the phase names verl 0.9.1's v1 trainer gives `marked_timer` in one PPO/GRPO step.
 VERL_PHASES = (
     "gen",
@@ -63,34 +61,13 @@ VERL_PHASES = (
     "update_weights",
     "step",
 )
-METRICS_FILE = "metrics.jsonl"
 
 # verl modules that define or re-export marked_timer (verl.utils.debug re-exports the profiler's).
 _TIMER_MODULES = ("verl.utils.profiler", "verl.utils.debug")
 _TRACKING_MODULE = "verl.utils.tracking"
 _MARK = "_verl_recipes_wrapped"
 
-_lock = threading.Lock()
-_fds: dict[str, tuple[int, int]] = {}  # path -> (pid that opened it, fd); reopened after fork
 _installed = False
-
-
-def _append(name: str, record: dict[str, Any]) -> None:
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
-        return
-    path = os.path.join(run_dir, name)
-    data = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    with _lock:
-        pid = os.getpid()
-        entry = _fds.get(path)
-        if entry is None or entry[0] != pid:
-            os.makedirs(run_dir, exist_ok=True)
-            entry = (pid, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
-            _fds[path] = entry
-        view = memoryview(data)
-        while view:
-            view = view[os.write(entry[1], view) :]
 
 
 def _caller_step(frame: FrameType | None) -> int | None:
@@ -140,8 +117,8 @@ class _PhaseTimer:
         self.inner, self.name, self.step = inner, name, step
 
     def __enter__(self) -> Any:
-        _append(
-            PHASES_FILE,
+        rundir.append(
+            rundir.PHASES,
             {"t": time.time(), "event": "begin", "name": self.name, "step": self.step, "pid": os.getpid()},
         )
         return self.inner.__enter__()
@@ -161,7 +138,7 @@ class _PhaseTimer:
             used = device_used()
             if used is not None:
                 rec["gpu_used"] = used
-            _append(PHASES_FILE, rec)
+            rundir.append(rundir.PHASES, rec)
 
 
 def _wrap_timer(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -205,8 +182,8 @@ def _wrap_log(orig: Callable[..., Any]) -> Callable[..., Any]:
             data = bound.arguments.get("data") or {}
             step = bound.arguments.get("step")
             metrics = {str(k): _number(v) for k, v in dict(data).items()}
-            _append(
-                METRICS_FILE,
+            rundir.append(
+                rundir.METRICS,
                 {
                     "t": time.time(),
                     "step": step,
@@ -215,7 +192,7 @@ def _wrap_log(orig: Callable[..., Any]) -> Callable[..., Any]:
                 },
             )
         except Exception as e:  # never break training for a record; say why in the file
-            _append(METRICS_FILE, {"t": time.time(), "error": repr(e)[:300]})
+            rundir.append(rundir.METRICS, {"t": time.time(), "error": repr(e)[:300]})
         return orig(*args, **kwargs)
 
     log.__doc__ = orig.__doc__

@@ -205,10 +205,10 @@ def verl_steps(rows: list[dict[str, Any]], n_gpus: int | None) -> list[dict[str,
 
 def verl_monitor_peaks(summary_path: str | Path) -> dict[int, float]:
     """step -> NVML peak (GiB, max over GPUs) from `verl-recipes report`'s summary.json."""
-    data = json.loads(Path(summary_path).read_text())
-    return {
-        int(s["step"]): float(s["nvml_peak_gib"]) for s in data.get("steps", []) if s.get("nvml_peak_gib") is not None
-    }
+    from verl_recipes.rundir import read_summary
+
+    data = read_summary(Path(summary_path).parent)
+    return {int(s["step"]): float(p) for s in data.get("steps", []) if (p := s.get("nvml_peak_gib")) is not None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def plot(
 
 def load_ds_dir(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """run.json and the steps of a (possibly unfinished) DeepSpeed run, NVML peaks joined."""
-    from verl_recipes.measure.monitor import read_jsonl
+    from verl_recipes.rundir import read_jsonl
 
     run = json.loads((out / FILES["run"]).read_text())
     steps, _ = read_jsonl(out / FILES["steps"])
