@@ -60,12 +60,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, procs
 
 RUNTIMES = ("bare", "pyxis", "apptainer")
 MODULE = "verl_recipes.cluster.ray_cluster"
 # The environment marker every Ray process of a job inherits; `reap` matches on it.
-MARKER = "VERL_RECIPES_RAY_JOB"
+MARKER = procs.RAY_JOB_ENV
 # What `ray start` prints once its node has registered with the GCS (Ray 2.60's scripts.py).
 STARTED = "Ray runtime started"
 
@@ -1065,23 +1065,6 @@ def cmd_driver(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-def _proc_entries() -> list[tuple[int, int, str, bytes]]:
-    """(pid, session id, cmdline, environ) of every process this user can read."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            sid = int(stat.rsplit(")", 1)[1].split()[3])
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            environ = (d / "environ").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        out.append((int(d.name), sid, cmd, environ))
-    return out
-
-
 def leftovers(job: str, sids: set[int]) -> list[int]:
     """Pids of this job's Ray processes on this host.
 
@@ -1092,14 +1075,13 @@ def leftovers(job: str, sids: set[int]) -> list[int]:
     ``ray::DashboardAgent``). slurmstepd, this process and its parent are never chosen.
     """
     me = {os.getpid(), os.getppid()}
-    marker = f"{MARKER}={job}".encode()
-    pids = []
-    for pid, sid, cmd, environ in _proc_entries():
-        if pid in me or cmd.startswith("slurmstepd"):
-            continue
-        if sid in sids or marker in environ.split(b"\0"):
-            pids.append(pid)
-    return pids
+    marker = procs.job_marker(job)
+    return [
+        pid
+        for pid in sorted(procs.all_pids() - me)
+        if not procs.command_line(pid).startswith("slurmstepd")
+        and (procs.session_id(pid) in sids or procs.has_marker(pid, marker))
+    ]
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
@@ -1109,21 +1091,11 @@ def cmd_reap(args: argparse.Namespace) -> int:
     for f in tmp.glob("node-*.sid"):
         with contextlib.suppress(ValueError, OSError):
             sids.add(int(f.read_text().strip()))
-    pids = leftovers(args.job, sids)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-            time.sleep(0.2)
-        pids = [p for p in pids if Path(f"/proc/{p}").exists()]
-        if not pids:
-            break
+    _, left = procs.end(lambda: leftovers(args.job, sids), grace_s=5, kill_wait_s=5)
     shutil.rmtree(tmp, ignore_errors=True)
-    left = f"{len(pids)} would not die" if pids else "nothing left"
-    print(f"ray-slurm: reap on {socket.gethostname()}: {left}", flush=True)
-    return 0 if not pids else 1
+    said = f"{len(left)} would not die" if left else "nothing left"
+    print(f"ray-slurm: reap on {socket.gethostname()}: {said}", flush=True)
+    return 0 if not left else 1
 
 
 # --- command line --------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ from typing import Any
 import psutil
 
 from verl_recipes import RecipeError
+from verl_recipes.procs import all_pids, has_marker, run_marker
 from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 
 # USS/PSS reads may take at most this share of one core: on the H200 one read of 51-68 verl
@@ -230,20 +231,6 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def run_marker(run_dir: str | os.PathLike[str]) -> bytes:
-    """The environment entry every process of a run carries (RUN_DIR_ENV=<resolved run dir>)."""
-    return f"{RUN_DIR_ENV}={Path(run_dir).resolve()}".encode()
-
-
-def has_marker(pid: int, marker: bytes, under: bool = False) -> bool:
-    """Whether /proc/PID/environ carries `marker` (with `under`: also a run folder below it)."""
-    env = _read(f"/proc/{pid}/environ")
-    if not env:
-        return False
-    entries = env.split(b"\0")
-    return marker in entries or (under and any(e.startswith(marker + b"/") for e in entries))
-
-
 class _ProcSet:
     """The monitored processes: the command's tree plus processes tagged with our run dir.
 
@@ -265,7 +252,7 @@ class _ProcSet:
         self._cmdline: dict[int, int] = {}  # pid -> open fd of /proc/PID/cmdline (titles change: Ray)
 
     def _pids(self) -> set[int]:
-        pids = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+        pids = all_pids()
         for pid in pids - self._ppid.keys():
             stat = _read(f"/proc/{pid}/stat")
             if stat:
