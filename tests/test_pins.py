@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from verl_recipes.recipe.metadata import discover
 from verl_recipes.stack import pins_check
+from verl_recipes.stack.lock import parse_lock_text
 from verl_recipes.stack.pins import load_pins
 
 
@@ -249,7 +250,7 @@ def test_split_lock_moves_whole_entries(root: Path) -> None:
     if not lock.is_file():
         pytest.skip("no images/lock/gpu-py312.txt yet (nox -s lock)")
     taken, rest = pins_check.split_lock(lock.read_text(), {"deepspeed"})
-    t, r, whole = (pins_check.lock_versions_text(x) for x in (taken, rest, lock.read_text()))
+    t, r, whole = (parse_lock_text(x) for x in (taken, rest, lock.read_text()))
     assert set(t) == {"deepspeed"}
     assert "deepspeed" not in r and set(r) | set(t) == set(whole)
     assert taken.count("--hash=sha256:") + rest.count("--hash=sha256:") == lock.read_text().count("--hash=sha256:")

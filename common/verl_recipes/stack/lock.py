@@ -93,18 +93,29 @@ class Pin:
     version: str
     hashes: list[str] = field(default_factory=list)
     via: list[str] = field(default_factory=list)
+    line: int = 0  # where its entry starts in the lock file (1-based)
 
 
-def parse_lock(path: Path) -> dict[str, Pin]:
-    """Read a `uv pip compile --generate-hashes` output: canonical name -> Pin."""
+# An entry's first line: `name==version`, with extras, as uv and pip-compile write it.
+_ENTRY_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)")
+
+
+def entry_name(line: str) -> str | None:
+    """The canonical name whose entry this lock line starts, or None (hashes, `# via`, comments)."""
+    m = _ENTRY_RE.match(line.strip())
+    return canonical(m.group(1)) if m else None
+
+
+def parse_lock_text(text: str) -> dict[str, Pin]:
+    """A `uv pip compile --generate-hashes` output: canonical name -> Pin (the one lock parser)."""
     pins: dict[str, Pin] = {}
     current: Pin | None = None
     in_via = False
-    for raw in path.read_text().splitlines():
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s\\;]+)", raw)
+        m = _ENTRY_RE.match(line)
         if m:
-            current = Pin(canonical(m.group(1)), m.group(3))
+            current = Pin(canonical(m.group(1)), m.group(2), line=number)
             pins[current.name] = current
             in_via = False
         if current is None:
@@ -119,6 +130,12 @@ def parse_lock(path: Path) -> dict[str, Pin]:
             current.via.append(line[1:].strip())
         elif not line.startswith("#"):
             in_via = False
+    return pins
+
+
+def parse_lock(path: Path) -> dict[str, Pin]:
+    """A lock file's entries; a file with none says how to regenerate it."""
+    pins = parse_lock_text(path.read_text())
     if not pins:
         raise RecipeError(f"{path}: no `name==version` lines; regenerate it with `nox -s lock`")
     return pins

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verl_recipes.stack.lock import canonical, entry_name, parse_lock_text
 from verl_recipes.stack.pins import load_pins
 
 if sys.version_info >= (3, 11):
@@ -220,16 +221,12 @@ def dockerfiles(root: Path) -> list[Path]:
 # pyproject.toml
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def check_pyproject(path: Path, pins: Mapping[str, Any], rel: str = "pyproject.toml") -> list[Problem]:
     from packaging.requirements import Requirement  # dev dependency: tests and nox only
 
     data = tomllib.loads(path.read_text())
     lines = path.read_text().splitlines()
-    gpu = {_norm(k): str(v) for k, v in pins["gpu"].items()}
+    gpu = {canonical(k): str(v) for k, v in pins["gpu"].items()}
     project = data.get("project", {})
     reqs: list[str] = list(project.get("dependencies", []))
     for extra in project.get("optional-dependencies", {}).values():
@@ -238,7 +235,7 @@ def check_pyproject(path: Path, pins: Mapping[str, Any], rel: str = "pyproject.t
     seen: set[str] = set()
     for text in reqs:
         req = Requirement(text)
-        name = _norm(req.name)
+        name = canonical(req.name)
         if name not in gpu or name == "verl-recipes":
             continue
         seen.add(name)
@@ -255,29 +252,13 @@ def check_pyproject(path: Path, pins: Mapping[str, Any], rel: str = "pyproject.t
 
 
 # ---------------------------------------------------------------------------------------------
-# Lock files (images/lock/*.txt, pip-compile style `name==version \ --hash=...`)
-
-_LOCK_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)")
-
-
-def lock_versions(path: Path) -> dict[str, tuple[int, str]]:
-    """Package -> (line, version) of a lock file."""
-    return lock_versions_text(path.read_text())
-
-
-def lock_versions_text(text: str) -> dict[str, tuple[int, str]]:
-    out: dict[str, tuple[int, str]] = {}
-    for i, line in enumerate(text.splitlines(), 1):
-        m = _LOCK_RE.match(line.strip())
-        if m:
-            out[_norm(m.group(1))] = (i, m.group(2))
-    return out
+# Lock files (images/lock/*.txt, read by verl_recipes.stack.lock)
 
 
 def check_lock(path: Path, root: Path, pins: Mapping[str, Any]) -> list[Problem]:
     rel = path.relative_to(root).as_posix()
-    locked = lock_versions(path)
-    gpu = {_norm(k): str(v) for k, v in pins["gpu"].items() if k != "cuda"}
+    locked = {name: (pin.line, pin.version) for name, pin in parse_lock_text(path.read_text()).items()}
+    gpu = {canonical(k): str(v) for k, v in pins["gpu"].items() if k != "cuda"}
     problems: list[Problem] = []
     for name, want in gpu.items():
         if name not in locked:
@@ -315,7 +296,7 @@ def check_verify_source(path: Path, root: Path, pins: Mapping[str, Any]) -> list
     """`verify` must take its versions from versions.toml: no version literal of a pinned package
     (as `"pkg": "1.2.3"`, `pkg==1.2.3` or `PKG_VERSION = "1.2.3"`) that differs from the pin."""
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-    gpu = {_norm(k): str(v) for k, v in pins["gpu"].items()}
+    gpu = {canonical(k): str(v) for k, v in pins["gpu"].items()}
     problems: list[Problem] = []
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
@@ -355,7 +336,7 @@ def check_verify_source(path: Path, root: Path, pins: Mapping[str, Any]) -> list
                         )
                     )
         for key, value, line in pairs:
-            name = _norm(str(key))
+            name = canonical(str(key))
             if (
                 name in gpu
                 and isinstance(value, str)
@@ -460,9 +441,9 @@ def split_lock(text: str, take: set[str]) -> tuple[str, str]:
     rest: list[str] = []
     current: list[str] | None = None
     for line in text.splitlines(keepends=True):
-        m = _LOCK_RE.match(line)
-        if m:
-            current = taken if _norm(m.group(1)) in take else rest
+        name = entry_name(line)
+        if name:
+            current = taken if name in take else rest
         if current is None:
             taken.append(line)
             rest.append(line)
@@ -477,11 +458,11 @@ def light_requirements(pyproject_text: str, names: Sequence[str]) -> list[str]:
     deps = tomllib.loads(pyproject_text)["project"]["dependencies"]
     by_name: dict[str, list[str]] = {}
     for d in deps:
-        by_name.setdefault(_norm(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]), []).append(d)
-    missing = [n for n in names if _norm(n) not in by_name]
+        by_name.setdefault(canonical(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]), []).append(d)
+    missing = [n for n in names if canonical(n) not in by_name]
     if missing:
         raise ValueError(f"not in pyproject.toml [project] dependencies: {', '.join(missing)}")
-    return [d for n in names for d in by_name[_norm(n)]]
+    return [d for n in names for d in by_name[canonical(n)]]
 
 
 def _parse_kv(items: Sequence[str]) -> dict[str, str]:
@@ -551,9 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     if args.cmd == "split-lock":
-        want = {_norm(n) for n in args.take}
+        want = {canonical(n) for n in args.take}
         taken, rest = split_lock(args.lock.read_text(), want)
-        missing = want - set(lock_versions_text(taken))
+        missing = want - set(parse_lock_text(taken))
         if missing:
             print(f"split-lock: {args.lock} has no entry for {', '.join(sorted(missing))}", file=sys.stderr)
             return 1
