@@ -158,7 +158,7 @@ def lock(session: nox.Session) -> None:
     """Refresh images/lock/ from images/versions.toml (uv pip compile, with hashes)."""
     # deepspeed's setup.py imports torch, so the locking environment needs the CPU torch.
     session.install(CPU_TORCH, "uv", "-e", ".")
-    session.run("python", "-c", "from verl_recipes.stack.wheelhouse import refresh_lock; refresh_lock()")
+    session.run("python", "-c", "from verl_recipes.stack.lock import refresh_lock; refresh_lock()")
     session.run("python", "-m", "verl_recipes.stack.pins_check", "check")
 
 

@@ -34,7 +34,10 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
     "ray-slurm": ("verl_recipes.cluster.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
     "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
     "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
-    "wheelhouse": ("verl_recipes.stack.wheelhouse", "build an offline wheelhouse of the pinned stack for a target"),
+    "wheelhouse": (
+        "verl_recipes.stack.wheelhouse.build",
+        "build an offline wheelhouse of the pinned stack for a target",
+    ),
 }
 
 
