@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
     "report": ("verl_recipes.measure.report", "tables and a timeline PNG from a monitored run"),
     "plan": ("verl_recipes.plan.cli", "predict per-phase, per-GPU peak memory of a verl configuration"),
     "validate": ("verl_recipes.measure.bounds", "check a run's memory and throughput against a recipe's bounds"),
-    "ray-slurm": ("verl_recipes.cluster.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
+    "ray-slurm": ("verl_recipes.cluster.cli", "bootstrap Ray on a Slurm allocation and run a recipe"),
     "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
     "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
     "wheelhouse": (
