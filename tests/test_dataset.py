@@ -17,9 +17,10 @@ import verl
 from omegaconf import OmegaConf
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
+from verl_recipes.workload.arch import resolve_arch
 from verl_recipes.workload.dataset import DATA_SOURCE, build, write
 from verl_recipes.workload.reward import compute_score, extract_answer
-from verl_recipes.workload.synth import build_tokenizer, hf_config, resolve_arch, shape_config
+from verl_recipes.workload.synth import build_tokenizer, hf_config, shape_config
 
 REWARD_KEYS = {"reward.custom_reward_function.path": "pkg://verl_recipes.workload.reward",
                "reward.custom_reward_function.name": "compute_score"}  # fmt: skip

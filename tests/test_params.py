@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 from verl_recipes.recipe.metadata import discover
-from verl_recipes.workload.synth import bundled_archs, count_params, resolve_arch
+from verl_recipes.workload.arch import bundled_archs, resolve_arch
+from verl_recipes.workload.synth import count_params
 
 # Published sizes of the real checkpoints (embeddings counted once when tied, as in qwen2-0.5b).
 KNOWN = {

@@ -16,7 +16,7 @@ import pytest
 import verl_recipes.recipe.compose as compose_mod
 import yaml
 from omegaconf import OmegaConf
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup, recipe_extra
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
@@ -29,6 +29,7 @@ from verl_recipes.plan.validate import main_validate, validate_all
 from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
+from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB = 1024**2
 

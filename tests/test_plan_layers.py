@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.gpus import GIB, GPU, parse_gpu
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
 from verl_recipes.plan.phases import Constants
+from verl_recipes.workload.arch import ARCHS_DIR
 
 H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))
 PLAN = Path(__file__).resolve().parents[1] / "gpu" / "plan-h200x2-70b.txt"

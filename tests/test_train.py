@@ -63,10 +63,10 @@ def test_cap_needs_a_gpu(tmp_path: Path) -> None:
 
 def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     """The planner's verdict gates a GPU launch: one line naming the phase and a knob."""
-    from verl_recipes import ARCHS_DIR
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.train import launcher_settings, preflight_fit
+    from verl_recipes.workload.arch import ARCHS_DIR
 
     recipe = get_recipe("7b-lora")
     model = ARCHS_DIR / "llama-2-7b"

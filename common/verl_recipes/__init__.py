@@ -12,7 +12,6 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-ARCHS_DIR = PACKAGE_DIR / "workload" / "archs"
 #: set by the monitor and the launcher for every process of a run: where phases and metrics go.
 RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
 

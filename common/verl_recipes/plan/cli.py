@@ -20,11 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.workload.arch import arch_config_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -64,16 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 
 
 def _arch_from(spec: str) -> Arch:
-    bundled = ARCHS_DIR / spec / "config.json"
-    if bundled.is_file():
-        return Arch.from_file(bundled)
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return Arch.from_file(path)
-    known = sorted(p.name for p in ARCHS_DIR.iterdir() if (p / "config.json").is_file())
-    raise RecipeError(f"--arch {spec}: not a bundled arch ({', '.join(known)}) or a config.json path")
+    return Arch.from_file(arch_config_path(spec))
 
 
 def recipe_extra(recipe: Any) -> Any:
@@ -280,6 +272,7 @@ def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
+    from verl_recipes.rundir import read_provenance
 
     rate, where = tokens_per_s, "--tokens-per-s"
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
@@ -293,10 +286,8 @@ def _costs(
             assert run.per_gpu_throughput is not None
             rate = from_verl_throughput(run.per_gpu_throughput, s.world)
             where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
-            prov = run.run_dir / "provenance.json"
-            if prov.is_file():
-                devs = json.loads(prov.read_text()).get("gpu", {}).get("gpus") or []
-                measured_on = devs[0]["name"] if devs else None
+            devs = read_provenance(run.run_dir).get("gpu", {}).get("gpus") or []
+            measured_on = devs[0]["name"] if devs else None
     if rate is None:
         return [], []
     offers = load_prices(prices_file())

@@ -11,14 +11,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from verl_recipes import PACKAGE_DIR, RecipeError
+from verl_recipes import RecipeError
 
 GIB = 1024**3
-CATALOGUE = PACKAGE_DIR / "plan" / "gpus.yaml"
+CATALOGUE = Path(__file__).resolve().parent / "gpus.yaml"
 
 
 @dataclass(frozen=True)

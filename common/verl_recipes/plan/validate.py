@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import ARCHS_DIR, RecipeError, rundir
+from verl_recipes import RecipeError, rundir
 from verl_recipes.plan.gpus import GIB, GPU
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, read_summary
+from verl_recipes.workload.arch import arch_config_path
 
 # The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
 # outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
@@ -113,7 +114,7 @@ def _run_setup(run: MeasuredRun) -> Any:
     else:
         from verl_recipes.recipe.metadata import get_recipe
 
-        arch = Arch.from_file(ARCHS_DIR / get_recipe(run.recipe).model.arch / "config.json")
+        arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     return setup_from_config(cfg, arch)
 
 

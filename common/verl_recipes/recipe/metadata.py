@@ -9,7 +9,6 @@ hand, so nothing drifts. The schema forbids unknown keys so that a typo fails as
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.paths import recipes_dir
+from verl_recipes.workload.arch import bundled_archs, resolve_arch
 
 
 class _Strict(BaseModel):
@@ -34,8 +34,8 @@ class ModelSpec(_Strict):
     @field_validator("arch")
     @classmethod
     def _arch_exists(cls, v: str) -> str:
-        if not (ARCHS_DIR / v / "config.json").is_file():
-            known = sorted(p.name for p in ARCHS_DIR.iterdir() if (p / "config.json").is_file())
+        known = bundled_archs()
+        if v not in known:
             raise ValueError(f"unknown arch {v!r}; bundled: {', '.join(known)}")
         return v
 
@@ -83,7 +83,7 @@ class Recipe(_Strict):
 
     @cached_property
     def arch_config(self) -> dict[str, Any]:
-        return json.loads((ARCHS_DIR / self.model.arch / "config.json").read_text())
+        return resolve_arch(self.model.arch)
 
     def config_files(self, variants: str | Sequence[str] | None = None) -> list[Path]:
         """The recipe's config layers: config.yaml, then each named variant in order."""

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_recipes import ARCHS_DIR, RecipeError, __version__
+from verl_recipes import RecipeError, __version__
+from verl_recipes.workload.arch import bundled_archs, resolve_arch
 
 if TYPE_CHECKING:
     import torch
@@ -60,29 +61,6 @@ CHAT_TEMPLATE = (
 
 # ---------------------------------------------------------------------------------------------
 # Configs
-
-
-def bundled_archs() -> list[str]:
-    return sorted(p.name for p in ARCHS_DIR.iterdir() if (p / "config.json").is_file())
-
-
-def resolve_arch(arch: str) -> dict[str, Any]:
-    """A bundled arch name, a config.json path, or a folder holding one -> the config dict."""
-    bundled = ARCHS_DIR / arch / "config.json"
-    path = Path(arch)
-    if bundled.is_file():
-        path = bundled
-    elif path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise RecipeError(f"--arch {arch}: not a bundled arch ({', '.join(bundled_archs())}) nor a config.json path")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RecipeError(f"--arch {path}: not valid JSON ({e}); pass an HF config.json") from None
-    if not isinstance(cfg, dict) or "model_type" not in cfg:
-        raise RecipeError(f"--arch {path}: no model_type; pass an HF config.json")
-    return cfg
 
 
 def shape_config(raw: dict[str, Any], layers: int | None = None, scale: str = "full-width") -> dict[str, Any]:
