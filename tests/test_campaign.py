@@ -67,8 +67,8 @@ def test_committed_gpu_plans_compose(root: Path, plan: str, tmp_path: Path) -> N
     import shlex
 
     from verl_recipes import train
-    from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())
@@ -90,9 +90,15 @@ def test_committed_gpu_plans_compose(root: Path, plan: str, tmp_path: Path) -> N
             continue
         args = parser.parse_args(["train", *words])
         recipe = get_recipe(args.recipe)
-        per_node = args.gpus or recipe.gpus.count
-        extra = train.launcher_settings(
-            recipe, Path("/m"), Path("/d"), tmp_path, args.steps, per_node, 1 if args.gpus else None
+        layout = gpu_layout(recipe, args.gpus, args.smoke)
+        cfg = compose_run(
+            recipe,
+            args.variant,
+            args.sets,
+            layout,
+            model=Path("/m"),
+            data=Path("/d"),
+            run_dir=tmp_path,
+            steps=args.steps,
         )
-        cfg = compose_recipe(recipe, args.variant, args.sets, extra=extra)
         assert cfg.trainer.total_training_steps == args.steps

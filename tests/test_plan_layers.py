@@ -44,16 +44,16 @@ def _make_run(
     """A run folder as `verl-recipes train` + `report` leave it, whose 'measured' peaks are the
     planner's plus `offset_gib` plus `per_layer_factor - 1` times the planner's per-layer part."""
     from omegaconf import OmegaConf
-    from verl_recipes import train
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.model import Arch
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import launcher_settings
 
     run = where / f"l{layers}"
     run.mkdir(parents=True)
     recipe = get_recipe("70b-3d")
-    extra = train.launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, 2, 1)
+    extra = launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, 2, 1)
     cfg = compose_recipe(recipe, [], sets, extra=extra)
     (run / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     model_cfg = json.loads((ARCHS_DIR / "llama-2-70b" / "config.json").read_text())

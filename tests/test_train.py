@@ -65,7 +65,8 @@ def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     """The planner's verdict gates a GPU launch: one line naming the phase and a knob."""
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.train import launcher_settings, preflight_fit
+    from verl_recipes.recipe.run_config import launcher_settings
+    from verl_recipes.train import preflight_fit
     from verl_recipes.workload.arch import ARCHS_DIR
 
     recipe = get_recipe("7b-lora")

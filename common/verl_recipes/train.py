@@ -27,15 +27,12 @@ from typing import Any
 from verl_recipes import RecipeError, rundir
 from verl_recipes.measure.provenance import gpus as nvml_gpus
 from verl_recipes.measure.provenance import record
-from verl_recipes.recipe.compose import compose_recipe
+from verl_recipes.paths import cache_dir
 from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.recipe.run_config import compose_run, default_data_dir, gpu_layout
 
 GIB = 1024**3
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("VERL_RECIPES_CACHE", Path.home() / ".cache" / "verl-recipes"))
 
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -46,13 +43,13 @@ def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bo
     return rc
 
 
-def ensure_model(
-    recipe: Recipe, layers: int | None, scale: str, device: str, out: Path | None, arch: str | None = None
-) -> Path:
-    """A synthetic checkpoint of the recipe's architecture (or `arch`), made once and cached."""
-    arch = arch or recipe.model.arch
-    tag = f"{arch}-{scale}-L{layers or 'all'}"
-    path = out or _cache_dir() / "models" / tag
+def model_dir(arch: str, layers: int | None, scale: str, out: Path | None) -> Path:
+    """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made)."""
+    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
+
+
+def ensure_model(path: Path, arch: str, layers: int | None, scale: str, device: str) -> Path:
+    """The synthetic checkpoint at `path`, made once and then reused."""
     if (path / "synth.json").is_file():
         print(f"model: reusing {path}")
         return path
@@ -63,47 +60,11 @@ def ensure_model(
     return path
 
 
-def ensure_dataset(out: Path | None) -> Path:
-    path = out or _cache_dir() / "data" / "arith"
+def ensure_dataset(path: Path) -> Path:
     if (path / "train.parquet").is_file() and (path / "test.parquet").is_file():
         return path
     _run([*CLI, "dataset", "--out", str(path)], "dataset")
     return path
-
-
-def launcher_settings(
-    recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int, nnodes: int | None = None
-) -> Any:
-    """What the launcher owns in verl's config: paths, GPUs, steps, logging, the Ray hook."""
-    from omegaconf import OmegaConf
-
-    from verl_recipes.workload import reward
-
-    settings: dict[str, Any] = {
-        "actor_rollout_ref": {"model": {"path": str(model)}},
-        "critic": {"model": {"path": str(model), "tokenizer_path": str(model)}},
-        "data": {"train_files": str(data / "train.parquet"), "val_files": str(data / "test.parquet")},
-        "reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}},
-        "trainer": {
-            "n_gpus_per_node": n_gpus,
-            "nnodes": nnodes or recipe.gpus.nodes,
-            "total_training_steps": steps,
-            "total_epochs": 1000,
-            "logger": ["console", "file"],
-            "default_local_dir": str(run_dir / "checkpoints"),
-        },
-    }
-    return OmegaConf.create(settings)
-
-
-def _open_runtime_env(cfg: Any) -> Any:
-    """Add Ray's setup hook to verl's (struct) ray_init.runtime_env."""
-    from omegaconf import OmegaConf, open_dict
-
-    with open_dict(cfg):
-        renv = cfg.ray_kwargs.ray_init.runtime_env
-        renv.worker_process_setup_hook = "verl_recipes.worker.hooks.setup"
-    return OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
 
 
 def preflight_fit(cfg: Any, model: Path, budget_gib: float, label: str) -> None:
@@ -152,8 +113,11 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
     )
-    print("== 3/5 memory plan")
-    _run([*CLI, "plan", recipe.id, *[x for v in args.variant for x in ("--variant", v)]], "plan", check=False)
+    print("== 3/5 memory plan of this run on the GPUs it may rent")
+    try:
+        print(planned(recipe, args, cfg))
+    except RecipeError as e:
+        print(f"   the planner cannot judge this configuration: {e}")
     print("== 4/5 synthetic model (tiny on CPU) and dataset")
     model = Path(cfg.actor_rollout_ref.model.path)
     data = Path(cfg.data.train_files).parent
@@ -165,6 +129,25 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
         "Everything above is what a CPU can check; run the same command on a GPU host to train."
     )
     return 0
+
+
+def planned(recipe: Recipe, args: argparse.Namespace, cfg: Any) -> str:
+    """The planner's report of the run a GPU host would start: this composed config on the model it
+    trains (the --model checkpoint, else the architecture at the width and depth train makes)."""
+    from verl_recipes.plan.cli import report
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
+
+    if args.model:
+        arch = Arch.from_file(args.model / "config.json")
+    else:
+        name = args.arch or recipe.model.arch
+        shape = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
+        arch = Arch.from_config(shape_config(resolve_arch(name), *shape), f"{name}/config.json")
+    label = recipe.id + "".join(f" +{v}" for v in args.variant) + "".join(f" --set {s}" for s in args.sets)
+    return report(label, setup_from_config(cfg, arch), recipe)
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -203,14 +186,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     n_gpus, gpu_gib = _gpu_info()
-    # --gpus N: a scaled-down run on this one node (e.g. a truncated 70B on 2 GPUs), whatever the
-    # recipe's node count; verify checks N GPUs instead of the recipe's.
-    nnodes = 1 if args.gpus else None
-    need = args.gpus or (1 if args.smoke else recipe.gpus.count) * recipe.gpus.nodes
-    per_node = min(need, n_gpus) if n_gpus else need // recipe.gpus.nodes
-    gpu_ok = n_gpus > 0 and n_gpus >= per_node
-    if args.rehearse or not gpu_ok:
-        per_node = args.gpus or (1 if args.smoke else recipe.gpus.count)
+    layout = gpu_layout(recipe, args.gpus, args.smoke)
+    gpu_ok = 0 < layout.per_node <= n_gpus
+    rehearsal = args.rehearse or not gpu_ok
 
     env = dict(os.environ)
     cap_scale = None
@@ -224,28 +202,30 @@ def run(args: argparse.Namespace) -> int:
         cap_scale = args.cap_gib / gpu_gib
         env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{cap_scale:.4f}"
 
-    # Compose once before anything is made, so a typo in a key fails in seconds, not after a 7B
-    # checkpoint has been written; the paths are filled in again below once they exist.
-    model = args.model or Path("/nonexistent/model-made-at-launch")
-    data = args.data or _cache_dir() / "data" / "arith"
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
-    cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-    runtime_env = _open_runtime_env(cfg)
+    # The model's and the dataset's folders are known before either is made, so the run is composed
+    # once, first: a misspelt key fails in seconds, not after a 7B checkpoint has been written.
+    arch = args.arch or recipe.model.arch
+    if rehearsal:  # a tiny model of the same family: loading it in transformers takes seconds on a CPU
+        layers, scale, device = recipe.smoke.layers, "tiny", "cpu"
+    else:
+        layers, scale = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
+        device = "cuda"
+    model = args.model or model_dir(arch, layers, scale, args.model_out)
+    data = args.data or default_data_dir()
+    cfg = compose_run(recipe, variants, args.sets, layout, model=model, data=data, run_dir=run_dir, steps=args.steps)
     cfg_path = run_dir / rundir.CONFIG
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", cfg_path.stem]
     (run_dir / rundir.COMMAND).write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
 
-    if args.rehearse or not gpu_ok:
+    if rehearsal:
         reason = (
             "--rehearse was given"
             if args.rehearse
-            else f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {per_node}"
+            else f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {layout.per_node}"
         )
         if not args.model:
-            model = ensure_model(recipe, recipe.smoke.layers, "tiny", "cpu", args.model_out, args.arch)
-            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, nnodes)
-            cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-            _open_runtime_env(cfg)
+            ensure_model(model, arch, layers, scale, device)
+        ensure_dataset(data)
         OmegaConf.save(cfg, cfg_path)
         return rehearse(recipe, args, cfg, run_dir, reason)
 
@@ -255,13 +235,8 @@ def run(args: argparse.Namespace) -> int:
         gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
         _run([*CLI, "verify", "--recipe", recipe.id, *gpus_arg], "verify (pass --skip-verify to run anyway)")
     if not args.model:
-        layers = recipe.smoke.layers if args.smoke else args.layers
-        scale = recipe.smoke.scale if args.smoke else "full-width"
-        model = ensure_model(recipe, layers, scale, "cuda", args.model_out, args.arch)
-    data = ensure_dataset(args.data)
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
-    cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-    _open_runtime_env(cfg)
+        ensure_model(model, arch, layers, scale, device)
+    ensure_dataset(data)
     vllm_util = None
     if not args.force:
         # Before anything starts: the plan for the card (or the cap) it is meant for.
@@ -292,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
             "cap_gib": args.cap_gib,
             "vllm_gpu_memory_utilization": vllm_util,
             "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
-            "runtime_env": runtime_env,
+            "runtime_env": OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env),
         },
     )
     rundir.write_provenance(run_dir, prov)

@@ -26,12 +26,13 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from verl_recipes import RecipeError
+from verl_recipes.paths import cache_dir
 from verl_recipes.stack.lock import Pin, Target
 
 INDEX = "https://pypi.org/simple"
 
 
-CACHE = Path(os.environ.get("VERL_RECIPES_CACHE", Path.home() / ".cache" / "verl-recipes")) / "wheels"
+CACHE = cache_dir() / "wheels"
 
 
 def target_tags(target: Target, local: bool = False) -> list[str]:
