@@ -3,7 +3,7 @@
 The runs here are built from the planner itself, with a known error added (a fixed offset and a
 per-layer factor), so the answer is known in closed form: the fit must recover the error and carry
 it to the full depth. Their configs are composed for real against verl's schema, the same way
-`verl-recipes train 70b-3d --gpus 2 --layers N` composes them (gpu/plan-h200x2-70b.txt).
+`verl-recipes train 70b-3d --gpus 2 --layers N` composes them (gpu/campaigns/70b-layers.txt).
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from verl_recipes.plan.phases import Constants
 from verl_recipes.workload.arch import ARCHS_DIR
 
 H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))
-PLAN = Path(__file__).resolve().parents[1] / "gpu" / "plan-h200x2-70b.txt"
+CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-layers.txt"
 
 
 def _plan_sets(name: str) -> list[str]:
     """The `--set` overrides of one line of the committed 70B plan: the layouts the GPU runs use."""
-    for raw in PLAN.read_text().splitlines():
+    for raw in CAMPAIGN.read_text().splitlines():
         if raw.startswith(f"{name}|"):
             words = shlex.split(raw.split("|", 3)[3])
             return [words[i + 1] for i, w in enumerate(words) if w == "--set"]
-    raise AssertionError(f"{PLAN}: no line {name}")
+    raise AssertionError(f"{CAMPAIGN}: no line {name}")
 
 
 TP2, PP2 = _plan_sets("70b-tp2-l2"), _plan_sets("70b-pp2-l2")

@@ -224,5 +224,5 @@ def refresh_lock(target: Target | None = None, have: Path | None = None, root: P
     root = root or repo_root()
     target = target or gpu_target(root)
     out = target.default_lock(root)
-    seed = have or (out if out.is_file() else root / "recipes/7b-lora/results/device-host/pip-freeze.txt")
+    seed = have or (out if out.is_file() else root / "gpu/hosts/2026-11-29-h200x1/pip-freeze.txt")
     return compile_lock(target, out, stack_requirements(root), seed=seed)
