@@ -495,7 +495,7 @@ _RAY_HOOK = textwrap.dedent(
     import os, sys, ray
     run = sys.argv[1]
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={
-        "worker_process_setup_hook": "verl_recipes.worker.phases.setup_hook",
+        "worker_process_setup_hook": "verl_recipes.worker.hooks.setup",
         "env_vars": {"VERL_RECIPES_RUN_DIR": run}})
 
     @ray.remote

@@ -1,9 +1,9 @@
-"""The `verl-recipes` command: one subcommand per module.
+"""The `verl-recipes` command: one subcommand per module, each in the wing that does its job.
 
 Each subcommand module exposes `register(subparsers)` and sets `func` on its parser. Modules are
-imported lazily by name so that a missing heavy dependency (torch, verl, NVML) breaks only the
-subcommand that needs it, with a one-line message. A subcommand that is not built yet says so
-and exits 3: no silent stubs.
+imported by name when the parser is built, so a missing dependency breaks only the subcommand
+that needs it, with a one-line message; the heavy ones (torch, verl, NVML) load only when a
+subcommand runs.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from verl_recipes import RecipeError, __version__
 
-# subcommand -> (module that implements it, or None if not built yet, one-line help)
-SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
+# subcommand -> (module that implements it, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("verl_recipes.recipe.listing", "list the recipes found under recipes/*/recipe.yaml"),
     "show": ("verl_recipes.recipe.compose", "compose a recipe against verl's Hydra config and print it"),
     "synth-model": (
@@ -41,21 +41,11 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
 }
 
 
-def _not_built(name: str) -> int:
-    print(f"verl-recipes {name}: not built yet in this version", file=sys.stderr)
-    return 3
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-recipes", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"verl-recipes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in SUBCOMMANDS.items():
-        if module is None:
-            p = sub.add_parser(name, help=help_ + " (not built yet)", add_help=True)
-            p.add_argument("rest", nargs=argparse.REMAINDER)
-            p.set_defaults(func=lambda _a, n=name: _not_built(n))
-            continue
         try:
             mod = importlib.import_module(module)
         except ImportError as e:  # a heavy optional dependency is missing

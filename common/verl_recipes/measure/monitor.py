@@ -65,7 +65,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -651,7 +650,3 @@ def run(args: argparse.Namespace) -> int:
         detail_s=args.detail_interval,
         full_mem_share=args.full_mem_share,
     )
-
-
-if __name__ == "__main__":
-    sys.exit(monitor_command(sys.argv[1:], os.environ.get(RUN_DIR_ENV, "monitor-run")))

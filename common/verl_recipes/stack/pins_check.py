@@ -6,7 +6,7 @@ Places checked by `check_repo()` (and `python -m verl_recipes.stack.pins_check c
 - pyproject.toml: each requirement on a pinned package must admit the pin, and the stack's key
   packages (verl, vllm, torch, ray, deepspeed) must be pinned exactly (`==`);
 - the lock files under images/lock/ (when present): the locked version of each pinned package;
-- `verl-recipes verify` (when built): the versions it expects.
+- `verl-recipes verify`: the versions it expects.
 
 Each problem reads `file:line: package: found X, versions.toml says Y`.
 

@@ -24,11 +24,11 @@ verl.utils.profiler and verl.utils.tracking when they are imported later. It imp
 verl itself: a Ray worker that never uses verl pays nothing, and torch is not imported before Ray
 has set CUDA_VISIBLE_DEVICES.
 
-Wiring: the trainer loop runs in a Ray actor, so put the hook into Ray's runtime_env, e.g.
-    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=verl_recipes.worker.phases.setup_hook
-    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_RECIPES_RUN_DIR=<run dir>
-Each line is one write(2) to an O_APPEND file, so several processes may write and a kill loses
-nothing already written.
+Wiring: the trainer loop runs in a Ray actor, so `install()` runs from Ray's worker setup hook
+(`verl_recipes.worker.hooks.setup`, which the launcher puts into verl's ray_init.runtime_env) in
+every worker whose environment carries VERL_RECIPES_RUN_DIR. Each line goes through
+verl_recipes.rundir.append: one write(2) to an O_APPEND file, so several processes may write and a
+kill loses nothing already written.
 """
 
 from __future__ import annotations
@@ -297,8 +297,3 @@ def install() -> bool:
             hook(mod)
     _rebind_imported()
     return True
-
-
-def setup_hook() -> None:
-    """Ray's runtime_env worker_process_setup_hook ("verl_recipes.worker.phases.setup_hook")."""
-    install()
