@@ -61,7 +61,7 @@ CAMPAIGNS = Path(__file__).parents[1] / "gpu" / "campaigns"
 
 @pytest.mark.parametrize("campaign", sorted(p.name for p in CAMPAIGNS.glob("*.txt") if p.name != "order.txt"))
 def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Path) -> None:
-    """A typo in a committed GPU campaign costs scarce device minutes, so each line is checked here:
+    """A typo in a committed GPU campaign costs GPU time on the host, so each line is checked here:
     unique names, `requires` naming an earlier line, existing scripts and test files, and every
     `train` line parsed by the real `train` parser and composed against verl's config schema with
     the GPU layout the launcher would give it (no model or dataset is made)."""

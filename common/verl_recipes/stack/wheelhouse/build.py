@@ -295,7 +295,7 @@ def _mib(n: int) -> str:
 
 
 def ready_text(m: dict[str, Any]) -> str:
-    """The short summary the lead reads before carrying: sizes, chunks, the biggest wheels."""
+    """The short summary to read before carrying: sizes, chunks, the biggest wheels."""
     biggest = sorted(m["wheels"], key=lambda e: -e["size"])[:15]
 
     def local_builds(group: str) -> list[str]:
