@@ -160,7 +160,7 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
     print(f"   model {model}: {n:,} parameters loaded in transformers")
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)  # type: ignore[arg-type]
+    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)  # type: ignore[arg-type,unused-ignore]
     item = ds[0]
     print(
         f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset; first prompt {len(item['raw_prompt'])} message(s)"

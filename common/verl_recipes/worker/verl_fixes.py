@@ -123,6 +123,6 @@ def apply() -> list[str]:
     engine = transformer_impl.FSDPEngine
     if not hasattr(engine._build_lora_module, "__wrapped__"):
         ORIGINALS["_build_lora_module"] = engine._build_lora_module
-        engine._build_lora_module = _make_build_lora_module(engine._build_lora_module)  # type: ignore[method-assign]
+        engine._build_lora_module = _make_build_lora_module(engine._build_lora_module)  # type: ignore[method-assign,unused-ignore]
     applied.append("critic-lora-token-cls")
     return applied
