@@ -296,7 +296,9 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any, gpus_per_node: int | None = Non
             )
     if recipe is not None and recipe.needs_gpu:
         # --gpus: a scaled-down rehearsal (e.g. a truncated 70B on 2 GPUs) asks for fewer per node.
-        per_node = gpus_per_node or math.ceil(recipe.gpus.count / recipe.gpus.nodes)
+        from verl_recipes.recipe.run_config import gpu_layout
+
+        per_node = gpu_layout(recipe, gpus_per_node).per_node
         if n < per_node:
             out.append(
                 Check(
