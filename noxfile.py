@@ -158,8 +158,8 @@ def lock(session: nox.Session) -> None:
     """Refresh images/lock/ from images/versions.toml (uv pip compile, with hashes)."""
     # deepspeed's setup.py imports torch, so the locking environment needs the CPU torch.
     session.install(CPU_TORCH, "uv", "-e", ".")
-    session.run("python", "-c", "from verl_recipes.wheelhouse import refresh_lock; refresh_lock()")
-    session.run("python", "-m", "verl_recipes.pins_check", "check")
+    session.run("python", "-c", "from verl_recipes.stack.lock import refresh_lock; refresh_lock()")
+    session.run("python", "-m", "verl_recipes.stack.pins_check", "check")
 
 
 def image_gpu_args(posargs: list[str], env: dict[str, str]) -> list[str]:

@@ -5,7 +5,7 @@
 # for this host under a scratch folder, starts munged, slurmctld and slurmd in the background and
 # waits until `sinfo` shows the node idle. Debian's Slurm is built without multiple-slurmd
 # support, so this is one Slurm node: the Ray bootstrap rehearses multi-node by starting several
-# Ray nodes on it as separate job steps (see common/verl_recipes/ray_cluster.py).
+# Ray nodes on it as separate job steps (see common/verl_recipes/cluster/).
 #
 # Clients find the configuration through /etc/slurm/slurm.conf, which this script links to the
 # scratch copy when no other slurm.conf is there; otherwise it says to export SLURM_CONF.

@@ -2,8 +2,8 @@
 # Run a list of recipe runs one after another on a GPU host, each under a time limit, and keep
 # going past failures so one bad configuration does not cost the others' GPU time.
 #
-# usage: gpu/campaign.sh PLAN OUT_DIR
-#   PLAN: lines of `name|timeout_s|requires|what`; `#` starts a comment.
+# usage: gpu/campaign.sh CAMPAIGN OUT_DIR
+#   CAMPAIGN: lines of `name|timeout_s|requires|what` (gpu/campaigns/*.txt); `#` starts a comment.
 #     what:     `verl-recipes train` arguments (`7b-lora --variant grpo --steps 3`), or
 #               `pytest ARGS` to run GPU-marked tests whose runs are kept under OUT_DIR/runs/NAME/, or
 #               `bash SCRIPT ARGS` to run `bash SCRIPT OUT_DIR/runs/NAME ARGS` (e.g. run-both.sh).
@@ -11,12 +11,12 @@
 #               step of a bisection).
 #   OUT_DIR/status.tsv gets one line per run: name, exit code, seconds, run folder.
 # Several campaigns may share a host, one per GPU set (CUDA_VISIBLE_DEVICES from the caller): after
-# each run only that run's own processes are ended (`verl-recipes reap`), never the other lane's.
+# each run only that run's own processes are ended (`verl-recipes reap`), never another campaign's.
 set -euo pipefail
 
-plan=${1:?usage: gpu/campaign.sh PLAN OUT_DIR}
-out=${2:?usage: gpu/campaign.sh PLAN OUT_DIR}
-[[ -f "$plan" ]] || { echo "campaign: no plan file $plan" >&2; exit 2; }
+campaign=${1:?usage: gpu/campaign.sh CAMPAIGN OUT_DIR}
+out=${2:?usage: gpu/campaign.sh CAMPAIGN OUT_DIR}
+[[ -f "$campaign" ]] || { echo "campaign: no campaign file $campaign" >&2; exit 2; }
 command -v verl-recipes >/dev/null || { echo "campaign: verl-recipes is not on PATH; install the wheelhouse first" >&2; exit 2; }
 mkdir -p "$out/runs"
 status="$out/status.tsv"
@@ -25,7 +25,7 @@ touch "$status"
 # exit code of an earlier run in this campaign ("" if it has not run)
 rc_of() { awk -F'\t' -v n="$1" '$1 == n { rc = $2 } END { print rc }' "$status"; }
 
-echo "== campaign on CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}: $plan"
+echo "== campaign on CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}: $campaign"
 while IFS='|' read -r name limit requires what; do
   [[ -z "${name// }" || "$name" == \#* ]] && continue
   if [[ "$requires" == !* ]]; then
@@ -44,7 +44,7 @@ while IFS='|' read -r name limit requires what; do
   rc=0
   if [[ "$what" == pytest\ * ]]; then
     mkdir -p "$run"
-    # shellcheck disable=SC2086  # the plan's arguments are split on purpose
+    # shellcheck disable=SC2086  # the campaign line's arguments are split on purpose
     VERL_RECIPES_GPU_RUNS_DIR="$run" timeout --kill-after=30 "$limit" \
       python3 -m pytest -m gpu -p no:cacheprovider ${what#pytest } >"$run/pytest.log" 2>&1 || rc=$?
     verl-recipes reap --under "$run" || true
@@ -59,6 +59,6 @@ while IFS='|' read -r name limit requires what; do
     [[ -d "$run" ]] && { verl-recipes reap "$run" || true; }
   fi
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" "$run" >>"$status"
-done <"$plan"
+done <"$campaign"
 echo "== campaign done"
 touch "$out/DONE"

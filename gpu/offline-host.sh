@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # Drive a GPU host that has no internet, from a checkout that travels to it in pieces.
-# This is how every GPU number in this repository was measured (see gpu/README.md).
+# Every GPU number in this repository is measured this way (gpu/README.md).
 #
 #   gpu/offline-host.sh stage CHUNK_DIR     add the wheelhouse chunks present in CHUNK_DIR to the staging dir
 #   gpu/offline-host.sh install             verify and install the staged wheelhouse into $SITE
-#   gpu/offline-host.sh start PLAN [GPUS [NAME]]
-#                                           start gpu/campaign.sh PLAN in the background (survives this shell);
-#                                           with GPUS (e.g. 0 or 0,1) it runs on those GPUs only, in its own
-#                                           lane $CAMPAIGN/lane-GPUS (or lane-NAME), so one plan per GPU, or two
-#                                           small plans on one GPU, can run at once
+#   gpu/offline-host.sh start CAMPAIGN [GPUS [NAME]]
+#                                           start gpu/campaign.sh CAMPAIGN in the background (survives
+#                                           this shell); with GPUS (e.g. 0 or 0,1) it runs on those GPUs only,
+#                                           in $CAMPAIGN_DIR/gpus-GPUS (or $CAMPAIGN_DIR/NAME), so one campaign
+#                                           per GPU set, or two small ones on one GPU, run at once
 #   gpu/offline-host.sh exec CMD [ARGS...]  run CMD in the same environment (e.g. the GPU-marked tests)
-#   gpu/offline-host.sh wait SECONDS [OUT]  wait for every lane (at most SECONDS), print their status, and
-#                                           pack the results into OUT/results.tgz
+#   gpu/offline-host.sh wait SECONDS [OUT]  wait for every campaign (at most SECONDS), print their status,
+#                                           and pack the results into OUT/results.tgz
 #
-# Environment: STAGE (default /tmp/wh-stage), SITE (default /tmp/site), CAMPAIGN (default /tmp/campaign).
+# Environment: STAGE (default /tmp/wh-stage), SITE (default /tmp/site), CAMPAIGN_DIR (default /tmp/campaign).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 STAGE=${STAGE:-/tmp/wh-stage}
 SITE=${SITE:-/tmp/site}
-CAMPAIGN=${CAMPAIGN:-/tmp/campaign}
+CAMPAIGN_DIR=${CAMPAIGN_DIR:-/tmp/campaign}
 
 # The checkout's own code wins over the wheel of this project, so a fix travels with the tree.
 export PYTHONPATH="$root/common:$SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -47,14 +47,14 @@ case "$cmd" in
     python3 -m verl_recipes.cli --version
     ;;
   start)
-    plan=${1:?usage: gpu/offline-host.sh start PLAN [GPUS [NAME]]}
+    campaign=${1:?usage: gpu/offline-host.sh start CAMPAIGN [GPUS [NAME]]}
     gpus=${2:-}
-    lane="$CAMPAIGN/lane-${3:-${gpus:-all}}"
-    [[ -e "$lane/campaign.log" && ! -e "$lane/DONE" ]] && { echo "lane $lane is running; give another NAME" >&2; exit 2; }
-    mkdir -p "$lane"
+    dir="$CAMPAIGN_DIR/${3:-gpus-${gpus:-all}}"
+    [[ -e "$dir/campaign.log" && ! -e "$dir/DONE" ]] && { echo "$dir is running; give another NAME" >&2; exit 2; }
+    mkdir -p "$dir"
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES="$gpus"; fi
-    setsid nohup bash "$here/campaign.sh" "$plan" "$lane" >"$lane/campaign.log" 2>&1 </dev/null &
-    echo "campaign started: $lane/campaign.log"
+    setsid nohup bash "$here/campaign.sh" "$campaign" "$dir" >"$dir/campaign.log" 2>&1 </dev/null &
+    echo "campaign started: $dir/campaign.log"
     ;;
   exec)
     [[ $# -gt 0 ]] || { echo "usage: gpu/offline-host.sh exec CMD [ARGS...]" >&2; exit 2; }
@@ -64,21 +64,21 @@ case "$cmd" in
     limit=${1:?usage: gpu/offline-host.sh wait SECONDS [OUT]}
     out=${2:-${OUT:-/tmp/out}}
     deadline=$(( $(date +%s) + limit ))
-    all_done() { local l; for l in "$CAMPAIGN"/lane-*/; do [[ -e "$l/DONE" ]] || return 1; done; }
+    all_done() { local d; for d in "$CAMPAIGN_DIR"/*/; do [[ -e "$d/DONE" ]] || return 1; done; }
     while ! all_done && [[ $(date +%s) -lt $deadline ]]; do sleep 5; done
     mkdir -p "$out"
-    tar -czf "$out/results.tgz" -C "$CAMPAIGN" --exclude='checkpoints' --exclude='*.safetensors' . || true
+    tar -czf "$out/results.tgz" -C "$CAMPAIGN_DIR" --exclude='checkpoints' --exclude='*.safetensors' . || true
     # what comes back from such a host is often capped per file (16 MiB here): split a larger archive
     if [[ -f "$out/results.tgz" && $(stat -c %s "$out/results.tgz") -gt $((15 * 1024 * 1024)) ]]; then
       split -b 15M -d "$out/results.tgz" "$out/results.tgz.part-" && rm "$out/results.tgz"
       echo "results split: cat results.tgz.part-* > results.tgz"
     fi
-    for l in "$CAMPAIGN"/lane-*/; do
-      echo "=== lane $(basename "$l")"
-      echo "--- status"; cat "$l/status.tsv" 2>/dev/null || true
-      echo "--- campaign.log (tail)"; tail -n 8 "$l/campaign.log" 2>/dev/null || true
+    for d in "$CAMPAIGN_DIR"/*/; do
+      echo "=== $(basename "$d")"
+      echo "--- status"; cat "$d/status.tsv" 2>/dev/null || true
+      echo "--- campaign.log (tail)"; tail -n 8 "$d/campaign.log" 2>/dev/null || true
       # shellcheck disable=SC2012  # newest run folder; names are ours
-      latest=$(ls -td "$l"/runs/*/ 2>/dev/null | head -n 1 || true)
+      latest=$(ls -td "$d"/runs/*/ 2>/dev/null | head -n 1 || true)
       if [[ -n "$latest" ]]; then
         echo "--- $latest (newest log, tail)"
         # shellcheck disable=SC2012

@@ -15,7 +15,7 @@
 #   --build-arg N=V  passed to every `docker build` after ours (e.g. to see a wrong pin refused).
 #
 # Versions, tags and the base image come from images/versions.toml through
-# `python3 -m verl_recipes.pins_check build-info`. When the base OS image (BASE_IMAGE) is missing:
+# `python3 -m verl_recipes.stack.images build-info`. When the base OS image (BASE_IMAGE) is missing:
 # the CPU variant's python:3.11-slim-bookworm is made here from Debian 12 with mmdebstrap and
 # `docker import` (Docker Hub is not needed); the GPU variant's python:3.12-slim-bookworm is pulled,
 # and where that fails, a stand-in is made under that tag: Debian 12 from mmdebstrap plus a CPython
@@ -66,15 +66,15 @@ done
 export DOCKER_BUILDKIT=0  # no buildx here; the classic builder needs no frontend image
 
 # --- versions and tags, from versions.toml and pyproject.toml (python, not grep) -----------------
-build_info() {  # build_info [extra pins_check options...]: prints NAME=VALUE lines
-  PYTHONPATH="$root/common" "$python" -m verl_recipes.pins_check build-info \
+build_info() {  # build_info [extra build-info options...]: prints NAME=VALUE lines
+  PYTHONPATH="$root/common" "$python" -m verl_recipes.stack.images build-info \
     --versions "$root/images/versions.toml" --stack "$stack" --pyproject "$root/pyproject.toml" "$@"
 }
 declare -A info=()
 while IFS='=' read -r key value; do info["$key"]="$value"; done < <(build_info)
 for key in VERL_VERSION VLLM_VERSION TORCH_VERSION CUDA_VERSION DEEPSPEED_VERSION BASE_IMAGE \
            CPU_BASE_IMAGE BASE_REF DEEPSPEED_REF PROJECT_VERSION SOURCE; do
-  [[ -v "info[$key]" ]] || die "pins_check build-info did not print $key"
+  [[ -v "info[$key]" ]] || die "images build-info did not print $key"
 done
 [[ -z "$base_image" ]] || info[BASE_IMAGE]="$base_image"
 

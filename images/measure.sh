@@ -76,7 +76,7 @@ fi
 
 # 3. the full GPU base image, cold, as `nox -s image-gpu` builds it
 if [[ "${SKIP_GPU_FULL:-0}" != 1 ]]; then
-info=$(PYTHONPATH="$root/common" python3 -m verl_recipes.pins_check build-info \
+info=$(PYTHONPATH="$root/common" python3 -m verl_recipes.stack.images build-info \
   --versions "$root/images/versions.toml" --stack gpu)
 ref=$(sed -n 's/^BASE_REF=//p' <<<"$info")
 os_image=$(sed -n 's/^BASE_IMAGE=//p' <<<"$info")
@@ -103,7 +103,7 @@ fi
 
 # 4. the DeepSpeed image and the recipe images on the GPU base
 if [[ "${SKIP_GPU_ALL:-0}" != 1 ]]; then
-info=$(PYTHONPATH="$root/common" python3 -m verl_recipes.pins_check build-info \
+info=$(PYTHONPATH="$root/common" python3 -m verl_recipes.stack.images build-info \
   --versions "$root/images/versions.toml" --stack gpu)
 tag=$(sed -n 's/^TAG=//p' <<<"$info")
 refs=("$(sed -n 's/^BASE_REF=//p' <<<"$info")" "$(sed -n 's/^DEEPSPEED_REF=//p' <<<"$info")")

@@ -1,4 +1,4 @@
-"""gpu/campaign.sh: plan lines, `requires` (passed / `!failed`), pytest lines, and the status file.
+"""gpu/campaign.sh: campaign lines, `requires` (passed / `!failed`), pytest lines, and the status file.
 
 Runs the real script with the real `verl-recipes` on this host; the runs it starts fail fast on
 purpose (an unknown recipe), which is what the bisection lines react to.
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 
-def test_campaign_plan_semantics(root: Path, tmp_path: Path) -> None:
+def test_campaign_line_semantics(root: Path, tmp_path: Path) -> None:
     bindir = Path(sys.executable).parent
     if not (bindir / "verl-recipes").exists():
         pytest.skip(f"verl-recipes is not installed beside {sys.executable} (pip install -e .)")
-    plan = tmp_path / "plan.txt"
-    plan.write_text(
+    campaign = tmp_path / "campaign.txt"
+    campaign.write_text(
         "# comment line\n"
         "bad|60|-|no-such-recipe --steps 1\n"
         "after-pass|60|bad|7b-lora --steps 1\n"
@@ -27,11 +27,10 @@ def test_campaign_plan_semantics(root: Path, tmp_path: Path) -> None:
         "never|60|!after-fail-missing|7b-lora\n"
         "script|60|-|bash recipes/verl-vs-deepspeed/run-both.sh not-a-count\n"
     )
-    out = tmp_path / "lane"
+    out = tmp_path / "campaign"
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    proc = subprocess.run(
-        ["bash", "gpu/campaign.sh", str(plan), str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
+    cmd = ["bash", "gpu/campaign.sh", str(campaign), str(out)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split("\t") for line in (out / "status.tsv").read_text().splitlines()]
     status = {r[0]: r[1] for r in rows}
@@ -47,7 +46,7 @@ def test_campaign_plan_semantics(root: Path, tmp_path: Path) -> None:
     assert (out / "DONE").is_file()
 
 
-def _plan_lines(path: Path) -> list[tuple[str, str, str, str]]:
+def _campaign_lines(path: Path) -> list[tuple[str, str, str, str]]:
     out = []
     for raw in path.read_text().splitlines():
         if not raw.strip() or raw.lstrip().startswith("#"):
@@ -57,9 +56,12 @@ def _plan_lines(path: Path) -> list[tuple[str, str, str, str]]:
     return out
 
 
-@pytest.mark.parametrize("plan", sorted(p.name for p in (Path(__file__).parents[1] / "gpu").glob("plan-*.txt")))
-def test_committed_gpu_plans_compose(root: Path, plan: str, tmp_path: Path) -> None:
-    """A typo in a committed GPU plan costs scarce device minutes, so each line is checked here:
+CAMPAIGNS = Path(__file__).parents[1] / "gpu" / "campaigns"
+
+
+@pytest.mark.parametrize("campaign", sorted(p.name for p in CAMPAIGNS.glob("*.txt") if p.name != "order.txt"))
+def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Path) -> None:
+    """A typo in a committed GPU campaign costs GPU time on the host, so each line is checked here:
     unique names, `requires` naming an earlier line, existing scripts and test files, and every
     `train` line parsed by the real `train` parser and composed against verl's config schema with
     the GPU layout the launcher would give it (no model or dataset is made)."""
@@ -67,32 +69,53 @@ def test_committed_gpu_plans_compose(root: Path, plan: str, tmp_path: Path) -> N
     import shlex
 
     from verl_recipes import train
-    from verl_recipes.compose import compose_recipe
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())
     seen: list[str] = []
-    for name, limit, requires, what in _plan_lines(root / "gpu" / plan):
-        assert name not in seen, f"{plan}: {name} twice"
-        assert limit.isdigit() and 0 < int(limit) <= 1800, f"{plan}: {name}: limit {limit!r}"
+    for name, limit, requires, what in _campaign_lines(CAMPAIGNS / campaign):
+        assert name not in seen, f"{campaign}: {name} twice"
+        assert limit.isdigit() and 0 < int(limit) <= 1800, f"{campaign}: {name}: limit {limit!r}"
         if requires != "-":
-            assert requires.lstrip("!") in seen, f"{plan}: {name} requires {requires}, not an earlier line"
+            assert requires.lstrip("!") in seen, f"{campaign}: {name} requires {requires}, not an earlier line"
         seen.append(name)
         words = shlex.split(what)
         if words[0] == "pytest":
             for w in words[1:]:
                 if w.startswith("tests/"):
-                    assert (root / w.split("::")[0]).is_file(), f"{plan}: {name}: no {w}"
+                    assert (root / w.split("::")[0]).is_file(), f"{campaign}: {name}: no {w}"
             continue
         if words[0] == "bash":
-            assert (root / words[1]).is_file(), f"{plan}: {name}: no {words[1]}"
+            assert (root / words[1]).is_file(), f"{campaign}: {name}: no {words[1]}"
             continue
         args = parser.parse_args(["train", *words])
         recipe = get_recipe(args.recipe)
-        per_node = args.gpus or recipe.gpus.count
-        extra = train.launcher_settings(
-            recipe, Path("/m"), Path("/d"), tmp_path, args.steps, per_node, 1 if args.gpus else None
+        layout = gpu_layout(recipe, args.gpus, args.smoke)
+        cfg = compose_run(
+            recipe,
+            args.variant,
+            args.sets,
+            layout,
+            model=Path("/m"),
+            data=Path("/d"),
+            run_dir=tmp_path,
+            steps=args.steps,
         )
-        cfg = compose_recipe(recipe, args.variant, args.sets, extra=extra)
         assert cfg.trainer.total_training_steps == args.steps
+
+
+def test_the_campaign_order_names_committed_campaigns_on_disjoint_gpus() -> None:
+    """gpu/campaigns/order.txt is the one place the campaigns' order is written: every line names a
+    committed campaign, and the campaigns of one step run on GPUs no other one of that step uses."""
+    steps: dict[int, list[set[str]]] = {}
+    for raw in (CAMPAIGNS / "order.txt").read_text().splitlines():
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        step, campaign, gpus = raw.split("|")
+        assert (CAMPAIGNS / campaign).is_file(), f"order.txt: no campaign {campaign}"
+        mine = set(gpus.split(","))
+        assert all(not mine & other for other in steps.get(int(step), [])), f"order.txt: step {step} shares GPUs"
+        steps.setdefault(int(step), []).append(mine)
+    assert sorted(steps) == list(range(1, len(steps) + 1))

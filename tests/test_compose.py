@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.compose import compose_file, compose_recipe
-from verl_recipes.recipes import discover, get_recipe
+from verl_recipes.recipe.compose import compose_file, compose_recipe
+from verl_recipes.recipe.metadata import discover, get_recipe
 
 
 @pytest.mark.parametrize("rid", sorted(discover()))

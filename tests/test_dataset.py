@@ -17,11 +17,12 @@ import verl
 from omegaconf import OmegaConf
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.dataset import DATA_SOURCE, build, write
-from verl_recipes.reward import compute_score, extract_answer
-from verl_recipes.synth import build_tokenizer, hf_config, resolve_arch, shape_config
+from verl_recipes.workload.arch import resolve_arch
+from verl_recipes.workload.dataset import DATA_SOURCE, build, write
+from verl_recipes.workload.reward import compute_score, extract_answer
+from verl_recipes.workload.synth import build_tokenizer, hf_config, shape_config
 
-REWARD_KEYS = {"reward.custom_reward_function.path": "pkg://verl_recipes.reward",
+REWARD_KEYS = {"reward.custom_reward_function.path": "pkg://verl_recipes.workload.reward",
                "reward.custom_reward_function.name": "compute_score"}  # fmt: skip
 
 
@@ -148,7 +149,7 @@ def test_reward_loads_through_verls_config_keys() -> None:
 
 def test_reward_file_loads_without_the_package() -> None:
     """The file path works too: the module needs only the standard library."""
-    import verl_recipes.reward as reward
+    import verl_recipes.workload.reward as reward
     from verl.utils.import_utils import load_extern_object
 
     fn = load_extern_object(module_path=reward.__file__, object_name="compute_score")

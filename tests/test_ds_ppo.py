@@ -500,7 +500,7 @@ def test_encode_prompts_left_pads_and_left_truncates() -> None:
 
 
 def test_zero3_preflight_for_qwen2_7b() -> None:
-    counts = workload.param_counts(ROOT / "common/verl_recipes/archs/qwen2-7b")
+    counts = workload.param_counts(ROOT / "common/verl_recipes/workload/archs/qwen2-7b")
     assert counts.actor == 7_615_616_512  # recipe.yaml's params
     hidden, vocab = 3584, 152064
     assert counts.critic == counts.actor - vocab * hidden + hidden + 1  # lm_head -> 1-output score

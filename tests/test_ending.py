@@ -17,7 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from verl_recipes import ending
+from verl_recipes import rundir
+from verl_recipes.measure import ending
 
 pytest.importorskip("ray")
 
@@ -63,7 +64,7 @@ def test_a_worker_abort_is_found_in_rays_logs_and_named_in_the_ending(tmp_path: 
 def _check(run_dir: Path, proc: subprocess.Popen[str], out: str, ray_tmp: Path) -> None:
     assert proc.returncode == -6, out
     found = ending.collect_ray_logs(run_dir, proc.pid, root=ray_tmp)
-    errors = json.loads((run_dir / ending.RAY_LOGS_DIR / ending.ERRORS_FILE).read_text())["errors"]
+    errors = json.loads((run_dir / rundir.RAY_ERRORS).read_text())["errors"]
     assert found == errors and found
     worker = [e for e in found if "worker" in e["file"]]
     assert worker, found

@@ -2,7 +2,7 @@
 
 A sync that sends the base weights without the adapter, or nothing at all, passes every check on
 a random model whose LoRA B is still zero. So the actor's LoRA B starts non-zero
-(`verl_recipes.sync_probe`), and one run measures both sides: steps 1 and 3 sample from a
+(`verl_recipes.worker.sync_probe`), and one run measures both sides: steps 1 and 3 sample from a
 correctly synced vLLM, step 2 from one whose sync (the one at the end of step 1) deliberately
 dropped the adapter. verl logs how far vLLM's rollout log-probs are from the actor's recomputed
 ones every step (``rollout_corr/kl``: the per-token KL between the two); the synced steps must be
@@ -32,7 +32,7 @@ CONTROL_MIN_KL = 0.05
 
 
 def test_synced_rollout_matches_the_actor_and_the_dropped_adapter_does_not(root: Path, tmp_path: Path) -> None:
-    from verl_recipes import sync_probe
+    from verl_recipes.worker import sync_probe
 
     keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")
     run = Path(keep) / "7b-lora-L4-sync-probe" if keep else tmp_path / "run"

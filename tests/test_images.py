@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from verl_recipes import pins_check
-from verl_recipes.versions import load_pins
+from verl_recipes.stack import images as stack_images
+from verl_recipes.stack.pins import load_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "images" / "build.sh"
@@ -93,8 +93,8 @@ def images(pins: dict[str, Any]) -> dict[str, str]:
     took = time.monotonic() - start
     assert p.returncode == 0, f"images/build.sh failed ({p.returncode}):\n{(p.stdout + p.stderr)[-5000:]}"
     refs = {
-        "base": pins_check.image_ref("base", pins, "cpu"),
-        "recipe": pins_check.image_ref(RECIPE, pins, "cpu"),
+        "base": stack_images.image_ref("base", pins, "cpu"),
+        "recipe": stack_images.image_ref(RECIPE, pins, "cpu"),
     }
     sizes = {
         k: int(_run(["docker", "image", "inspect", "-f", "{{.Size}}", v], check=True).stdout) for k, v in refs.items()
@@ -155,13 +155,13 @@ def test_labels_show_the_pins(images: dict[str, str], pins: dict[str, Any]) -> N
         if head:
             assert labels["org.opencontainers.image.revision"].startswith(head)
         assert labels["org.opencontainers.image.source"]
-        assert labels["org.opencontainers.image.base.name"] == pins_check.CPU_BASE_IMAGE
+        assert labels["org.opencontainers.image.base.name"] == stack_images.CPU_BASE_IMAGE
         if kind == "recipe":
             assert labels["verl-recipes.recipe"] == RECIPE
 
 
 def test_project_version_label_is_pyprojects(images: dict[str, str]) -> None:
-    info = pins_check.build_info(ROOT / "images" / "versions.toml", "cpu", ROOT / "pyproject.toml")
+    info = stack_images.build_info(ROOT / "images" / "versions.toml", "cpu", ROOT / "pyproject.toml")
     labels = _inspect(images["base"])["Config"]["Labels"]
     assert labels["org.opencontainers.image.version"] == info["PROJECT_VERSION"]
 
@@ -423,7 +423,7 @@ def test_the_readme_deepspeed_and_recipe_image_figures_come_from_the_kept_logs()
     recipes = {df.parent.name for df in (ROOT / "recipes").glob("*/Dockerfile")}
     assert names == {"base", "deepspeed"} | recipes, names
     for name, tag, secs, size in built:
-        assert tag == pins_check.image_ref(name, pins).split(":", 1)[1], (name, tag)
+        assert tag == stack_images.image_ref(name, pins).split(":", 1)[1], (name, tag)
         assert f"{int(size):,}" in readme, (name, size)
         if name == "deepspeed":
             assert f"DeepSpeed {secs} s" in readme

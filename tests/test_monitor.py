@@ -15,7 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from verl_recipes.monitor import RUN_DIR_ENV, SAMPLES_FILE, Monitor, classify, read_jsonl
+from verl_recipes.measure.monitor import Monitor, classify
+from verl_recipes.rundir import RUN_DIR_ENV, read_jsonl
+from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
 
 MiB = 1024**2
 GiB = 1024**3
@@ -340,12 +342,12 @@ def test_gpu_memory_attributed_per_process(tmp_path: Path) -> None:
             k.wait()
 
 
-# ---- phases: verl's real marked_timer and Tracking, patched by verl_recipes.phases ----------------
+# ---- phases: verl's real marked_timer and Tracking, patched by verl_recipes.worker.phases ----------------
 
 _PHASES_BEFORE = textwrap.dedent(
     """
     import json, sys
-    from verl_recipes import phases
+    from verl_recipes.worker import phases
     assert phases.install()
     from verl.utils.debug import marked_timer          # imported after install(): patched on import
     import verl.utils.profiler
@@ -432,7 +434,7 @@ _PHASES_AFTER = textwrap.dedent(
             real.append(importlib.import_module(name))
         except ImportError as e:                        # this host lacks part of verl's GPU stack
             print("skip", name, e, file=sys.stderr)
-    from verl_recipes import phases
+    from verl_recipes.worker import phases
     assert phases.install()
     assert phases.install()                            # idempotent: no double wrapping
     assert probe_trainer.marked_timer is not original and probe_trainer.marked_timer.__wrapped__ is original
@@ -483,7 +485,7 @@ def test_phases_install_after_import_rebinds(tmp_path: Path) -> None:
 
 def test_phases_off_without_run_dir() -> None:
     env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
-    code = "import sys\nfrom verl_recipes import phases\nassert not phases.install()\n"
+    code = "import sys\nfrom verl_recipes.worker import phases\nassert not phases.install()\n"
     code += "assert 'verl' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0
 
@@ -493,7 +495,7 @@ _RAY_HOOK = textwrap.dedent(
     import os, sys, ray
     run = sys.argv[1]
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={
-        "worker_process_setup_hook": "verl_recipes.phases.setup_hook",
+        "worker_process_setup_hook": "verl_recipes.worker.hooks.setup",
         "env_vars": {"VERL_RECIPES_RUN_DIR": run}})
 
     @ray.remote

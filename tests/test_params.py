@@ -7,8 +7,9 @@ its name promises, and each recipe.yaml must state the count of the arch it name
 from __future__ import annotations
 
 import pytest
-from verl_recipes.recipes import discover
-from verl_recipes.synth import bundled_archs, count_params, resolve_arch
+from verl_recipes.recipe.metadata import discover
+from verl_recipes.workload.arch import bundled_archs, resolve_arch
+from verl_recipes.workload.synth import count_params
 
 # Published sizes of the real checkpoints (embeddings counted once when tied, as in qwen2-0.5b).
 KNOWN = {
@@ -31,7 +32,7 @@ def test_bundled_arch_param_count(arch: str) -> None:
 
 def test_truncation_removes_whole_layers() -> None:
     """Layer count is the only difference between 7B and its 2-layer smoke model: 30 layers' worth."""
-    from verl_recipes.synth import shape_config
+    from verl_recipes.workload.synth import shape_config
 
     cfg = resolve_arch("llama-2-7b")
     full, two = count_params(cfg), count_params(shape_config(cfg, layers=2))

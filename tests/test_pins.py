@@ -11,9 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from verl_recipes import pins_check
-from verl_recipes.recipes import discover
-from verl_recipes.versions import load_pins
+from verl_recipes.recipe.metadata import discover
+from verl_recipes.stack import images, pins_check
+from verl_recipes.stack.lock import parse_lock_text
+from verl_recipes.stack.pins import load_pins
 
 
 @pytest.fixture
@@ -34,10 +35,10 @@ def copy(root: Path, tmp_path: Path) -> Path:
     for df in root.glob("recipes/*/Dockerfile"):
         (dst / df.parent.relative_to(root)).mkdir(parents=True)
         shutil.copy2(df, dst / df.relative_to(root))
-    (dst / "common" / "verl_recipes").mkdir(parents=True)
-    verify = root / "common" / "verl_recipes" / "verify.py"
+    (dst / "common" / "verl_recipes" / "stack").mkdir(parents=True)
+    verify = root / "common" / "verl_recipes" / "stack" / "verify.py"
     if verify.is_file():
-        shutil.copy2(verify, dst / "common" / "verl_recipes" / "verify.py")
+        shutil.copy2(verify, dst / "common" / "verl_recipes" / "stack" / "verify.py")
     return dst
 
 
@@ -175,14 +176,14 @@ def test_lock_without_vllm_is_a_problem(copy: Path) -> None:
     ],
 )
 def test_verify_expectations_drift(copy: Path, source: str) -> None:
-    verify = copy / "common" / "verl_recipes" / "verify.py"
+    verify = copy / "common" / "verl_recipes" / "stack" / "verify.py"
     verify.write_text(source)
     problems = pins_check.check_repo(copy)
-    assert [p.file for p in problems] == ["common/verl_recipes/verify.py"], _strs(problems)
+    assert [p.file for p in problems] == ["common/verl_recipes/stack/verify.py"], _strs(problems)
 
 
 def test_verify_source_that_agrees_passes(copy: Path, pins: dict) -> None:
-    verify = copy / "common" / "verl_recipes" / "verify.py"
+    verify = copy / "common" / "verl_recipes" / "stack" / "verify.py"
     verify.write_text(f'_PINS = {{"vllm": "{pins["gpu"]["vllm"]}"}}\nX = "torch=={pins["gpu"]["torch"]}"\n')
     assert _strs(pins_check.check_repo(copy)) == []
 
@@ -226,21 +227,18 @@ def test_build_args_cli_exit_code(root: Path, capsys: pytest.CaptureFixture[str]
 def test_tags_carry_the_pins(pins: dict) -> None:
     g = pins["gpu"]
     cu = "cu" + g["cuda"].replace(".", "")
-    assert (
-        pins_check.image_ref("base", pins)
-        == f"verl-recipes/base:verl{g['verl']}-vllm{g['vllm']}-torch{g['torch']}-{cu}"
-    )
-    assert pins_check.image_ref("7b-lora", pins, "cpu").endswith(f"-{cu}-cpu")
-    assert pins_check.image_ref("deepspeed", pins).startswith(f"verl-recipes/deepspeed:ds{g['deepspeed']}-verl")
+    assert images.image_ref("base", pins) == f"verl-recipes/base:verl{g['verl']}-vllm{g['vllm']}-torch{g['torch']}-{cu}"
+    assert images.image_ref("7b-lora", pins, "cpu").endswith(f"-{cu}-cpu")
+    assert images.image_ref("deepspeed", pins).startswith(f"verl-recipes/deepspeed:ds{g['deepspeed']}-verl")
 
 
 def test_build_info_is_what_build_sh_reads(root: Path, pins: dict) -> None:
-    info = pins_check.build_info(root / "images" / "versions.toml", "cpu", root / "pyproject.toml")
-    assert info["BASE_REF"] == pins_check.image_ref("base", pins, "cpu")
-    assert info["BASE_IMAGE"] == pins_check.CPU_BASE_IMAGE
+    info = images.build_info(root / "images" / "versions.toml", "cpu", root / "pyproject.toml")
+    assert info["BASE_REF"] == images.image_ref("base", pins, "cpu")
+    assert info["BASE_IMAGE"] == images.CPU_BASE_IMAGE
     assert info["VERL_VERSION"] == pins["gpu"]["verl"]
     assert info["PROJECT_VERSION"] == "0.1.0" or re.fullmatch(r"\d+\.\d+\.\d+.*", info["PROJECT_VERSION"])
-    gpu = pins_check.build_info(root / "images" / "versions.toml", "gpu")
+    gpu = images.build_info(root / "images" / "versions.toml", "gpu")
     assert gpu["BASE_IMAGE"] == f"python:{pins['python']['gpu']}-slim-bookworm"
 
 
@@ -248,8 +246,8 @@ def test_split_lock_moves_whole_entries(root: Path) -> None:
     lock = root / "images" / "lock" / "gpu-py312.txt"
     if not lock.is_file():
         pytest.skip("no images/lock/gpu-py312.txt yet (nox -s lock)")
-    taken, rest = pins_check.split_lock(lock.read_text(), {"deepspeed"})
-    t, r, whole = (pins_check.lock_versions_text(x) for x in (taken, rest, lock.read_text()))
+    taken, rest = images.split_lock(lock.read_text(), {"deepspeed"})
+    t, r, whole = (parse_lock_text(x) for x in (taken, rest, lock.read_text()))
     assert set(t) == {"deepspeed"}
     assert "deepspeed" not in r and set(r) | set(t) == set(whole)
     assert taken.count("--hash=sha256:") + rest.count("--hash=sha256:") == lock.read_text().count("--hash=sha256:")
@@ -257,18 +255,18 @@ def test_split_lock_moves_whole_entries(root: Path) -> None:
 
 def test_light_requirements_come_from_pyproject(root: Path) -> None:
     text = (root / "pyproject.toml").read_text()
-    lines = pins_check.light_requirements(text, ["pydantic", "nvidia-ml-py"])
+    lines = images.light_requirements(text, ["pydantic", "nvidia-ml-py"])
     assert lines and all(line.split(">")[0].split("=")[0] in ("pydantic", "nvidia-ml-py") for line in lines)
     with pytest.raises(ValueError, match="not-a-dependency"):
-        pins_check.light_requirements(text, ["not-a-dependency"])
+        images.light_requirements(text, ["not-a-dependency"])
 
 
 @pytest.mark.parametrize("rid", ["7b-lora", "70b-3d", "verl-vs-deepspeed"])
 def test_docker_run_line(root: Path, pins: dict, rid: str) -> None:
     recipe = discover(root / "recipes")[rid]
-    line = pins_check.docker_run_line(recipe, pins)
+    line = images.docker_run_line(recipe, pins)
     assert "--gpus all" in line and "--ipc=host" in line and "--shm-size=32g" in line
-    assert pins_check.image_ref(rid, pins) + f" train {rid}" in line
+    assert images.image_ref(rid, pins) + f" train {rid}" in line
     assert ("--network host" in line) == (recipe.gpus.nodes > 1)
     assert pins["driver"]["min_cuda13"] in line
 
@@ -276,6 +274,6 @@ def test_docker_run_line(root: Path, pins: dict, rid: str) -> None:
 def test_images_readme_has_each_recipes_docker_run_line(root: Path, pins: dict) -> None:
     readme = (root / "images" / "README.md").read_text()
     for rid, recipe in discover(root / "recipes").items():
-        line = pins_check.docker_run_line(recipe, pins)
+        line = images.docker_run_line(recipe, pins)
         command = line[line.index("docker run ") :]
         assert f"### {rid}" in readme and command in readme, f"images/README.md: no current docker run for {rid}"

@@ -13,21 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import verl_recipes.compose as compose_mod
+import verl_recipes.recipe.compose as compose_mod
 import yaml
 from omegaconf import OmegaConf
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.compose import merge_strict, parse_sets
-from verl_recipes.plan.cli import load_setup, recipe_extra
+from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, plan_gpu
-from verl_recipes.plan.validate import SCHEMA, main_validate, validate_all
-from verl_recipes.recipes import discover, get_recipe
+from verl_recipes.plan.validate import main_validate, validate_all
+from verl_recipes.recipe.compose import merge_strict, parse_sets
+from verl_recipes.recipe.metadata import discover, get_recipe
+from verl_recipes.recipe.run_config import compose_run, gpu_layout
+from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
+from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB = 1024**2
 
@@ -378,7 +381,7 @@ def _fake_run(root: Path, scale: float) -> None:
     run = root / "recipes" / "7b-lora" / "results" / "h200-fake"
     run.mkdir(parents=True)
     recipe = get_recipe("7b-lora")
-    cfg = compose_mod.compose_recipe(recipe, [], [], extra=recipe_extra(recipe))
+    cfg = compose_run(recipe, [], [], gpu_layout(recipe))
     OmegaConf.save(cfg, run / "verl_config.yaml")
     gpu = catalogue()["h200-141g"]
     _, s, _ = load_setup("7b-lora", [], [])

@@ -3,7 +3,7 @@
 The runs here are built from the planner itself, with a known error added (a fixed offset and a
 per-layer factor), so the answer is known in closed form: the fit must recover the error and carry
 it to the full depth. Their configs are composed for real against verl's schema, the same way
-`verl-recipes train 70b-3d --gpus 2 --layers N` composes them (gpu/plan-h200x2-70b.txt).
+`verl-recipes train 70b-3d --gpus 2 --layers N` composes them (gpu/campaigns/70b-layers.txt).
 """
 
 from __future__ import annotations
@@ -14,24 +14,25 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.gpus import GIB, GPU, parse_gpu
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
 from verl_recipes.plan.phases import Constants
+from verl_recipes.workload.arch import ARCHS_DIR
 
 H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))
-PLAN = Path(__file__).resolve().parents[1] / "gpu" / "plan-h200x2-70b.txt"
+CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-layers.txt"
 
 
 def _plan_sets(name: str) -> list[str]:
     """The `--set` overrides of one line of the committed 70B plan: the layouts the GPU runs use."""
-    for raw in PLAN.read_text().splitlines():
+    for raw in CAMPAIGN.read_text().splitlines():
         if raw.startswith(f"{name}|"):
             words = shlex.split(raw.split("|", 3)[3])
             return [words[i + 1] for i, w in enumerate(words) if w == "--set"]
-    raise AssertionError(f"{PLAN}: no line {name}")
+    raise AssertionError(f"{CAMPAIGN}: no line {name}")
 
 
 TP2, PP2 = _plan_sets("70b-tp2-l2"), _plan_sets("70b-pp2-l2")
@@ -43,16 +44,16 @@ def _make_run(
     """A run folder as `verl-recipes train` + `report` leave it, whose 'measured' peaks are the
     planner's plus `offset_gib` plus `per_layer_factor - 1` times the planner's per-layer part."""
     from omegaconf import OmegaConf
-    from verl_recipes import train
-    from verl_recipes.compose import compose_recipe
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.model import Arch
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import launcher_settings
 
     run = where / f"l{layers}"
     run.mkdir(parents=True)
     recipe = get_recipe("70b-3d")
-    extra = train.launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, 2, 1)
+    extra = launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, 2, 1)
     cfg = compose_recipe(recipe, [], sets, extra=extra)
     (run / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     model_cfg = json.loads((ARCHS_DIR / "llama-2-70b" / "config.json").read_text())
@@ -127,8 +128,8 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     assert doc["target"]["gpus"] == 32 and doc["target"]["layers"] == 80
     assert sorted(doc["provenance"]) == sorted(runs)
     # a predicted file is never taken for measured bounds
-    from verl_recipes.recipes import get_recipe
-    from verl_recipes.validate import validate_recipe
+    from verl_recipes.measure.bounds import validate_recipe
+    from verl_recipes.recipe.metadata import get_recipe
 
     recipe = get_recipe("70b-3d")
     rel = Path("expected") / "test-predicted.yaml"

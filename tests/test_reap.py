@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from verl_recipes.monitor import RUN_DIR_ENV
-from verl_recipes.reap import marked_pids, reap
+from verl_recipes.procs import marked_pids, reap
+from verl_recipes.rundir import RUN_DIR_ENV
 
 # A parent that starts a detached grandchild (new session, like Ray's raylet) and exits.
 SPAWN = (

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.recipes import discover, get_recipe, load_recipe
+from verl_recipes.recipe.metadata import discover, get_recipe, load_recipe
 
 EXPECTED_IDS = {"7b-lora", "13b-fsdp", "70b-3d", "verl-vs-deepspeed"}
 

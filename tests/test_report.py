@@ -17,8 +17,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from verl_recipes.monitor import SAMPLES_FILE
-from verl_recipes.report import SCHEMA, load_intervals, summarize, write_report
+from verl_recipes.measure.report import load_intervals, summarize, write_report
+from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
+from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitor"
 CPU_RUN = FIXTURES / "cpu-run"

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from verl_recipes.runs_compare import compare, render, run_figures
+from verl_recipes.measure.compare import compare, render, run_figures
 
 R = Path("recipes/7b-lora/results")
 

@@ -1,8 +1,8 @@
-"""The Ray-on-Slurm bootstrap (`verl_recipes.ray_cluster`) and the sbatch templates.
+"""The Ray-on-Slurm bootstrap (`verl_recipes.cluster`) and the sbatch templates.
 
 Three layers, cheapest first:
 
-* the checks and plans as plain functions (no Slurm, no Ray);
+* the checks and the srun lines as plain functions (no Slurm, no Ray);
 * the templates through bash: `bash -n`, shellcheck, and DRY_RUN=1, which prints the srun lines
   pyxis (`--container-image`) and Apptainer (`apptainer exec --nv`) would run; neither runtime
   exists on the CI machine, so their lines are checked, not run;
@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from verl_recipes import RecipeError
-from verl_recipes import ray_cluster as rc
+from verl_recipes import RecipeError, procs
+from verl_recipes.cluster import in_step, launcher, settings, steps
 
 ROOT = Path(__file__).resolve().parents[1]
 T70 = ROOT / "recipes" / "70b-3d" / "slurm"
@@ -82,7 +82,7 @@ def env70(**kw: str) -> dict[str, str]:
 
 def err(env: dict[str, str], runtime: str = "bare") -> str:
     with pytest.raises(RecipeError) as e:
-        rc.check(env, runtime)
+        settings.check(env, runtime)
     msg = str(e.value)
     assert "\n" not in msg, msg
     return msg
@@ -92,14 +92,14 @@ def err(env: dict[str, str], runtime: str = "bare") -> str:
 
 
 def test_check_accepts_the_70b_shape() -> None:
-    s = rc.check(env70(), "bare")
+    s = settings.check(env70(), "bare")
     assert s.hosts == ("n1", "n2", "n3", "n4")
     assert (s.ray_nodes, s.total_gpus, s.dp) == (4, 32, 4)
     assert "TP4 x PP2 x DP4" in s.summary()
 
 
 def test_check_rehearsal_needs_no_gpu_or_model() -> None:
-    s = rc.check(
+    s = settings.check(
         {
             "SLURM_JOB_NODELIST": "vm",
             "SLURM_JOB_ID": "7",
@@ -124,7 +124,7 @@ def test_check_missing_model_path() -> None:
 def test_check_local_model_path_must_hold_a_config(tmp_path: Path) -> None:
     assert "is not a folder with config.json" in err(env70(MODEL_PATH=str(tmp_path)))
     (tmp_path / "config.json").write_text("{}")
-    assert rc.check(env70(MODEL_PATH=str(tmp_path)), "bare").model_path == str(tmp_path)
+    assert settings.check(env70(MODEL_PATH=str(tmp_path)), "bare").model_path == str(tmp_path)
 
 
 def test_check_gpus_not_divisible_by_tp_pp() -> None:
@@ -140,14 +140,14 @@ def test_check_no_gpus_outside_rehearsal() -> None:
     env = env70()
     del env["SLURM_GPUS_ON_NODE"]
     assert "has no GPUs" in err(env)
-    assert rc.check(env70(SLURM_GPUS_ON_NODE="", SLURM_GPUS_PER_NODE="h100:8"), "bare").gpus_per_node == 8
+    assert settings.check(env70(SLURM_GPUS_ON_NODE="", SLURM_GPUS_PER_NODE="h100:8"), "bare").gpus_per_node == 8
 
 
 def test_check_container_image() -> None:
     assert err(env70(), "pyxis").startswith("CONTAINER_IMAGE is not set")
     assert "does not exist" in err(env70(CONTAINER_IMAGE="/nonexistent/verl.sif"), "apptainer")
-    assert rc.check(env70(CONTAINER_IMAGE="nvcr.io#org/verl:1"), "pyxis").image == "nvcr.io#org/verl:1"
-    assert rc.check(env70(CONTAINER_IMAGE="docker://org/verl:1"), "apptainer").runtime == "apptainer"
+    assert settings.check(env70(CONTAINER_IMAGE="nvcr.io#org/verl:1"), "pyxis").image == "nvcr.io#org/verl:1"
+    assert settings.check(env70(CONTAINER_IMAGE="docker://org/verl:1"), "apptainer").runtime == "apptainer"
 
 
 def test_check_stacking_is_for_rehearsal_only() -> None:
@@ -168,7 +168,7 @@ def test_check_train_cmd_outside_rehearsal() -> None:
 def test_launcher_imports_only_the_standard_library() -> None:
     """In container deployments the launcher runs on the host's bare python3 (no site-packages)."""
     code = (
-        "import sys, verl_recipes.ray_cluster as m; "
+        "import sys, verl_recipes.cluster.cli as m; "
         "heavy = ('ray', 'pydantic', 'yaml', 'torch', 'psutil'); "
         "bad = [k for k in sys.modules if k.split('.')[0] in heavy]; "
         "assert not bad, bad; m.main(['env'])"
@@ -190,14 +190,14 @@ def test_check_outside_an_allocation() -> None:
 
 
 def test_hostlists() -> None:
-    assert rc.expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
-    assert rc.expand_hostlist("a[1-2]-ib[3-4]") == ["a1-ib3", "a1-ib4", "a2-ib3", "a2-ib4"]
-    assert rc.expand_counts("72(x2),36") == [72, 72, 36]
-    assert rc.gpus_from_slurm({"SLURM_GPUS_PER_NODE": "gpu:a100:4"}) == 4
+    assert settings.expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert settings.expand_hostlist("a[1-2]-ib[3-4]") == ["a1-ib3", "a1-ib4", "a2-ib3", "a2-ib4"]
+    assert settings.expand_counts("72(x2),36") == [72, 72, 36]
+    assert settings.gpus_from_slurm({"SLURM_GPUS_PER_NODE": "gpu:a100:4"}) == 4
 
 
 def test_ports_per_slot_do_not_overlap() -> None:
-    p = rc.Ports.from_env({"RAY_PORT_OFFSET": "1000"})
+    p = settings.Ports.from_env({"RAY_PORT_OFFSET": "1000"})
     assert p.gcs == 7379
     used = [v for s in range(4) for v in p.node(s).values()]
     assert len(used) == len(set(used))
@@ -208,19 +208,19 @@ def test_ports_per_slot_do_not_overlap() -> None:
 
 def test_nccl_interface_selection() -> None:
     names = ["lo", "eth0", "eth1", "docker0", "ib0"]
-    assert rc.match_ifnames("eth", names) == ["eth0", "eth1"]
-    assert rc.match_ifnames("^lo,docker", names) == ["eth0", "eth1", "ib0"]
-    assert rc.match_ifnames("=eth1", names) == ["eth1"]
-    assert rc.node_ip({"NCCL_SOCKET_IFNAME": "lo"}) == ("127.0.0.1", "lo")
+    assert in_step.match_ifnames("eth", names) == ["eth0", "eth1"]
+    assert in_step.match_ifnames("^lo,docker", names) == ["eth0", "eth1", "ib0"]
+    assert in_step.match_ifnames("=eth1", names) == ["eth1"]
+    assert in_step.node_ip({"NCCL_SOCKET_IFNAME": "lo"}) == ("127.0.0.1", "lo")
     with pytest.raises(RecipeError, match="matches no interface"):
-        rc.node_ip({"NCCL_SOCKET_IFNAME": "nosuchif"})
-    ip, iface = rc.node_ip({})
+        in_step.node_ip({"NCCL_SOCKET_IFNAME": "nosuchif"})
+    ip, iface = in_step.node_ip({})
     assert iface is None and socket.inet_aton(ip)
 
 
 def test_plan_lines() -> None:
-    s = rc.check(env70(CONTAINER_IMAGE="nvcr.io#org/verl:1"), "pyxis")
-    p = rc.Planner(s, "/opt/venv/bin/python")
+    s = settings.check(env70(CONTAINER_IMAGE="nvcr.io#org/verl:1"), "pyxis")
+    p = steps.StepBuilder(s, "/opt/venv/bin/python")
     head = p.node("n1", 0, None).argv
     worker = p.node("n3", 0, "10.0.0.1:6379").argv
     for argv in (head, worker, p.driver("10.0.0.1:6379").argv, p.verify().argv, p.reap().argv):
@@ -230,24 +230,24 @@ def test_plan_lines() -> None:
     assert "--nodelist=n1" in head and "--head" in head and "--dashboard-host=127.0.0.1" in head
     assert "--nodelist=n3" in worker and "--address=10.0.0.1:6379" in worker
     assert p.verify().argv[-3:] == ["verify", "--recipe", "70b-3d"]
-    rehearsal = rc.Planner(rc.check(env70(REHEARSAL="1", GPUS_PER_NODE="8"), "bare"), "python3")
+    rehearsal = steps.StepBuilder(settings.check(env70(REHEARSAL="1", GPUS_PER_NODE="8"), "bare"), "python3")
     assert rehearsal.verify().argv[-1] == "verify"  # no --recipe: a node without a GPU passes
     assert "--probe" in rehearsal.driver("10.0.0.1:6379").argv
-    a = rc.Planner(rc.check(env70(CONTAINER_IMAGE="docker://org/verl:1"), "apptainer"), "python3")
+    a = steps.StepBuilder(settings.check(env70(CONTAINER_IMAGE="docker://org/verl:1"), "apptainer"), "python3")
     line = a.node("n2", 0, "10.0.0.1:6379").argv
     i = line.index("--")
     assert line[i + 1 : i + 4] == ["apptainer", "exec", "--nv"] and "docker://org/verl:1" in line
 
 
 def test_step_env_keeps_token_auth(tmp_path: Path) -> None:
-    s = rc.check(env70(), "bare")
-    env = rc.step_env(s, {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "leak"}, tmp_path / "auth_token")
+    s = settings.check(env70(), "bare")
+    env = steps.step_env(s, {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "leak"}, tmp_path / "auth_token")
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "auth_token")
     assert "RAY_AUTH_TOKEN" not in env and env["NNODES"] == "4"
 
 
 def test_new_token_is_private(tmp_path: Path) -> None:
-    path = rc._new_token(tmp_path / "job")
+    path = launcher._new_token(tmp_path / "job")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
     assert re.fullmatch(r"[0-9a-f]{64}", path.read_text())
@@ -255,14 +255,14 @@ def test_new_token_is_private(tmp_path: Path) -> None:
 
 def test_leftovers_finds_marked_and_session_processes() -> None:
     """Real processes: one with the job marker, one in a recorded session, one unrelated."""
-    marked = subprocess.Popen(["sleep", "60"], env={**os.environ, rc.MARKER: "t1"})
+    marked = subprocess.Popen(["sleep", "60"], env={**os.environ, procs.RAY_JOB_ENV: "t1"})
     session = subprocess.Popen(["sleep", "60"], start_new_session=True)
     other = subprocess.Popen(["sleep", "60"])
     try:
-        found = rc.leftovers("t1", {os.getsid(session.pid)})
+        found = in_step.leftovers("t1", {os.getsid(session.pid)})
         assert marked.pid in found and session.pid in found
         assert other.pid not in found and os.getpid() not in found
-        assert marked.pid not in rc.leftovers("t2", set())
+        assert marked.pid not in in_step.leftovers("t2", set())
     finally:
         for p in (marked, session, other):
             p.kill()
@@ -396,7 +396,7 @@ def ray_left(job: str) -> list[str]:
         ["pgrep", "-af", "raylet|gcs_server|ray start|default_worker|ray::"], capture_output=True, text=True
     )
     left = [line for line in res.stdout.splitlines() if f"/tmp/ray-{job}" in line]
-    marker = f"{rc.MARKER}={job}".encode()
+    marker = f"{procs.RAY_JOB_ENV}={job}".encode()
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from verl_recipes.cli import SUBCOMMANDS, main
 from verl_recipes.docs import plans_table, recipe_table, render_readme, results_table
-from verl_recipes.recipes import discover
+from verl_recipes.recipe.metadata import discover
 
 
 def test_nox_lists_four_sessions_per_recipe(root: Path) -> None:

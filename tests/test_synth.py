@@ -17,13 +17,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.synth import (
+from verl_recipes.workload.arch import resolve_arch
+from verl_recipes.workload.synth import (
     IM_END,
     IM_START,
     _Tensor,
     count_params,
     load_for_check,
-    resolve_arch,
     shape_config,
     synthesize,
     write_weights,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
-from verl_recipes import trace
+from verl_recipes.measure import trace
 
 
 def _trace(tmp_path: Path) -> Path:

@@ -36,7 +36,7 @@ def test_rehearsal_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> No
     assert "training needs an NVIDIA GPU" in out
     assert "verl.trainer.main_ppo --config-path" in out
     cfg = (tmp_path / "run" / "verl_config.yaml").read_text()
-    assert "worker_process_setup_hook: verl_recipes.hooks.setup" in cfg
+    assert "worker_process_setup_hook: verl_recipes.worker.hooks.setup" in cfg
     assert "lora_rank: 64" in cfg
 
 
@@ -63,10 +63,11 @@ def test_cap_needs_a_gpu(tmp_path: Path) -> None:
 
 def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     """The planner's verdict gates a GPU launch: one line naming the phase and a knob."""
-    from verl_recipes import ARCHS_DIR
-    from verl_recipes.compose import compose_recipe
-    from verl_recipes.recipes import get_recipe
-    from verl_recipes.train import launcher_settings, preflight_fit
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import launcher_settings
+    from verl_recipes.train import preflight_fit
+    from verl_recipes.workload.arch import ARCHS_DIR
 
     recipe = get_recipe("7b-lora")
     model = ARCHS_DIR / "llama-2-7b"

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 from verl_recipes.cli import main
-from verl_recipes.recipes import get_recipe
-from verl_recipes.validate import check, load_summary, measured, write_bounds
+from verl_recipes.measure.bounds import check, measured, write_bounds
+from verl_recipes.recipe.metadata import get_recipe
+from verl_recipes.rundir import read_summary as load_summary
 
 RUN = Path("recipes/7b-lora/results/h200x1-ppo")
 

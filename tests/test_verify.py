@@ -10,8 +10,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from verl_recipes import verify
-from verl_recipes.versions import load_pins
+from verl_recipes.stack import verify
+from verl_recipes.stack.pins import load_pins
 
 CLI = [sys.executable, "-m", "verl_recipes.cli", "verify"]
 

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("verl")
 
 from transformers import LlamaConfig, LlamaForTokenClassification
-from verl_recipes import verl_fixes
+from verl_recipes.worker import verl_fixes
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def fsdp2_lora() -> Any:
     from peft import LoraConfig, get_peft_model
     from torch.distributed.fsdp import fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
-    from verl_recipes import sync_probe
+    from verl_recipes.worker import sync_probe
 
     if not dist.is_initialized():
         with socket.socket() as s:
@@ -213,7 +213,7 @@ def test_fixed_merged_sync_streams_peft_merge_out_of_place(fsdp2_lora: Any, monk
 def test_probe_control_sends_the_base_weights_without_the_adapter(
     fsdp2_lora: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verl_recipes import sync_probe
+    from verl_recipes.worker import sync_probe
 
     module, merged = fsdp2_lora
     verl_fixes.apply()
@@ -234,7 +234,7 @@ def test_setup_hook_imports_nothing_heavy_and_fixes_apply_on_import(tmp_path: Pa
 
     code = (
         "import sys\n"
-        "from verl_recipes import hooks\n"
+        "from verl_recipes.worker import hooks\n"
         "hooks.setup()\n"
         "heavy = [m for m in ('torch', 'transformers', 'peft', 'verl.utils.model') if m in sys.modules]\n"
         "print('heavy', heavy)\n"
@@ -245,4 +245,4 @@ def test_setup_hook_imports_nothing_heavy_and_fixes_apply_on_import(tmp_path: Pa
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
     assert "heavy []" in out
-    assert "patched True True verl_recipes.verl_fixes" in out
+    assert "patched True True verl_recipes.worker.verl_fixes" in out

@@ -18,21 +18,12 @@ from pathlib import Path
 
 import pytest
 from verl_recipes import RecipeError
-from verl_recipes.lock import Pin, Target, canonical, gpu_target, parse_freeze, parse_lock
 from verl_recipes.paths import repo_root
-from verl_recipes.versions import gpu_pins
-from verl_recipes.wheelhouse import (
-    CHUNK_PREFIX,
-    Excludes,
-    choose_file,
-    load_excludes,
-    pack,
-    plan,
-    ready_text,
-    render_install_sh,
-    repack_wheel,
-    target_tags,
-)
+from verl_recipes.stack.lock import Pin, Target, canonical, gpu_target, parse_freeze, parse_lock
+from verl_recipes.stack.pins import gpu_pins
+from verl_recipes.stack.wheelhouse.build import Excludes, load_excludes, ready_text, select
+from verl_recipes.stack.wheelhouse.fetch import choose_file, repack_wheel, target_tags
+from verl_recipes.stack.wheelhouse.pack import CHUNK_PREFIX, pack, render_install_sh
 
 ROOT = repo_root()
 LOCK_SAMPLE = """\
@@ -136,7 +127,7 @@ def test_choose_file_prefers_best_wheel_checks_hash_and_falls_back_to_sdist() ->
         choose_file(pin, [_f("pkg-1.0-cp311-cp311-win_amd64.whl", "1" * 64)], tags)
 
 
-# --------------------------------------------------------------------------- plan and excludes
+# --------------------------------------------------------------------------- selection and excludes
 
 
 def test_real_excludes_file_parses_and_every_rule_has_a_reason() -> None:
@@ -151,7 +142,7 @@ def test_excludes_rule_without_reason_is_refused(tmp_path: Path) -> None:
         load_excludes(tmp_path / "x.toml")
 
 
-def test_plan_drops_what_the_target_has_and_excludes_by_rule() -> None:
+def test_selection_drops_what_the_target_has_and_excludes_by_rule() -> None:
     lock = {
         "torch": Pin("torch", "2.11.0"),
         "transformers": Pin("transformers", "5.10.4"),
@@ -159,13 +150,13 @@ def test_plan_drops_what_the_target_has_and_excludes_by_rule() -> None:
         "six": Pin("six", "1.17.0"),
     }
     have = {"torch": "2.11.0", "transformers": "5.17.0"}
-    p = plan(lock, have, Excludes({"av": "video"}, []), None)
+    p = select(lock, have, Excludes({"av": "video"}, []), None)
     assert [q.name for q in p.carry] == ["six", "transformers"]
     assert [q.name for q in p.on_target] == ["torch"]
     assert [(q.name, r) for q, r in p.excluded] == [("av", "video")]
-    assert [q.name for q in plan(lock, have, Excludes({}, []), {"six"}).carry] == ["six"]
+    assert [q.name for q in select(lock, have, Excludes({}, []), {"six"}).carry] == ["six"]
     with pytest.raises(RecipeError, match="not in the lock"):
-        plan(lock, have, Excludes({}, []), {"nope"})
+        select(lock, have, Excludes({}, []), {"nope"})
 
 
 def test_strip_wheel_removes_files_and_their_record_lines(tmp_path: Path) -> None:

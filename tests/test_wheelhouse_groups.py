@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 from packaging.tags import platform_tags
 from verl_recipes import RecipeError
-from verl_recipes.lock import Target
 from verl_recipes.paths import repo_root
-from verl_recipes.versions import load_pins
-from verl_recipes.wheelhouse import (
+from verl_recipes.stack.lock import Target
+from verl_recipes.stack.pins import load_pins
+from verl_recipes.stack.wheelhouse.groups import (
     GroupPin,
     check_separate_calls,
     load_groups,
     pick_local_wheel,
-    render_install_sh,
     wheel_top_levels,
 )
+from verl_recipes.stack.wheelhouse.pack import render_install_sh
 
 ROOT = repo_root()
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -1,8 +1,22 @@
 """verl-recipes: reproducible, measured deployment recipes for verl.
 
-The package is small modules with one job each; `verl_recipes.cli` ties them to the
-`verl-recipes` command. Modules that need torch, verl or NVML import them lazily so that
-`verl-recipes --help` and the recipe metadata work on a bare CPU machine.
+The package is grouped into wings by job, with the commands that compose them at the root:
+
+- `cli`, `train`, `docs`, `paths`: the `verl-recipes` command, training or rehearsing a recipe,
+  the README's generated tables, where the checkout's parts are;
+- `rundir`: the run folder (file names, records, the summary.json schema); `procs`: a run's
+  processes (their marker, the /proc scan, ending them);
+- `recipe`: recipe.yaml and composing it against verl's config, once, as it will run;
+- `workload`: the architectures, the synthetic checkpoint, the dataset, the reward;
+- `worker`: what runs inside verl's Ray workers (the setup hook, the verl fixes, phase markers);
+- `measure`: the monitor, the report, bounds, run comparisons, provenance;
+- `plan`: the memory planner;
+- `stack`: the pins, the lock, the images, `verify` and the offline wheelhouse;
+- `cluster`: Ray on a Slurm allocation.
+
+Modules that need torch, verl or NVML import them inside the functions that use them, so
+`verl-recipes --help` and the recipe metadata work on a bare CPU machine; tests/test_imports.py
+holds each wing to its import rule.
 """
 
 from __future__ import annotations
@@ -12,7 +26,6 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-ARCHS_DIR = PACKAGE_DIR / "archs"
 #: set by the monitor and the launcher for every process of a run: where phases and metrics go.
 RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
 

@@ -1,9 +1,9 @@
-"""The `verl-recipes` command: one subcommand per module.
+"""The `verl-recipes` command: one subcommand per module, each in the wing that does its job.
 
 Each subcommand module exposes `register(subparsers)` and sets `func` on its parser. Modules are
-imported lazily by name so that a missing heavy dependency (torch, verl, NVML) breaks only the
-subcommand that needs it, with a one-line message. A subcommand that is not built yet says so
-and exits 3: no silent stubs.
+imported by name when the parser is built, so a missing dependency breaks only the subcommand
+that needs it, with a one-line message; the heavy ones (torch, verl, NVML) load only when a
+subcommand runs.
 """
 
 from __future__ import annotations
@@ -15,30 +15,31 @@ from collections.abc import Sequence
 
 from verl_recipes import RecipeError, __version__
 
-# subcommand -> (module that implements it, or None if not built yet, one-line help)
-SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
-    "list": ("verl_recipes.cmd_list", "list the recipes found under recipes/*/recipe.yaml"),
-    "show": ("verl_recipes.compose", "compose a recipe against verl's Hydra config and print it"),
-    "synth-model": ("verl_recipes.synth", "write a random-weight HF checkpoint and tokenizer from a config.json"),
-    "dataset": ("verl_recipes.dataset", "write the embedded arithmetic dataset as verl RL parquet"),
+# subcommand -> (module that implements it, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("verl_recipes.recipe.listing", "list the recipes found under recipes/*/recipe.yaml"),
+    "show": ("verl_recipes.recipe.compose", "compose a recipe against verl's Hydra config and print it"),
+    "synth-model": (
+        "verl_recipes.workload.synth",
+        "write a random-weight HF checkpoint and tokenizer from a config.json",
+    ),
+    "dataset": ("verl_recipes.workload.dataset", "write the embedded arithmetic dataset as verl RL parquet"),
     "train": ("verl_recipes.train", "run a recipe: rehearse on CPU, train with verl on GPU"),
     "docs": ("verl_recipes.docs", "regenerate the README's recipe table from the metadata"),
-    "verify": ("verl_recipes.verify", "check the install, GPUs, driver and host against the pins"),
-    "monitor": ("verl_recipes.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
-    "report": ("verl_recipes.report", "tables and a timeline PNG from a monitored run"),
+    "verify": ("verl_recipes.stack.verify", "check the install, GPUs, driver and host against the pins"),
+    "monitor": ("verl_recipes.measure.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
+    "report": ("verl_recipes.measure.report", "tables and a timeline PNG from a monitored run"),
     "plan": ("verl_recipes.plan.cli", "predict per-phase, per-GPU peak memory of a verl configuration"),
-    "validate": ("verl_recipes.validate", "check a run's memory and throughput against a recipe's bounds"),
-    "ray-slurm": ("verl_recipes.ray_cluster", "bootstrap Ray on a Slurm allocation and run a recipe"),
-    "trace": ("verl_recipes.trace", "where a torch profiler trace spends its time"),
-    "compare-runs": ("verl_recipes.runs_compare", "tokens/s and peak memory of runs against a baseline run"),
-    "reap": ("verl_recipes.reap", "end the processes one run left behind, leaving other runs alone"),
-    "wheelhouse": ("verl_recipes.wheelhouse", "build an offline wheelhouse of the pinned stack for a target"),
+    "validate": ("verl_recipes.measure.bounds", "check a run's memory and throughput against a recipe's bounds"),
+    "ray-slurm": ("verl_recipes.cluster.cli", "bootstrap Ray on a Slurm allocation and run a recipe"),
+    "trace": ("verl_recipes.measure.trace", "where a torch profiler trace spends its time"),
+    "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
+    "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
+    "wheelhouse": (
+        "verl_recipes.stack.wheelhouse.build",
+        "build an offline wheelhouse of the pinned stack for a target",
+    ),
 }
-
-
-def _not_built(name: str) -> int:
-    print(f"verl-recipes {name}: not built yet in this version", file=sys.stderr)
-    return 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,11 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"verl-recipes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in SUBCOMMANDS.items():
-        if module is None:
-            p = sub.add_parser(name, help=help_ + " (not built yet)", add_help=True)
-            p.add_argument("rest", nargs=argparse.REMAINDER)
-            p.set_defaults(func=lambda _a, n=name: _not_built(n))
-            continue
         try:
             mod = importlib.import_module(module)
         except ImportError as e:  # a heavy optional dependency is missing

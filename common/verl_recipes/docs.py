@@ -26,7 +26,8 @@ import yaml
 
 from verl_recipes import RecipeError
 from verl_recipes.paths import repo_root
-from verl_recipes.recipes import Recipe, discover
+from verl_recipes.recipe.metadata import Recipe, discover
+from verl_recipes.rundir import measured_runs
 
 BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
 RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"
@@ -64,12 +65,8 @@ def _measured_cell(recipe: Recipe) -> str:
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
     if cells:
         return "<br>".join(cells)
-    runs = sorted(
-        {
-            p.parent.relative_to(recipe.dir / "results").parts[0]
-            for p in (recipe.dir / "results").glob("*/**/summary.json")
-        }
-    )
+    results = recipe.dir / "results"
+    runs = sorted({d.relative_to(results).parts[0] for d in measured_runs(results) if d != results})
     if runs:  # measured, but no run makes bounds yet (partial, or another setup than the recipe's)
         links = ", ".join(f"[{r}](recipes/{recipe.id}/results/{r}/)" for r in runs)
         return f"no bounds yet; runs: {links}"

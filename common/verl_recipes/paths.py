@@ -1,4 +1,4 @@
-"""Where the repository's parts are.
+"""Where the repository's parts are, and where made things are cached.
 
 The recipes, images and validation folders live in the repository, not in the installed
 package, because users copy and edit them. `VERL_RECIPES_ROOT` points at a checkout; without
@@ -32,6 +32,12 @@ def repo_root() -> Path:
             if _is_root(p):
                 return p
     raise RecipeError("no verl-recipes checkout found: run inside one or set VERL_RECIPES_ROOT=/path/to/checkout")
+
+
+def cache_dir() -> Path:
+    """Where made things are kept between runs (synthetic models, the dataset, wheels):
+    VERL_RECIPES_CACHE, else ~/.cache/verl-recipes."""
+    return Path(os.environ.get("VERL_RECIPES_CACHE", Path.home() / ".cache" / "verl-recipes"))
 
 
 def recipes_dir() -> Path:

@@ -10,14 +10,13 @@ transformers, the dataset loading in verl's RLHFDataset, and the exact command a
 would run; then it says plainly that training needs a GPU and exits 0.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launcher reaches them through
-Ray's ``worker_process_setup_hook`` (`verl_recipes.hooks.setup`) and environment variables.
+Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment variables.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import shlex
 import subprocess
@@ -25,19 +24,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RUN_DIR_ENV, RecipeError
-from verl_recipes.compose import compose_recipe
-from verl_recipes.provenance import gpus as nvml_gpus
-from verl_recipes.provenance import record
-from verl_recipes.recipes import Recipe, get_recipe
-from verl_recipes.verl_fixes import ENV_FIXES_OFF, FIXES
+from verl_recipes import RecipeError, rundir
+from verl_recipes.measure.provenance import gpus as nvml_gpus
+from verl_recipes.measure.provenance import record
+from verl_recipes.paths import cache_dir
+from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.recipe.run_config import compose_run, default_data_dir, gpu_layout
+from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF, FIXES
 
 GIB = 1024**3
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("VERL_RECIPES_CACHE", Path.home() / ".cache" / "verl-recipes"))
 
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -48,13 +44,13 @@ def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bo
     return rc
 
 
-def ensure_model(
-    recipe: Recipe, layers: int | None, scale: str, device: str, out: Path | None, arch: str | None = None
-) -> Path:
-    """A synthetic checkpoint of the recipe's architecture (or `arch`), made once and cached."""
-    arch = arch or recipe.model.arch
-    tag = f"{arch}-{scale}-L{layers or 'all'}"
-    path = out or _cache_dir() / "models" / tag
+def model_dir(arch: str, layers: int | None, scale: str, out: Path | None) -> Path:
+    """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made)."""
+    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
+
+
+def ensure_model(path: Path, arch: str, layers: int | None, scale: str, device: str) -> Path:
+    """The synthetic checkpoint at `path`, made once and then reused."""
     if (path / "synth.json").is_file():
         print(f"model: reusing {path}")
         return path
@@ -65,47 +61,11 @@ def ensure_model(
     return path
 
 
-def ensure_dataset(out: Path | None) -> Path:
-    path = out or _cache_dir() / "data" / "arith"
+def ensure_dataset(path: Path) -> Path:
     if (path / "train.parquet").is_file() and (path / "test.parquet").is_file():
         return path
     _run([*CLI, "dataset", "--out", str(path)], "dataset")
     return path
-
-
-def launcher_settings(
-    recipe: Recipe, model: Path, data: Path, run_dir: Path, steps: int, n_gpus: int, nnodes: int | None = None
-) -> Any:
-    """What the launcher owns in verl's config: paths, GPUs, steps, logging, the Ray hook."""
-    from omegaconf import OmegaConf
-
-    from verl_recipes import reward
-
-    settings: dict[str, Any] = {
-        "actor_rollout_ref": {"model": {"path": str(model)}},
-        "critic": {"model": {"path": str(model), "tokenizer_path": str(model)}},
-        "data": {"train_files": str(data / "train.parquet"), "val_files": str(data / "test.parquet")},
-        "reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}},
-        "trainer": {
-            "n_gpus_per_node": n_gpus,
-            "nnodes": nnodes or recipe.gpus.nodes,
-            "total_training_steps": steps,
-            "total_epochs": 1000,
-            "logger": ["console", "file"],
-            "default_local_dir": str(run_dir / "checkpoints"),
-        },
-    }
-    return OmegaConf.create(settings)
-
-
-def _open_runtime_env(cfg: Any) -> Any:
-    """Add Ray's setup hook to verl's (struct) ray_init.runtime_env."""
-    from omegaconf import OmegaConf, open_dict
-
-    with open_dict(cfg):
-        renv = cfg.ray_kwargs.ray_init.runtime_env
-        renv.worker_process_setup_hook = "verl_recipes.hooks.setup"
-    return OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
 
 
 def preflight_fit(cfg: Any, model: Path, budget_gib: float, label: str) -> None:
@@ -149,24 +109,46 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
     print(f"== rehearsal of {recipe.id}: {reason}")
     print("== 1/5 install verification")
     _run([*CLI, "verify", "--recipe", recipe.id], "verify", check=False)
-    print(f"== 2/5 composed against verl's schema: {run_dir / 'verl_config.yaml'}")
+    print(f"== 2/5 composed against verl's schema: {run_dir / rundir.CONFIG}")
     print(
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
     )
-    print("== 3/5 memory plan")
-    _run([*CLI, "plan", recipe.id, *[x for v in args.variant for x in ("--variant", v)]], "plan", check=False)
+    print("== 3/5 memory plan of this run on the GPUs it may rent")
+    try:
+        print(planned(recipe, args, cfg))
+    except RecipeError as e:
+        print(f"   the planner cannot judge this configuration: {e}")
     print("== 4/5 synthetic model (tiny on CPU) and dataset")
     model = Path(cfg.actor_rollout_ref.model.path)
     data = Path(cfg.data.train_files).parent
     _check_model_and_data(model, data, cfg)
     print("== 5/5 the command a GPU host runs")
-    print(f"   {(run_dir / 'command.sh').read_text().strip().splitlines()[-1]}")
+    print(f"   {(run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
     print(
         f"training needs an NVIDIA GPU ({recipe.gpus.count} x {recipe.gpus.target}); {reason}. "
         "Everything above is what a CPU can check; run the same command on a GPU host to train."
     )
     return 0
+
+
+def planned(recipe: Recipe, args: argparse.Namespace, cfg: Any) -> str:
+    """The planner's report of the run a GPU host would start: this composed config on the model it
+    trains (the --model checkpoint, else the architecture at the width and depth train makes)."""
+    from verl_recipes.plan.cli import report
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
+
+    if args.model:
+        arch = Arch.from_file(args.model / "config.json")
+    else:
+        name = args.arch or recipe.model.arch
+        shape = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
+        arch = Arch.from_config(shape_config(resolve_arch(name), *shape), f"{name}/config.json")
+    label = recipe.id + "".join(f" +{v}" for v in args.variant) + "".join(f" --set {s}" for s in args.sets)
+    return report(label, setup_from_config(cfg, arch), recipe)
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -179,7 +161,7 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
     print(f"   model {model}: {n:,} parameters loaded in transformers")
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)  # type: ignore[arg-type]
+    ds = RLHFDataset(data_files=[str(data / "train.parquet")], tokenizer=tok, config=cfg.data)  # type: ignore[arg-type,unused-ignore]
     item = ds[0]
     print(
         f"   dataset {data}: {len(ds)} rows in verl's RLHFDataset; first prompt {len(item['raw_prompt'])} message(s)"
@@ -208,14 +190,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     n_gpus, gpu_gib = _gpu_info()
-    # --gpus N: a scaled-down run on this one node (e.g. a truncated 70B on 2 GPUs), whatever the
-    # recipe's node count; verify checks N GPUs instead of the recipe's.
-    nnodes = 1 if args.gpus else None
-    need = args.gpus or (1 if args.smoke else recipe.gpus.count) * recipe.gpus.nodes
-    per_node = min(need, n_gpus) if n_gpus else need // recipe.gpus.nodes
-    gpu_ok = n_gpus > 0 and n_gpus >= per_node
-    if args.rehearse or not gpu_ok:
-        per_node = args.gpus or (1 if args.smoke else recipe.gpus.count)
+    layout = gpu_layout(recipe, args.gpus, args.smoke)
+    gpu_ok = 0 < layout.per_node <= n_gpus
+    rehearsal = args.rehearse or not gpu_ok
 
     env = dict(os.environ)
     cap_scale = None
@@ -229,28 +206,30 @@ def run(args: argparse.Namespace) -> int:
         cap_scale = args.cap_gib / gpu_gib
         env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{cap_scale:.4f}"
 
-    # Compose once before anything is made, so a typo in a key fails in seconds, not after a 7B
-    # checkpoint has been written; the paths are filled in again below once they exist.
-    model = args.model or Path("/nonexistent/model-made-at-launch")
-    data = args.data or _cache_dir() / "data" / "arith"
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
-    cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-    runtime_env = _open_runtime_env(cfg)
-    cfg_path = run_dir / "verl_config.yaml"
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", "verl_config"]
-    (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+    # The model's and the dataset's folders are known before either is made, so the run is composed
+    # once, first: a misspelt key fails in seconds, not after a 7B checkpoint has been written.
+    arch = args.arch or recipe.model.arch
+    if rehearsal:  # a tiny model of the same family: loading it in transformers takes seconds on a CPU
+        layers, scale, device = recipe.smoke.layers, "tiny", "cpu"
+    else:
+        layers, scale = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
+        device = "cuda"
+    model = args.model or model_dir(arch, layers, scale, args.model_out)
+    data = args.data or default_data_dir()
+    cfg = compose_run(recipe, variants, args.sets, layout, model=model, data=data, run_dir=run_dir, steps=args.steps)
+    cfg_path = run_dir / rundir.CONFIG
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", cfg_path.stem]
+    (run_dir / rundir.COMMAND).write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
 
-    if args.rehearse or not gpu_ok:
+    if rehearsal:
         reason = (
             "--rehearse was given"
             if args.rehearse
-            else f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {per_node}"
+            else f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {layout.per_node}"
         )
         if not args.model:
-            model = ensure_model(recipe, recipe.smoke.layers, "tiny", "cpu", args.model_out, args.arch)
-            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, nnodes)
-            cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-            _open_runtime_env(cfg)
+            ensure_model(model, arch, layers, scale, device)
+        ensure_dataset(data)
         OmegaConf.save(cfg, cfg_path)
         return rehearse(recipe, args, cfg, run_dir, reason)
 
@@ -260,20 +239,15 @@ def run(args: argparse.Namespace) -> int:
         gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
         _run([*CLI, "verify", "--recipe", recipe.id, *gpus_arg], "verify (pass --skip-verify to run anyway)")
     if not args.model:
-        layers = recipe.smoke.layers if args.smoke else args.layers
-        scale = recipe.smoke.scale if args.smoke else "full-width"
-        model = ensure_model(recipe, layers, scale, "cuda", args.model_out, args.arch)
-    data = ensure_dataset(args.data)
-    extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
-    cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-    _open_runtime_env(cfg)
+        ensure_model(model, arch, layers, scale, device)
+    ensure_dataset(data)
     vllm_util = None
     if not args.force:
         # Before anything starts: the plan for the card (or the cap) it is meant for.
         preflight_fit(cfg, model, args.cap_gib or gpu_gib, "the --cap-gib budget" if args.cap_gib else "this GPU")
     if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in args.sets):
         # verl's default is a relative outputs/profile under whatever folder the workers run in
-        cfg.global_profiler.save_path = str(run_dir / "profile")
+        cfg.global_profiler.save_path = str(run_dir / rundir.PROFILE)
     if cap_scale is not None:
         rollout = cfg.actor_rollout_ref.rollout
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
@@ -282,12 +256,12 @@ def run(args: argparse.Namespace) -> int:
     # the model's architecture beside the run: the planner's check of this run reads it (a
     # truncated or user model is not the recipe's bundled one)
     if (model / "config.json").is_file():
-        (run_dir / "model_config.json").write_text((model / "config.json").read_text())
+        (run_dir / rundir.MODEL_CONFIG).write_text((model / "config.json").read_text())
 
     env.update(
         {
-            RUN_DIR_ENV: str(run_dir),
-            "VERL_FILE_LOGGER_PATH": str(run_dir / "verl_metrics.jsonl"),
+            rundir.RUN_DIR_ENV: str(run_dir),
+            "VERL_FILE_LOGGER_PATH": str(run_dir / rundir.VERL_METRICS),
             "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
             "PYTHONUNBUFFERED": "1",
         }
@@ -307,18 +281,18 @@ def run(args: argparse.Namespace) -> int:
             "cap_gib": args.cap_gib,
             "vllm_gpu_memory_utilization": vllm_util,
             "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
-            "runtime_env": runtime_env,
+            "runtime_env": OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env),
             "verl_fixes_off": args.verl_fix_off,
             "compile_cache": not args.no_compile_cache,
         },
     )
-    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    rundir.write_provenance(run_dir, prov)
     # USS/PSS at most once a minute, and further apart when a read is costly: smaps_rollup of every
     # member (large CUDA processes) was the monitor's main cost on the H200 (0.32-0.37 s a read); the
     # monitor keeps those reads under 0.1% of a core. RSS is read at 2 Hz, the device total at 10 Hz.
     mon = [*CLI, "monitor", "--out", str(run_dir), "--full-mem-interval", "60", "--", *cmd]
-    with open(run_dir / "train.log", "wb") as logf:
-        print(f"+ {shlex.join(mon)}  (log: {run_dir / 'train.log'})", flush=True)
+    with open(run_dir / rundir.LOG, "wb") as logf:
+        print(f"+ {shlex.join(mon)}  (log: {run_dir / rundir.LOG})", flush=True)
         proc = subprocess.Popen(mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -328,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(line)
                 sys.stdout.flush()
         rc = proc.wait()
-    (run_dir / "exit_code").write_text(f"{rc}\n")
+    (run_dir / rundir.EXIT_CODE).write_text(f"{rc}\n")
     errors = collect_worker_errors(run_dir)
     _run([*CLI, "report", str(run_dir)], "report", check=False)
     if rc != 0:
@@ -337,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cap_gib:
         over = cap_overrun(run_dir, args.cap_gib)
         if over:
-            (run_dir / "cap_exceeded.txt").write_text(over + "\n")
+            (run_dir / rundir.CAP_EXCEEDED).write_text(over + "\n")
             raise RecipeError(over)
     print(f"run folder: {run_dir}")
     return 0
@@ -363,10 +337,9 @@ def run_env(env: dict[str, str], compile_cache: bool = True) -> dict[str, str]:
 
 def collect_worker_errors(run_dir: Path) -> list[dict[str, Any]]:
     """The run's Ray worker logs that carry an error, copied into RUN_DIR/ray-logs/ (`ending`)."""
-    from verl_recipes import ending
-    from verl_recipes.monitor import SAMPLES_FILE, read_jsonl
+    from verl_recipes.measure import ending
 
-    recs, _ = read_jsonl(run_dir / SAMPLES_FILE)
+    recs, _ = rundir.read_jsonl(run_dir / rundir.SAMPLES)
     start = next((r for r in recs if r.get("kind") == "start"), {})
     pid = start.get("pid")
     try:
@@ -382,7 +355,7 @@ def cap_overrun(run_dir: Path, cap_gib: float) -> str | None:
     The cap is enforced per process (torch's memory fraction, vLLM's share), but the question a
     24 GiB card asks is the device total, so that is what decides whether the run fitted.
     """
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.read_summary(run_dir)
     worst: tuple[float, str, str] | None = None
     for phase, rec in (summary.get("phases") or {}).items():
         for gpu, g in (rec.get("gpu") or {}).items():

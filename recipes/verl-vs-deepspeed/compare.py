@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="table and plot of a DeepSpeed run and a verl run")
     rep.add_argument("--ds", help="the `ds` output dir")
-    rep.add_argument("--verl", help="verl metrics JSONL (trainer.logger file, or verl_recipes.phases metrics.jsonl)")
+    rep.add_argument("--verl", help="verl metrics JSONL (trainer.logger file, or the run folder's metrics.jsonl)")
     rep.add_argument("--verl-gpus", type=int, default=None, help="GPUs of the verl run (else from perf/throughput)")
     rep.add_argument("--verl-warmup", type=int, default=None, help="verl warm-up steps (default: the DeepSpeed run's)")
     rep.add_argument("--verl-monitor", help="summary.json of `verl-recipes report` on the verl run (NVML peaks)")

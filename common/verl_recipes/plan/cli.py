@@ -20,11 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.workload.arch import arch_config_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -64,34 +65,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 
 
 def _arch_from(spec: str) -> Arch:
-    bundled = ARCHS_DIR / spec / "config.json"
-    if bundled.is_file():
-        return Arch.from_file(bundled)
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return Arch.from_file(path)
-    known = sorted(p.name for p in ARCHS_DIR.iterdir() if (p / "config.json").is_file())
-    raise RecipeError(f"--arch {spec}: not a bundled arch ({', '.join(known)}) or a config.json path")
-
-
-def recipe_extra(recipe: Any) -> Any:
-    """The GPU layout the launcher gives a recipe (`verl_recipes.train.launcher_settings`)."""
-    from omegaconf import OmegaConf
-
-    if recipe.gpus.count <= 0:
-        return None
-    per_node = max(1, recipe.gpus.count // recipe.gpus.nodes)
-    return OmegaConf.create({"trainer": {"n_gpus_per_node": per_node, "nnodes": recipe.gpus.nodes}})
+    return Arch.from_file(arch_config_path(spec))
 
 
 def load_setup(
     target: str, variants: list[str], sets: list[str], arch: str | None = None, config_name: str | None = None
 ) -> tuple[str, Setup, Any]:
     """(label, Setup, recipe or None) for a recipe id or a deltas file."""
-    from verl_recipes.compose import compose_file, compose_recipe
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.compose import compose_file
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     path = Path(target)
     if path.suffix in (".yaml", ".yml"):
@@ -116,7 +99,7 @@ def load_setup(
             a = Arch.from_file(cand)
         return str(path), setup_from_config(cfg, a), None
     recipe = get_recipe(target)
-    cfg = compose_recipe(recipe, variants, sets, extra=recipe_extra(recipe))
+    cfg = compose_run(recipe, variants, sets, gpu_layout(recipe))
     a = _arch_from(arch) if arch else Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json")
     label = recipe.id + "".join(f" +{v}" for v in variants)
     return label, setup_from_config(cfg, a), recipe
@@ -280,6 +263,7 @@ def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
+    from verl_recipes.rundir import read_provenance
 
     rate, where = tokens_per_s, "--tokens-per-s"
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
@@ -293,10 +277,8 @@ def _costs(
             assert run.per_gpu_throughput is not None
             rate = from_verl_throughput(run.per_gpu_throughput, s.world)
             where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
-            prov = run.run_dir / "provenance.json"
-            if prov.is_file():
-                devs = json.loads(prov.read_text()).get("gpu", {}).get("gpus") or []
-                measured_on = devs[0]["name"] if devs else None
+            devs = read_provenance(run.run_dir).get("gpu", {}).get("gpus") or []
+            measured_on = devs[0]["name"] if devs else None
     if rate is None:
         return [], []
     offers = load_prices(prices_file())
@@ -328,14 +310,30 @@ def run(args: argparse.Namespace) -> int:
         return main_validate(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
         raise RecipeError("give a recipe id or a config.yaml path (or --validate)")
-    from verl_recipes.plan.knobs import helpful, path_to_fit
-
     label, s, recipe = load_setup(args.target, args.variant, args.sets, args.arch, args.config_name)
     if args.from_layers:
         return _from_layers(args, s)
     if args.write:
         raise RecipeError("--write goes with --validate or --from-layers")
-    gpus = [parse_gpu(g) for g in args.gpu] or list(catalogue().values())
+    gpus = [parse_gpu(g) for g in args.gpu]
+    print(report(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json))
+    return 0
+
+
+def report(
+    label: str,
+    s: Setup,
+    recipe: Any = None,
+    gpus: list[GPU] | None = None,
+    tokens_per_s: float | None = None,
+    provider: str | None = None,
+    as_json: bool = False,
+) -> str:
+    """The plan of one configuration on `gpus` (default: every catalogued GPU), with the knobs that
+    would make it fit where it does not, as text or JSON; what `plan` prints and the rehearsal shows."""
+    from verl_recipes.plan.knobs import helpful, path_to_fit
+
+    gpus = gpus or list(catalogue().values())
     c = Constants()
     plans = [plan_gpu(s, g, c) for g in gpus]
     suggestions: dict[str, Any] = {}
@@ -348,13 +346,10 @@ def run(args: argparse.Namespace) -> int:
                 "path": same,
                 "more_gpus_path": None if same else path_to_fit(s, p.gpu, c),
             }
-    cost_lines, cost_js = _costs(s, gpus, args.tokens_per_s, args.provider, label, recipe)
-    if args.json:
-        json.dump(plan_json(label, s, plans, suggestions, cost_js, c), sys.stdout, indent=2)
-        print()
-    else:
-        print(render_text(label, s, plans, suggestions, cost_lines, c))
-    return 0
+    cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
+    if as_json:
+        return json.dumps(plan_json(label, s, plans, suggestions, cost_js, c), indent=2)
+    return render_text(label, s, plans, suggestions, cost_lines, c)
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:

@@ -1,4 +1,4 @@
-"""The GPU catalogue (`verl_recipes/data/gpus.yaml`) and `--gpu` parsing.
+"""The GPU catalogue (`verl_recipes/plan/gpus.yaml`) and `--gpu` parsing.
 
 A plan is judged against the memory CUDA can hand out (`visible_bytes`), not the number on the
 box: vLLM sizes its budget as `gpu_memory_utilization x` that total, and an ECC-enabled GDDR6
@@ -11,14 +11,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from verl_recipes import PACKAGE_DIR, RecipeError
+from verl_recipes import RecipeError
 
 GIB = 1024**3
-CATALOGUE = PACKAGE_DIR / "data" / "gpus.yaml"
+CATALOGUE = Path(__file__).resolve().parent / "gpus.yaml"
 
 
 @dataclass(frozen=True)

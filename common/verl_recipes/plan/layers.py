@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from verl_recipes.plan.gpus import GIB, GPU
 from verl_recipes.plan.inputs import Setup
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 from verl_recipes.plan.validate import MeasuredRun, _run_setup, read_run
+from verl_recipes.rundir import PROVENANCE, read_provenance
 
 SCHEMA = "verl-recipes/predicted/1"
 
@@ -129,12 +129,9 @@ def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
     """Runs by layout (parallel sizes and widths); depth is what varies inside a group."""
     groups: dict[str, list[MeasuredRun]] = {}
     for d in run_dirs:
-        path = d / "summary.json"
-        if not path.is_file():
-            raise RecipeError(f"{d}: no summary.json; run `verl-recipes report {d}` first")
-        run = read_run(path)
+        run = read_run(d)
         if not run.phases:
-            raise RecipeError(f"{path}: no per-phase GPU peaks (NVML); a CPU rehearsal cannot be fitted")
+            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU rehearsal cannot be fitted")
         groups.setdefault(_layout(_run_setup(run)), []).append(run)
     return groups
 
@@ -193,8 +190,7 @@ def document(
     prov: dict[str, Any] = {}
     for f in fits:
         for r in f.runs:
-            p = Path(r) / "provenance.json"
-            prov[r] = json.loads(p.read_text()) if p.is_file() else {"missing": "no provenance.json beside the run"}
+            prov[r] = read_provenance(Path(r)) or {"missing": f"no {PROVENANCE} beside the run"}
     return {
         "schema": SCHEMA,
         "status": "predicted",

@@ -1,6 +1,6 @@
 """The planner against measured runs: `verl-recipes plan --validate` / `nox -s validate-planner`.
 
-Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.report`,
+Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.measure.report`,
 schema verl-recipes/monitor-summary/1) is re-planned from the configuration it ran (the
 `verl_config.yaml` the launcher saved beside it; the model's config.json as `model_config.json`
 beside it when the model was not the recipe's full architecture, e.g. a truncated smoke model) on
@@ -24,19 +24,18 @@ not look validated. The mean residual per phase is printed as the data to refit 
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import ARCHS_DIR, RecipeError
+from verl_recipes import RecipeError, rundir
 from verl_recipes.plan.gpus import GIB, GPU
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
+from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, read_summary
+from verl_recipes.workload.arch import arch_config_path
 
-SUMMARY = "summary.json"
-SCHEMA = "verl-recipes/monitor-summary/1"  # verl_recipes.report.SCHEMA
 # The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
 # outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
 _ALIASES = {"outside": "loaded"}
@@ -70,32 +69,29 @@ class Row:
         return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
 
 
-def read_run(path: Path) -> MeasuredRun:
-    """A report summary.json (schema verl-recipes/monitor-summary/1) as the planner needs it."""
-    try:
-        s = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise RecipeError(f"{path}: not readable JSON: {e}") from None
-    if s.get("schema") != SCHEMA:
-        raise RecipeError(f"{path}: schema {s.get('schema')!r}, expected {SCHEMA!r}; rerun verl-recipes report")
+def read_run(run_dir: Path) -> MeasuredRun:
+    """A run's summary as the planner needs it."""
+    s = read_summary(run_dir)
+    path = run_dir / SUMMARY
     totals = {int(g["index"]): round(float(g["total_gib"]) * GIB) for g in s.get("gpus") or []}
     phases: dict[str, dict[int, int]] = {}
     for name, pk in (s.get("phases") or {}).items():
         per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
         if per:
             phases[_ALIASES.get(name, name)] = per
-    rates = [st["throughput"] for st in (s.get("steps") or [])[1:] if st.get("throughput")]
+    rates = [x for st in (s.get("steps") or [])[1:] if (x := st.get("throughput"))]
     parts = path.parts
     recipe = parts[len(parts) - 1 - parts[::-1].index("results") - 1] if "results" in parts else ""
-    name = str((s.get("gpus") or [{}])[0].get("name", ""))
-    return MeasuredRun(path, recipe, totals, name, phases, statistics.mean(rates) if rates else None, s)
+    gpus = s.get("gpus") or []
+    name = str(gpus[0].get("name", "")) if gpus else ""
+    return MeasuredRun(path, recipe, totals, name, phases, statistics.mean(rates) if rates else None, dict(s))
 
 
 def measured_runs(root: Path | None = None) -> list[MeasuredRun]:
     from verl_recipes.paths import repo_root
 
     base = root or repo_root()
-    return [read_run(p) for p in sorted(base.glob(f"recipes/*/results/**/{SUMMARY}"))]
+    return [read_run(d) for results in sorted(base.glob("recipes/*/results")) for d in rundir.measured_runs(results)]
 
 
 def _run_setup(run: MeasuredRun) -> Any:
@@ -106,19 +102,19 @@ def _run_setup(run: MeasuredRun) -> Any:
 
     from verl_recipes.plan.inputs import setup_from_config
 
-    saved = run.run_dir / "verl_config.yaml"
+    saved = run.run_dir / CONFIG
     if not saved.is_file():
         raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
     cfg = OmegaConf.load(saved)
     model_path = OmegaConf.select(cfg, "actor_rollout_ref.model.path")
-    for cand in (run.run_dir / "model_config.json", Path(str(model_path or "/nonexistent")) / "config.json"):
+    for cand in (run.run_dir / MODEL_CONFIG, Path(str(model_path or "/nonexistent")) / "config.json"):
         if cand.is_file():
             arch = Arch.from_file(cand)
             break
     else:
-        from verl_recipes.recipes import get_recipe
+        from verl_recipes.recipe.metadata import get_recipe
 
-        arch = Arch.from_file(ARCHS_DIR / get_recipe(run.recipe).model.arch / "config.json")
+        arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     return setup_from_config(cfg, arch)
 
 

@@ -4,7 +4,7 @@
 output folder (rank 0):
 - run.json at the start (provenance, workload, hyper-parameters, DeepSpeed config);
 - steps.jsonl, one line per finished step, so a killed run keeps what it measured;
-- samples.jsonl, device-level NVML samples at 10 Hz from `verl_recipes.monitor.Monitor` (a
+- samples.jsonl, device-level NVML samples at 10 Hz from `verl_recipes.measure.monitor.Monitor` (a
   background thread of rank 0, all GPUs of the job), joined to the steps by wall-clock time;
 - at the end results.json (everything above plus min/median/max over the measured steps),
   table.md and plot.png.
@@ -172,7 +172,7 @@ def read_verl_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Per-step metric dicts of a verl run, ordered by step.
 
     Accepts verl's FileLogger lines ({"step": n, "data": {...}}, trainer.logger=[...,file]),
-    verl_recipes.phases' metrics.jsonl ({"step", "metrics": {...}}) and flat dicts with "step".
+    verl_recipes.worker.phases' metrics.jsonl ({"step", "metrics": {...}}) and flat dicts with "step".
     """
     by_step: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text().splitlines():
@@ -205,10 +205,10 @@ def verl_steps(rows: list[dict[str, Any]], n_gpus: int | None) -> list[dict[str,
 
 def verl_monitor_peaks(summary_path: str | Path) -> dict[int, float]:
     """step -> NVML peak (GiB, max over GPUs) from `verl-recipes report`'s summary.json."""
-    data = json.loads(Path(summary_path).read_text())
-    return {
-        int(s["step"]): float(s["nvml_peak_gib"]) for s in data.get("steps", []) if s.get("nvml_peak_gib") is not None
-    }
+    from verl_recipes.rundir import read_summary
+
+    data = read_summary(Path(summary_path).parent)
+    return {int(s["step"]): float(p) for s in data.get("steps", []) if (p := s.get("nvml_peak_gib")) is not None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def plot(
 
 def load_ds_dir(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """run.json and the steps of a (possibly unfinished) DeepSpeed run, NVML peaks joined."""
-    from verl_recipes.monitor import read_jsonl
+    from verl_recipes.rundir import read_jsonl
 
     run = json.loads((out / FILES["run"]).read_text())
     steps, _ = read_jsonl(out / FILES["steps"])
@@ -468,7 +468,7 @@ def run_ds(
         out.mkdir(parents=True, exist_ok=True)
         for name in FILES.values():
             (out / name).unlink(missing_ok=True)
-        from verl_recipes.monitor import Monitor
+        from verl_recipes.measure.monitor import Monitor
 
         # The launcher (torchrun / deepspeed) is the parent of every rank: its tree is the job.
         root = os.getppid() if "LOCAL_RANK" in os.environ else os.getpid()
@@ -569,7 +569,7 @@ def _run_record(
     budget: float,
 ) -> dict[str, Any]:
     import torch
-    from verl_recipes.provenance import record
+    from verl_recipes.measure.provenance import record
 
     extra = {
         "backend": backend,

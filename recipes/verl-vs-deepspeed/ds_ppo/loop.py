@@ -7,7 +7,7 @@ values, adv, update_critic, update_actor. This loop runs the same phases on the 
 - gen: the actor samples `response_len` tokens per prompt with HF `generate` under ZeRO-3
   (`synced_gpus` when there are several ranks; EOS suppressed by min_new_tokens = max_new_tokens,
   like verl's `rollout.ignore_eos`); temperature/top-p/top-k are verl's rollout defaults;
-- reward: the rule reward verl's side uses (verl_recipes.reward.compute_score), on the last token;
+- reward: the rule reward verl's side uses (verl_recipes.workload.reward.compute_score), on the last token;
 - old_log_prob / ref / values: forward passes (no grad) of actor, reference, critic;
 - adv: KL penalty in the reward (when a reference is used) and GAE over the *global* batch (all
   ranks' rows gathered, as verl's driver computes it), then each rank keeps its rows;
@@ -65,7 +65,7 @@ class StepBatch:
 
 
 def _score_fn() -> Callable[..., float]:
-    from verl_recipes.reward import compute_score
+    from verl_recipes.workload.reward import compute_score
 
     return compute_score
 

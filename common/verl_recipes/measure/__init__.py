@@ -1,0 +1,1 @@
+"""What a run measured: the monitor, the report, bounds, run comparisons and provenance."""

@@ -1,0 +1,208 @@
+"""`verl-recipes validate`: check measured runs against a recipe's expected bounds.
+
+Bounds files live at `recipes/<id>/expected/<name>.yaml` (torchtitan keeps expected losses per
+GPU the same way) and are written from real runs by `verl-recipes validate --write-bounds RUN...`:
+upper bound = largest measured x 1.05, lower bound = smallest measured x 0.8, for the NVML device
+peak of every phase on every GPU, the median step time and the median throughput. Each file names
+the runs it came from (`source_runs`, folders under the recipe's results/) and their provenance.
+Several runs of one configuration give honest bands where a 10 Hz sampler sees a short-lived peak
+in some runs and not in others (vLLM's KV cache coming back at the very end of update_weights).
+
+A lower memory bound matters too: memory far under the bound means the run did not do the work the
+recipe describes (a smaller batch, a skipped critic), so it fails as loudly as an overrun. Time is
+one-sided: a slower step (or fewer tokens/s) than the band fails; a faster one passes with a note
+to refresh the bounds.
+
+GPUs are compared by their position in the run (0 = the run's first GPU), not by NVML index, so a
+run on CUDA_VISIBLE_DEVICES=1 is checked against bounds measured on GPU 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from verl_recipes import RecipeError
+from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.rundir import Summary, read_provenance, read_summary
+from verl_recipes.worker.phases import VERL_PHASES
+
+SCHEMA = "verl-recipes/expected/1"
+UPPER, LOWER = 1.05, 0.8
+#: phases whose peaks are bounded: verl's marked_timer names, as the report attributes them.
+BOUNDED_PHASES = VERL_PHASES
+
+
+def _ordinals(summary: Summary) -> dict[str, str]:
+    """NVML index -> position of that GPU among the run's GPUs."""
+    indices = sorted(int(g["index"]) for g in summary.get("gpus") or [] if "index" in g)
+    return {str(idx): str(pos) for pos, idx in enumerate(indices)}
+
+
+def measured(summary: Summary) -> dict[str, Any]:
+    """The quantities bounds are set on: phase peaks per GPU, median step time and throughput."""
+    mem: dict[str, dict[str, float]] = {}
+    pos = _ordinals(summary)
+    for phase, peaks in (summary.get("phases") or {}).items():
+        if phase not in BOUNDED_PHASES:
+            continue
+        for gpu, v in (peaks.get("gpu") or {}).items():
+            if v.get("used_gib") is not None:
+                mem.setdefault(phase, {})[pos.get(str(gpu), str(gpu))] = float(v["used_gib"])
+    steps = summary.get("steps") or []
+    times = [t for s in steps if (t := s.get("time_s"))]
+    tput = [x for s in steps if (x := s.get("throughput"))]
+    return {
+        "memory_gib": mem,
+        "step_time_s": statistics.median(times) if times else None,
+        "throughput_tok_s": statistics.median(tput) if tput else None,
+        "steps": len(steps),
+    }
+
+
+def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = "") -> dict[str, Any]:
+    """Bounds from one or more real runs of one configuration, with each run's provenance."""
+    ms = []
+    for run_dir in run_dirs:
+        m = measured(read_summary(run_dir))
+        if not m["memory_gib"]:
+            raise RecipeError(f"{run_dir}: the run has no per-phase GPU memory; bounds need an NVML-monitored run")
+        ms.append(m)
+
+    def lo_hi(values: list[float | None]) -> list[float] | None:
+        xs = [x for x in values if x is not None]
+        return [round(min(xs) * LOWER, 3), round(max(xs) * UPPER, 3)] if xs else None
+
+    phases = sorted({ph for m in ms for ph in m["memory_gib"]}, key=list(BOUNDED_PHASES).index)
+    mem_bounds: dict[str, dict[str, list[float] | None]] = {}
+    for ph in phases:
+        gpus = sorted({g for m in ms for g in m["memory_gib"].get(ph, {})}, key=int)
+        mem_bounds[ph] = {g: lo_hi([m["memory_gib"].get(ph, {}).get(g) for m in ms]) for g in gpus}
+
+    def source(run_dir: Path) -> str:
+        try:
+            return str(run_dir.resolve().relative_to(recipe.dir.resolve()))
+        except ValueError:
+            return str(run_dir)
+
+    def prov(run_dir: Path) -> dict[str, Any]:
+        p = read_provenance(run_dir)
+        keys = ("date_utc", "command", "packages", "gpu", "git_commit", "variants", "sets", "cap_gib", "steps")
+        return {k: p.get(k) for k in keys}
+
+    doc = {
+        "schema": SCHEMA,
+        "recipe": recipe.id,
+        "source_runs": [source(r) for r in run_dirs],
+        "note": note,
+        "margins": {"upper": UPPER, "lower": LOWER},
+        "measured": {source(r): m for r, m in zip(run_dirs, ms, strict=True)},
+        "bounds": {
+            "memory_gib": mem_bounds,
+            "step_time_s": lo_hi([m["step_time_s"] for m in ms]),
+            "throughput_tok_s": lo_hi([m["throughput_tok_s"] for m in ms]),
+            "min_steps": min(m["steps"] for m in ms),
+        },
+        "provenance": {source(r): prov(r) for r in run_dirs},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc
+
+
+def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]:
+    """Every violated bound as one line naming the phase and GPU; empty when the run passes."""
+    m = measured(summary)
+    b = bounds_doc["bounds"]
+    errors: list[str] = []
+    if m["steps"] < int(b.get("min_steps") or 0):
+        errors.append(f"{label}: {m['steps']} steps measured, the bounds need at least {b['min_steps']}")
+    for phase, gpus in (b.get("memory_gib") or {}).items():
+        for gpu, band in gpus.items():
+            if band is None:
+                continue
+            got = m["memory_gib"].get(phase, {}).get(str(gpu))
+            if got is None:
+                errors.append(f"{label}: phase {phase} GPU {gpu}: not measured (bound {band[0]}-{band[1]} GiB)")
+            elif got > band[1]:
+                errors.append(f"{label}: phase {phase} GPU {gpu}: {got:.2f} GiB > upper bound {band[1]:.2f} GiB")
+            elif got < band[0]:
+                errors.append(f"{label}: phase {phase} GPU {gpu}: {got:.2f} GiB < lower bound {band[0]:.2f} GiB")
+    # Time is one-sided: slower fails, faster only notes that the bounds could be refreshed.
+    for key, unit, slower_is_high in (("step_time_s", "s", True), ("throughput_tok_s", "tokens/s", False)):
+        band = b.get(key)
+        got = m.get(key)
+        if band is None:
+            continue
+        if got is None:
+            errors.append(f"{label}: {key} not measured")
+        elif (got > band[1]) if slower_is_high else (got < band[0]):
+            limit = band[1] if slower_is_high else band[0]
+            errors.append(f"{label}: {key} {got:.2f} {unit} is slower than the bound {limit:.2f}")
+        elif not band[0] <= got <= band[1]:
+            print(
+                f"note: {label}: {key} {got:.2f} {unit} is faster than [{band[0]:.2f}, {band[1]:.2f}]; "
+                "refresh the bounds with --write-bounds if this holds"
+            )
+    return errors
+
+
+def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | None = None) -> list[str]:
+    names = [expected] if expected else recipe.expected
+    if not names:
+        raise RecipeError(
+            f"recipe {recipe.id} has no expected/ bounds yet; measure a run and write them with "
+            "`verl-recipes validate --write-bounds RUN --out recipes/<id>/expected/<gpu>x<n>.yaml`"
+        )
+    errors: list[str] = []
+    for name in names:
+        path = recipe.dir / name
+        doc = yaml.safe_load(path.read_text())
+        if doc.get("status") == "predicted":
+            raise RecipeError(
+                f"{path}: a prediction from truncated runs (status: predicted), not measured bounds; "
+                "measure the full configuration and write bounds with --write-bounds"
+            )
+        if doc.get("schema") != SCHEMA:
+            raise RecipeError(f"{path}: schema: expected {SCHEMA}")
+        sources = doc.get("source_runs") or [doc["source_run"]]
+        for run_dir in [run] if run else [recipe.dir / s for s in sources]:
+            errs = check(read_summary(run_dir), doc, f"{recipe.id} {name}")
+            print(f"{'FAIL' if errs else 'ok  '} {recipe.id} {name} <- {run_dir}")
+            errors += errs
+    return errors
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="check a run's memory and throughput against a recipe's bounds")
+    p.add_argument("recipe")
+    p.add_argument("--run", type=Path, help="a run folder (default: each bounds file's source run)")
+    p.add_argument("--expected", help="one bounds file, relative to the recipe folder")
+    p.add_argument(
+        "--write-bounds",
+        type=Path,
+        nargs="+",
+        metavar="RUN",
+        help="write bounds from these runs (one configuration) to --out",
+    )
+    p.add_argument("--out", type=Path)
+    p.add_argument("--note", default="")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = get_recipe(args.recipe)
+    if args.write_bounds:
+        if not args.out:
+            raise RecipeError("--write-bounds needs --out recipes/<id>/expected/<name>.yaml")
+        write_bounds(args.write_bounds, args.out, recipe, args.note)
+        print(f"wrote {args.out}")
+        return 0
+    errors = validate_recipe(recipe, args.run, args.expected)
+    for e in errors:
+        print(e)
+    return 1 if errors else 0

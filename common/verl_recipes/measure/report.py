@@ -1,0 +1,526 @@
+"""`verl-recipes report RUN_DIR`: per-step, per-phase memory peaks of a monitored run.
+
+Joins the monitor's samples (samples.jsonl, `verl_recipes.measure.monitor`) with verl's phase intervals
+(phases.jsonl) and step metrics (metrics.jsonl, both from `verl_recipes.worker.phases`) and writes, into
+`--out` (default RUN_DIR): summary.json (read by validation and the planner), report.md and
+timeline.png. All clocks are time.time() on one host; a multi-node run needs one monitor per node.
+
+Attribution: a sample belongs to the innermost phase open at its time (the latest-begun interval
+that contains it), and to that interval's step. Time inside `step` but in no sub-phase is phase
+`step`; time outside every step (model loading, vLLM start-up) is phase `outside`. A phase shorter
+than the sampling interval may have no sample: its peaks are null. A phase's `end` line may carry
+the device memory read at that instant (`verl_recipes.worker.phases`); it counts as one more sample of
+that phase (device memory only), so an allocation in a phase's last instant is not credited to
+the next phase. Each peak is the maximum over the samples attributed to that phase; per-class
+peaks are maximised separately, so they need not have happened at the same time as the device
+peak. A phase that was still open when the run ended (a crash) is closed at the last sample and
+counted.
+
+summary.json's schema, field by field, is `verl_recipes.rundir.Summary`.
+
+Process classes are verl_recipes.measure.monitor.CLASSES; host RSS is summed over the monitored processes
+(shared pages counted once per process); PSS, sampled every few seconds, counts them once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import RecipeError
+from verl_recipes.measure import ending, startup
+from verl_recipes.measure.monitor import CLASSES, GIB
+from verl_recipes.rundir import METRICS, PHASES, REPORT, SAMPLES, SUMMARY_SCHEMA, TIMELINE, read_jsonl, write_summary
+
+OUTSIDE = "outside"
+
+
+@dataclass
+class Interval:
+    name: str
+    step: int | None
+    begin: float
+    end: float
+    pid: int | None
+    open: bool = False
+
+
+@dataclass
+class Peaks:
+    """Running maxima of one group of samples."""
+
+    samples: int = 0
+    duration_s: float | None = None
+    gpu_used: dict[int, int] = field(default_factory=dict)
+    gpu_class: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    host: dict[str, int] = field(default_factory=dict)
+
+    def add(self, s: dict[str, Any]) -> None:
+        self.samples += 1
+        for g in s.get("gpus", []):
+            i = int(g["index"])
+            self.gpu_used[i] = max(self.gpu_used.get(i, 0), int(g["used"]))
+            by: dict[str, int] = defaultdict(int)
+            for p in g.get("procs", []):
+                if p.get("used") is not None:
+                    by[p.get("class", "other")] += int(p["used"])
+            for cls, v in by.items():
+                self.gpu_class[i][cls] = max(self.gpu_class[i].get(cls, 0), v)
+        for key in ("rss", "pss", "uss"):
+            v = s.get("host", {}).get(key)
+            if v is not None:
+                self.host[key] = max(self.host.get(key, 0), int(v))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "duration_s": _r(self.duration_s),
+            "gpu": {
+                str(i): {
+                    "used_gib": _gib(used),
+                    "by_class_gib": {c: _gib(self.gpu_class[i][c]) for c in _ordered(self.gpu_class.get(i, {}))},
+                }
+                for i, used in sorted(self.gpu_used.items())
+            },
+            "host": {f"{k}_gib": _gib(self.host[k]) if k in self.host else None for k in ("rss", "pss", "uss")},
+        }
+
+
+def _r(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def _gib(v: int | float) -> float:
+    return round(v / GIB, 4)
+
+
+def _ordered(classes: Any) -> list[str]:
+    return sorted(classes, key=lambda c: (CLASSES.index(c) if c in CLASSES else len(CLASSES), c))
+
+
+def load_intervals(records: list[dict[str, Any]], t_end: float) -> list[Interval]:
+    """Pair begin/end lines per process (innermost first); close what is left open at `t_end`."""
+    stacks: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    out: list[Interval] = []
+    for r in sorted(records, key=lambda r: r.get("t", 0.0)):
+        if "event" not in r:
+            continue
+        stack = stacks[r.get("pid")]
+        if r["event"] == "begin":
+            stack.append(r)
+        elif r["event"] == "end":
+            for k in range(len(stack) - 1, -1, -1):
+                if stack[k]["name"] == r["name"]:
+                    b = stack.pop(k)
+                    out.append(Interval(b["name"], b.get("step"), b["t"], r["t"], b.get("pid")))
+                    break
+    for stack in stacks.values():
+        for b in stack:
+            out.append(Interval(b["name"], b.get("step"), b["t"], max(t_end, b["t"]), b.get("pid"), open=True))
+    return sorted(out, key=lambda i: i.begin)
+
+
+def _attribute(t: float, intervals: list[Interval]) -> tuple[str, int | None]:
+    inner: Interval | None = None
+    step: int | None = None
+    for iv in intervals:
+        if iv.begin > t:
+            break
+        if t <= iv.end:
+            if inner is None or iv.begin >= inner.begin:
+                inner = iv
+            if iv.name == "step":
+                step = iv.step
+    if inner is None:
+        return OUTSIDE, None
+    return inner.name, inner.step if inner.step is not None else step
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """Build summary.json's content from a run directory."""
+    recs, bad = read_jsonl(run_dir / SAMPLES)
+    if not recs:
+        raise RecipeError(f"{run_dir / SAMPLES}: no samples; run `verl-recipes monitor --out {run_dir} -- CMD`")
+    start = next((r for r in recs if r.get("kind") == "start"), {})
+    exit_ = next((r for r in recs if r.get("kind") == "exit"), None)
+    samples = [r for r in recs if r.get("kind") == "sample"]
+    if not samples:
+        raise RecipeError(f"{run_dir / SAMPLES}: no sample records; the monitored command ended at once?")
+    t_end = samples[-1]["t"]
+    ph_recs, bad_ph = read_jsonl(run_dir / PHASES)
+    intervals = load_intervals(ph_recs, t_end)
+    met_recs, bad_met = read_jsonl(run_dir / METRICS)
+    metrics: dict[int, dict[str, float]] = defaultdict(dict)
+    for m in met_recs:
+        if isinstance(m.get("step"), int):
+            metrics[m["step"]].update(m.get("metrics", {}))
+
+    total = Peaks()
+    by_phase: dict[str, Peaks] = defaultdict(Peaks)
+    by_step: dict[int, Peaks] = defaultdict(Peaks)
+    by_step_phase: dict[int, dict[str, Peaks]] = defaultdict(lambda: defaultdict(Peaks))
+    for s in samples:
+        name, step = _attribute(s["t"], intervals)
+        total.add(s)
+        by_phase[name].add(s)
+        if step is not None:
+            by_step[step].add(s)
+            by_step_phase[step][name].add(s)
+    watched = {int(g["index"]) for g in start.get("gpus", [])}
+    for r in ph_recs:  # device memory read by the trainer at the end of each phase
+        if r.get("event") != "end" or not isinstance(r.get("gpu_used"), dict) or not watched:
+            continue
+        gpus = [{"index": int(i), "used": int(u)} for i, u in r["gpu_used"].items() if int(i) in watched]
+        end_sample = {"t": r.get("t"), "gpus": gpus}
+        name = str(r.get("name"))
+        total.add(end_sample)
+        by_phase[name].add(end_sample)
+        step_no = r.get("step")
+        if isinstance(step_no, int):
+            by_step[step_no].add(end_sample)
+            by_step_phase[step_no][name].add(end_sample)
+
+    durations: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for iv in intervals:
+        durations[iv.step][iv.name] += iv.end - iv.begin
+    step_wall: dict[int | None, float] = {}
+    for st, per in durations.items():  # phase `step` is the step's time in no sub-phase, like its samples
+        if "step" in per:
+            step_wall[st] = per["step"]
+            per["step"] = max(0.0, per["step"] - sum(d for n, d in per.items() if n != "step"))
+    phase_total: dict[str, float] = defaultdict(float)
+    for per in durations.values():
+        for name, d in per.items():
+            phase_total[name] += d
+    for name, pk in by_phase.items():
+        pk.duration_s = phase_total.get(name)
+
+    steps_out = []
+    for step in sorted(set(by_step) | {s for s in durations if s is not None} | set(metrics)):
+        m = metrics.get(step, {})
+        for name, d in durations.get(step, {}).items():
+            by_step_phase[step][name].duration_s = d
+        timing = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("timing_s/")}
+        if not timing:
+            timing = {k: round(v, 6) for k, v in durations.get(step, {}).items() if k != "step"}
+            if step in step_wall:
+                timing["step"] = round(step_wall[step], 6)
+        verl_mem = {k: v for k, v in m.items() if k.endswith(("max_memory_allocated_gb", "max_memory_reserved_gb"))}
+        reserved = [v for k, v in verl_mem.items() if k.endswith("max_memory_reserved_gb")]
+        pk = by_step.get(step, Peaks())
+        pk.duration_s = timing.get("step")
+        nvml_peak = _gib(max(pk.gpu_used.values())) if pk.gpu_used else None
+        verl_res = max(reserved) if reserved else None
+        steps_out.append(
+            {
+                "step": step,
+                "time_s": _r(timing.get("step")),
+                "timing_s": {k: _r(v) for k, v in timing.items()},
+                "throughput": m.get("perf/throughput"),
+                "mfu": {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("perf/mfu/")},
+                "verl_memory_gib": verl_mem,
+                "verl_max_reserved_gib": verl_res,
+                "nvml_peak_gib": nvml_peak,
+                "nvml_minus_verl_reserved_gib": (
+                    round(nvml_peak - verl_res, 4) if nvml_peak is not None and verl_res is not None else None
+                ),
+                "peak": pk.to_json(),
+                "phases": {n: p.to_json() for n, p in by_step_phase.get(step, {}).items()},
+            }
+        )
+
+    t0 = start.get("t", samples[0]["t"])
+    wall = (exit_ or samples[-1])["t"] - t0
+    first_step = min((iv.begin for iv in intervals if iv.name == "step"), default=None)
+    exit_code = exit_.get("rc") if exit_ else None
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "run_dir": str(run_dir),
+        "cmd": start.get("cmd"),
+        "exit_code": exit_code,
+        "ended": ending.describe(run_dir, exit_code, ph_recs),
+        "wall_s": round(wall, 3),
+        "startup": startup.summarize(run_dir, t0, first_step),
+        "interval_s": start.get("interval_s"),
+        "samples": len(samples),
+        "skipped_lines": bad + bad_ph + bad_met,
+        "nvml_error": start.get("nvml_error"),
+        "gpus": [
+            {"index": g["index"], "name": g["name"], "total_gib": _gib(g["total_bytes"])} for g in start.get("gpus", [])
+        ],
+        "peak": total.to_json(),
+        "phases": {n: by_phase[n].to_json() for n in _phase_order(by_phase, intervals)},
+        "steps": steps_out,
+        "monitor": _monitor_cost(exit_),
+    }
+
+
+def _monitor_cost(exit_: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The sampler's own CPU use from its exit record, as a share of one core (the budget is 1%)."""
+    if not exit_ or not exit_.get("wall_s") or exit_.get("sampler_cpu_s") is None:
+        return None
+    wall = float(exit_["wall_s"])
+    return {
+        "sampler_cpu_s": exit_["sampler_cpu_s"],
+        "core_share": round(float(exit_["sampler_cpu_s"]) / wall, 5),
+        "parts_core_share": {k: round(float(v) / wall, 5) for k, v in (exit_.get("sampler_cpu_parts_s") or {}).items()},
+        "members_max": exit_.get("members_max"),
+    }
+
+
+def _phase_order(by_phase: dict[str, Peaks], intervals: list[Interval]) -> list[str]:
+    """Phases in the order they first began; `outside` first."""
+    seen: list[str] = [OUTSIDE] if OUTSIDE in by_phase else []
+    for iv in intervals:
+        if iv.name not in seen:
+            seen.append(iv.name)
+    return [n for n in seen if n in by_phase] + sorted(n for n in by_phase if n not in seen)
+
+
+def _f(v: float | None, nd: int = 2) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def _gpu_cells(pk: dict[str, Any], gpus: list[int]) -> list[str]:
+    cells = []
+    for i in gpus:
+        g = pk["gpu"].get(str(i))
+        if g is None:
+            cells.append("–")
+            continue
+        by = ", ".join(f"{c} {v:.2f}" for c, v in g["by_class_gib"].items())
+        cells.append(f"{g['used_gib']:.2f}" + (f" ({by})" if by else ""))
+    return cells
+
+
+def render_markdown(summary: dict[str, Any], png: str | None) -> str:
+    gpus = [g["index"] for g in summary["gpus"]]
+    gh = [f"GPU{i} used GiB (by process class)" for i in gpus]
+    lines = [f"# Memory report: {summary['run_dir']}", ""]
+    cmd = " ".join(summary["cmd"] or ["?"])
+    lines.append(f"- command: `{cmd[:300]}`")
+    ec = summary["exit_code"]
+    lines.append(f"- exit code: {ec}" if ec is not None else "- exit code: none: the monitor did not finish (killed?)")
+    if summary.get("ended"):
+        lines.append(f"- {ending.one_line(summary['ended'])}")
+    lines.append(
+        f"- {summary['samples']} samples every {summary['interval_s']} s over {summary['wall_s']:.1f} s"
+        + (f"; {summary['skipped_lines']} unreadable lines skipped" if summary["skipped_lines"] else "")
+    )
+    cost = summary.get("monitor")
+    if cost:
+        parts = ", ".join(f"{k} {100 * v:.2f}%" for k, v in cost["parts_core_share"].items())
+        lines.append(
+            f"- monitor's own CPU: {100 * cost['core_share']:.2f}% of one core"
+            + (f" ({parts})" if parts else "")
+            + (f", up to {cost['members_max']} processes" if cost.get("members_max") else "")
+        )
+    if summary["gpus"]:
+        lines.append(
+            "- GPUs: " + "; ".join(f"{g['index']}: {g['name']} {g['total_gib']:.1f} GiB" for g in summary["gpus"])
+        )
+    else:
+        lines.append(f"- no GPU fields: {summary['nvml_error']}")
+    boot = summary.get("startup") or {}
+    if boot.get("stages"):
+        lines += ["", f"## Start-up: {_f(boot.get('to_first_step_s'), 1)} s from launch to step 1", ""]
+        lines += [_row(["stage", "s", "at s"]), _row(["---"] * 3)]
+        lines += [_row([st["stage"], _f(st["s"], 1), _f(st["at_s"], 1)]) for st in boot["stages"]]
+        if boot.get("vllm_s"):
+            lines += ["", "vLLM's own timings: " + "; ".join(f"{k} {v:.1f} s" for k, v in boot["vllm_s"].items())]
+    lines += ["", "## Peak per phase, all steps", ""]
+    head = ["phase", "time s", "samples", *gh, "host RSS GiB", "host PSS GiB"]
+    lines += [_row(head), _row(["---"] * len(head))]
+    for name, pk in summary["phases"].items():
+        h = pk["host"]
+        lines.append(
+            _row(
+                [
+                    name,
+                    _f(pk["duration_s"]),
+                    str(pk["samples"]),
+                    *_gpu_cells(pk, gpus),
+                    _f(h["rss_gib"]),
+                    _f(h["pss_gib"]),
+                ]
+            )
+        )
+    lines += ["", "## Per step and phase", ""]
+    head = ["step", "phase", "time s", "samples", *gh, "host RSS GiB"]
+    lines += [_row(head), _row(["---"] * len(head))]
+    for st in summary["steps"]:
+        for name, pk in st["phases"].items():
+            lines.append(
+                _row(
+                    [
+                        str(st["step"]),
+                        name,
+                        _f(pk["duration_s"]),
+                        str(pk["samples"]),
+                        *_gpu_cells(pk, gpus),
+                        _f(pk["host"]["rss_gib"]),
+                    ]
+                )
+            )
+    lines += [
+        "",
+        "## NVML device peak against verl's perf/max_memory_reserved_gb",
+        "",
+        "verl's number is the torch caching allocator's peak in one training worker (max over ranks);",
+        "NVML's is the whole device: CUDA contexts, NCCL buffers, vLLM's KV cache and weights,",
+        "every process.",
+        "",
+    ]
+    head = [
+        "step",
+        "step s",
+        "throughput",
+        "MFU (verl)",
+        "NVML peak GiB (max GPU)",
+        "verl max reserved GiB",
+        "NVML − verl GiB",
+    ]
+    lines += [_row(head), _row(["---"] * len(head))]
+    for st in summary["steps"]:
+        lines.append(
+            _row(
+                [
+                    str(st["step"]),
+                    _f(st["time_s"]),
+                    _f(st["throughput"], 1),
+                    ", ".join(f"{k} {100 * v:.1f}%" for k, v in (st.get("mfu") or {}).items()) or "-",
+                    _f(st["nvml_peak_gib"]),
+                    _f(st["verl_max_reserved_gib"]),
+                    _f(st["nvml_minus_verl_reserved_gib"]),
+                ]
+            )
+        )
+    if png:
+        lines += ["", f"![memory timeline]({png})"]
+    return "\n".join(lines) + "\n"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+_COLORS = [
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+    "#1f77b4",
+    "#17becf",
+]
+
+
+def render_timeline(run_dir: Path, out_png: Path) -> None:
+    """Memory per GPU (and host RSS) against time, with one coloured band per PPO phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    recs, _ = read_jsonl(run_dir / SAMPLES)
+    samples = [r for r in recs if r.get("kind") == "sample"]
+    start = next((r for r in recs if r.get("kind") == "start"), {})
+    t0 = start.get("t", samples[0]["t"])
+    ph, _ = read_jsonl(run_dir / PHASES)
+    intervals = [iv for iv in load_intervals(ph, samples[-1]["t"]) if iv.name != "step"]
+    gpus = sorted({g["index"] for s in samples for g in s.get("gpus", [])})
+    rows = 2 if gpus else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(12, 3.2 * rows + 0.8), sharex=True, squeeze=False)
+    ts = [s["t"] - t0 for s in samples]
+    colors: dict[str, str] = {}
+    for iv in intervals:
+        colors.setdefault(iv.name, _COLORS[len(colors) % len(_COLORS)])
+    if gpus:
+        ax = axes[0][0]
+        for i in gpus:
+            ys = [next((g["used"] / GIB for g in s["gpus"] if g["index"] == i), math.nan) for s in samples]
+            ax.plot(ts, ys, lw=1.2, label=f"GPU{i}")
+        for g in start.get("gpus", []):
+            ax.axhline(g["total_bytes"] / GIB, color="grey", lw=0.6, ls=":")
+        ax.set_ylabel("device used, GiB (NVML)")
+        ax.legend(loc="upper left", fontsize=8)
+    hax = axes[-1][0]
+    hosted = [(t, s["host"]) for t, s in zip(ts, samples, strict=True) if "host" in s]
+    hax.plot([t for t, _ in hosted], [h["rss"] / GIB for _, h in hosted], lw=1.2, color="black", label="host RSS (sum)")
+    pss = [(t, h["pss"] / GIB) for t, h in hosted if h.get("pss") is not None]
+    if pss:
+        hax.plot([p[0] for p in pss], [p[1] for p in pss], "o", ms=2.5, color="tab:purple", label="host PSS (sum)")
+    hax.set_ylabel("host, GiB")
+    hax.set_xlabel("seconds since start")
+    hax.legend(loc="upper left", fontsize=8)
+    for row in axes:
+        for iv in intervals:
+            row[0].axvspan(iv.begin - t0, iv.end - t0, color=colors[iv.name], alpha=0.18, lw=0)
+    if colors:
+        fig.legend(
+            handles=[Patch(color=c, alpha=0.4, label=n) for n, c in colors.items()],
+            loc="upper center",
+            ncol=min(len(colors), 8),
+            fontsize=8,
+            frameon=False,
+        )
+    fig.tight_layout(rect=(0, 0, 1, 0.93 if colors else 1))
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+    """Write summary.json, report.md and timeline.png; return the summary."""
+    run_dir = run_dir.resolve()
+    if not (run_dir / SAMPLES).is_file() and not (run_dir / (SAMPLES + ".gz")).is_file():
+        raise RecipeError(f"{run_dir}: no {SAMPLES}; give the --out DIR of `verl-recipes monitor`")
+    out = (out_dir or run_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(run_dir)
+    write_summary(out, summary)
+    render_timeline(run_dir, out / TIMELINE)
+    (out / REPORT).write_text(render_markdown(summary, TIMELINE))
+    return summary
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="tables and a timeline PNG from a monitored run",
+        description="Write summary.json, report.md and timeline.png for a `verl-recipes monitor` run dir.",
+    )
+    p.add_argument("run_dir", type=Path, nargs="?", help="the --out DIR of verl-recipes monitor")
+    p.add_argument(
+        "--summary",
+        action="store_true",
+        help="print the measured-results table of every recipe (memory, speed, cost per million tokens)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="where to write (default: RUN_DIR)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.summary:
+        from verl_recipes.docs import results_table
+
+        print(results_table())
+        return 0
+    if args.run_dir is None:
+        raise RecipeError("give a run folder (RUN_DIR) or --summary")
+    out = args.out or args.run_dir
+    summary = write_report(args.run_dir, args.out)
+    print(
+        f"wrote {out}/summary.json, report.md, timeline.png ({summary['samples']} samples, "
+        f"{len(summary['steps'])} steps)"
+    )
+    return 0

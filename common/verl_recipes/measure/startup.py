@@ -1,0 +1,112 @@
+"""Where a run's time before step 1 goes, stage by stage, from what the run folder already holds.
+
+verl 0.9.1 logs each initialisation milestone with a wall-clock stamp (``INFO:2026-11-30
+01:55:15,371:train and validate dataloader initialized``), Ray logs its own start, and vLLM (at
+``VLLM_LOGGING_LEVEL=INFO``, which the launcher sets) logs how long its parts took. Together with
+the monitor's start record and the first `step` begin in phases.jsonl they cut the start-up into
+stages; each stage is the time from the previous milestone to its own. A milestone missing from
+the log (another verl version, a run that died early) simply drops out, and its time goes to the
+next stage that is there.
+
+The log stamps carry no time zone. They are read as UTC and, if the whole log is shifted from the
+monitor's clock by whole hours (a host in another zone), shifted back by that many hours.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import rundir
+
+#: (stage name, regex of the log line that ends it), in the order verl 0.9.1 starts things.
+MILESTONES: tuple[tuple[str, str], ...] = (
+    ("driver start, config check, Ray start", r"Started a local Ray instance"),
+    ("trainer actor, TransferQueue, datasets", r"train and validate dataloader initialized"),
+    ("worker processes, critic load + FSDP", r"critic model engine initialized"),
+    ("actor + reference load + FSDP", r"actor and ref model engine initialized"),
+    ("reward loop", r"reward loop manager initialized"),
+    ("vLLM server start (compile, CUDA graphs)", r"checkpoint engine manager initialized"),
+    ("trainer ready", r"all initialize finished"),
+)
+FIRST_STEP = "first step begins (initial weight sync)"
+
+_STAMP = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})[,.](\d{3})")
+#: vLLM's own timing lines: (what, regex with the seconds as group 1)
+VLLM_TIMINGS: tuple[tuple[str, str], ...] = (
+    ("model loading", r"Model loading took [\d.]+ Gi?B (?:memory )?and ([\d.]+) s"),
+    ("torch.compile", r"torch\.compile (?:takes|took) ([\d.]+) s in total"),
+    ("dynamo bytecode transform", r"Dynamo bytecode transform time: ([\d.]+) s"),
+    ("compile cache load", r"[Ll]oad(?:ed|ing)? the compiled graph.* ([\d.]+) s"),
+    ("CUDA graph capture", r"Graph capturing finished in ([\d.]+) sec"),
+    (
+        "engine init (profile, KV cache, warm-up)",
+        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)",
+    ),
+)
+
+
+def _stamp(line: str) -> float | None:
+    m = _STAMP.search(line)
+    if not m:
+        return None
+    when = _dt.datetime.strptime(f"{m[1]} {m[2]}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.timezone.utc)
+    return when.timestamp() + int(m[3]) / 1000
+
+
+def milestones(lines: Iterable[str]) -> dict[str, float]:
+    """The first stamped occurrence of each milestone in a verl log: stage name -> epoch seconds."""
+    found: dict[str, float] = {}
+    pats = [(name, re.compile(rx)) for name, rx in MILESTONES]
+    for line in lines:
+        for name, rx in pats:
+            if name not in found and rx.search(line):
+                t = _stamp(line)
+                if t is not None:
+                    found[name] = t
+    return found
+
+
+def vllm_timings(lines: Iterable[str]) -> dict[str, float]:
+    """vLLM's own start-up timings (seconds), the first of each."""
+    out: dict[str, float] = {}
+    pats = [(name, re.compile(rx)) for name, rx in VLLM_TIMINGS]
+    for line in lines:
+        for name, rx in pats:
+            if name not in out:
+                m = rx.search(line)
+                if m:
+                    out[name] = float(m[1])
+    return out
+
+
+def stages(t_start: float, found: dict[str, float], t_first_step: float | None) -> list[dict[str, Any]]:
+    """Consecutive stages from the monitor's start to the first step's begin."""
+    if found:
+        shift = round((min(found.values()) - t_start) / 3600) * 3600
+        found = {k: v - shift for k, v in found.items()}
+    points = [(name, found[name]) for name, _ in MILESTONES if name in found]
+    if t_first_step is not None:
+        points.append((FIRST_STEP, t_first_step))
+    out, prev = [], t_start
+    for name, t in points:
+        if t < prev:  # out of order (a line logged late): fold it into the next stage
+            continue
+        out.append({"stage": name, "s": round(t - prev, 2), "at_s": round(t - t_start, 2)})
+        prev = t
+    return out
+
+
+def summarize(run_dir: Path, t_start: float, t_first_step: float | None, log_name: str = rundir.LOG) -> dict[str, Any]:
+    """summary.json's "startup": the stages, their total, and vLLM's own timings."""
+    log = run_dir / log_name
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    st = stages(t_start, milestones(lines), t_first_step)
+    return {
+        "to_first_step_s": round(t_first_step - t_start, 2) if t_first_step is not None else None,
+        "stages": st,
+        "vllm_s": vllm_timings(lines),
+    }

@@ -1,0 +1,182 @@
+"""Compose a recipe against verl's own Hydra configuration, strictly.
+
+A recipe's `config.yaml` holds only deltas from verl 0.9.1's defaults (`ppo_trainer` or
+`ppo_megatron_trainer`). We compose verl's root config with Hydra exactly as
+`python -m verl.trainer.main_ppo` would, then merge the deltas with OmegaConf's struct flag
+on, so a key that verl does not define fails instead of being silently added; the error names
+the key and the closest valid one. Empty mappings in verl's config (``engine_kwargs.vllm: {}``,
+``override_config: {}``) are free-form by design and accept new keys.
+
+The composed config is saved unresolved (interpolations kept) and verl is started on it with
+``--config-path RUN_DIR --config-name verl_config``, so the job runs exactly what `show` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import RecipeError
+from verl_recipes.recipe.metadata import Recipe, get_recipe
+
+
+def verl_config_dir() -> Path:
+    """verl's packaged Hydra config folder (verl/trainer/config)."""
+    try:
+        import verl
+    except ImportError as e:
+        raise RecipeError("verl is not installed: pip install 'verl-recipes[verl]' (verl==0.9.1)") from e
+    return Path(verl.__file__).parent / "trainer" / "config"
+
+
+def compose_verl(config_name: str) -> Any:
+    """verl's own root config as Hydra composes it, with no overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return compose(config_name=config_name)
+
+
+def _open_empty_nodes(node: Any) -> None:
+    """Let empty mappings take new keys: verl leaves them empty for free-form kwargs."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        if len(node) == 0:
+            OmegaConf.set_struct(node, False)
+            return
+        for key in node:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+                _open_empty_nodes(child)
+
+
+def _all_keys(node: Any, prefix: str = "") -> list[str]:
+    from omegaconf import DictConfig
+
+    out: list[str] = []
+    if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
+        for key in node:
+            full = f"{prefix}.{key!s}" if prefix else str(key)
+            out.append(full)
+            out.extend(_all_keys(node._get_node(key), full))
+    return out
+
+
+def _suggest(base: Any, full_key: str) -> str:
+    """The closest valid key to a bad one: siblings first, then anywhere in the config."""
+    from omegaconf import DictConfig, OmegaConf
+
+    parent_key, _, leaf = full_key.rpartition(".")
+    parent = OmegaConf.select(base, parent_key) if parent_key else base
+    if isinstance(parent, DictConfig):
+        close = difflib.get_close_matches(leaf, [str(k) for k in parent], n=1, cutoff=0.5)
+        if close:
+            return f"{parent_key}.{close[0]}" if parent_key else close[0]
+    leaves = _all_keys(base)
+    close = difflib.get_close_matches(full_key, leaves, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    by_leaf = [k for k in leaves if k.rsplit(".", 1)[-1] == leaf]
+    return by_leaf[0] if by_leaf else ""
+
+
+def merge_strict(base: Any, delta: Any, source: str) -> Any:
+    """Merge `delta` into `base`; an unknown key raises RecipeError naming it and a suggestion."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    OmegaConf.set_struct(base, True)
+    _open_empty_nodes(base)
+    try:
+        return OmegaConf.merge(base, delta)
+    except (ConfigKeyError, ConfigAttributeError) as e:
+        full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
+        hint = _suggest(base, full_key)
+        did = f"; did you mean '{hint}'?" if hint else ""
+        raise RecipeError(f"{source}: unknown verl config key '{full_key}'{did}") from None
+
+
+def load_delta(path: Path) -> Any:
+    from omegaconf import OmegaConf
+
+    try:
+        delta = OmegaConf.load(path)
+    except Exception as e:  # yaml errors come in several types
+        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    return delta if delta is not None else OmegaConf.create({})
+
+
+def parse_sets(sets: Iterable[str]) -> Any:
+    """`key=value` strings (like Hydra's command line) as one OmegaConf delta."""
+    from omegaconf import OmegaConf
+
+    items = list(sets)
+    for s in items:
+        if "=" not in s:
+            raise RecipeError(f"--set {s!r}: expected key=value, e.g. data.train_batch_size=16")
+    return OmegaConf.from_dotlist(items)
+
+
+def compose_recipe(
+    recipe: Recipe,
+    variant: str | Sequence[str] | None = None,
+    overrides: Sequence[str] = (),
+    extra: Any | None = None,
+) -> Any:
+    """The full verl config for a recipe: verl defaults + config.yaml + variant + extra + --set."""
+    cfg = compose_verl(recipe.verl_config_name)
+    for path in recipe.config_files(variant):
+        cfg = merge_strict(cfg, load_delta(path), str(path))
+    if extra is not None:
+        cfg = merge_strict(cfg, extra, "launcher settings")
+    if overrides:
+        cfg = merge_strict(cfg, parse_sets(overrides), "--set")
+    return cfg
+
+
+def compose_file(path: Path, config_name: str = "ppo_trainer", overrides: Sequence[str] = ()) -> Any:
+    """Compose a stand-alone deltas file (a user's copy of a recipe config)."""
+    cfg = merge_strict(compose_verl(config_name), load_delta(path), str(path))
+    if overrides:
+        cfg = merge_strict(cfg, parse_sets(overrides), "--set")
+    return cfg
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="compose a recipe against verl's Hydra config and print it")
+    p.add_argument("recipe", help="recipe id, or a path to a config.yaml of deltas")
+    p.add_argument(
+        "--variant", action="append", default=[], help="a variant named in recipe.yaml (e.g. grpo); repeatable"
+    )
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
+    p.add_argument("--resolve", action="store_true", help="resolve ${...} interpolations")
+    p.add_argument("--only", help="print only this subtree, e.g. actor_rollout_ref.rollout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    target = Path(args.recipe)
+    if target.suffix in (".yaml", ".yml") and target.exists():
+        cfg = compose_file(target, args.config_name or "ppo_trainer", args.sets)
+    else:
+        cfg = compose_recipe(get_recipe(args.recipe), args.variant, args.sets)
+    if args.only:
+        node = OmegaConf.select(cfg, args.only)
+        if node is None:
+            raise RecipeError(f"--only {args.only}: no such key in the composed config")
+        cfg = node
+    if OmegaConf.is_config(cfg):
+        sys.stdout.write(OmegaConf.to_yaml(cfg, resolve=args.resolve))
+    else:
+        print(cfg)
+    return 0

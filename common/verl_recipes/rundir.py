@@ -1,0 +1,279 @@
+"""The run folder: its file names, its JSON-lines records and the schema of summary.json.
+
+One folder holds everything one run leaves: what the launcher wrote before verl started (the
+composed config, the command, provenance), what the monitor and the phase markers recorded while
+it ran (samples, phases, metrics, the log) and what the report derived afterwards (summary,
+Markdown, timeline). Every module that writes or reads one of these goes through the names and
+readers here, so a file is renamed or its schema moved in one place.
+
+Every process of a run finds the folder through RUN_DIR_ENV, which the launcher and the monitor set
+and Ray passes on to its workers. Standard library only: the phase markers write through this
+module inside Ray workers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, TypedDict
+
+from verl_recipes import RecipeError
+
+#: set by the monitor and the launcher for every process of a run: where phases and metrics go.
+RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
+
+# Written before verl starts (`verl-recipes train`).
+CONFIG = "verl_config.yaml"  # the composed config verl starts on (--config-path RUN_DIR)
+COMMAND = "command.sh"  # the exact command, for a GPU host to run again
+PROVENANCE = "provenance.json"  # versions, GPUs, git commit, the launcher's inputs
+MODEL_CONFIG = "model_config.json"  # the model's config.json, when it is not a bundled architecture
+# Written while it runs.
+SAMPLES = "samples.jsonl"  # the monitor: NVML and host memory (committed runs keep SAMPLES + ".gz")
+PHASES = "phases.jsonl"  # the phase markers: begin/end of each of verl's marked_timer phases
+METRICS = "metrics.jsonl"  # the phase markers: what verl's Tracking.log logged, per step
+VERL_METRICS = "verl_metrics.jsonl"  # verl's own file logger (VERL_FILE_LOGGER_PATH)
+LOG = "train.log"  # stdout and stderr of the monitored trainer
+EXIT_CODE = "exit_code"
+RAY_LOGS = "ray-logs"  # tails of the run's Ray worker logs that carry an error (measure.ending)
+RAY_ERRORS = "ray-logs/errors.json"  # their last error lines: {"session", "errors": [{file, last_error}]}
+PROFILE = "profile"  # verl's torch profiler traces, when global_profiler.tool is set
+CAP_EXCEEDED = "cap_exceeded.txt"  # why a --cap-gib run did not fit its budget
+# Derived afterwards (`verl-recipes report`).
+SUMMARY = "summary.json"
+REPORT = "report.md"
+TIMELINE = "timeline.png"
+
+SUMMARY_SCHEMA = "verl-recipes/monitor-summary/1"
+
+
+# --- summary.json -------------------------------------------------------------------------------
+# Sizes in GiB (1024**3 bytes), times in seconds, None where not measured; on a host without NVML
+# "gpus" is [] and every "gpu" map is {}. GPU maps are keyed by the NVML index as a string.
+
+
+class HostPeaks(TypedDict):
+    rss_gib: float | None  # summed over the monitored processes (shared pages once per process)
+    pss_gib: float | None  # sampled every few seconds; counts shared pages once
+    uss_gib: float | None
+
+
+class GpuPeak(TypedDict):
+    used_gib: float  # NVML device total: every process on the GPU
+    by_class_gib: dict[str, float]  # per process class (measure.monitor.CLASSES), maximised apart
+
+
+class Peaks(TypedDict):
+    samples: int
+    duration_s: float | None
+    gpu: dict[str, GpuPeak]
+    host: HostPeaks
+
+
+class GpuInfo(TypedDict):
+    index: int
+    name: str
+    total_gib: float
+
+
+class MonitorCost(TypedDict):
+    """The sampler's own CPU, from the monitor's exit record."""
+
+    sampler_cpu_s: float
+    core_share: float
+    parts_core_share: dict[str, float]
+    members_max: int | None
+
+
+class Ended(TypedDict):
+    """How the run ended (measure.ending): the step and innermost phase open at the end, the signal
+    or exit code, and the last error line any of its processes wrote, with the file it is in."""
+
+    ok: bool
+    exit_code: int | None
+    signal: str | None
+    step: int | None
+    phase: str | None
+    last_error: str | None
+    error_file: str | None
+
+
+class StartupStage(TypedDict):
+    stage: str
+    s: float
+    at_s: float  # from the monitor's start
+
+
+class Startup(TypedDict):
+    """The time before step 1, stage by stage from verl's log stamps (measure.startup)."""
+
+    to_first_step_s: float | None
+    stages: list[StartupStage]
+    vllm_s: dict[str, float]  # vLLM's own start-up timings
+
+
+class StepSummary(TypedDict):
+    step: int
+    time_s: float | None  # metrics timing_s/step, else the step interval
+    timing_s: dict[str, float | None]  # metrics timing_s/*, else from the phase intervals
+    throughput: float | None  # metrics perf/throughput
+    mfu: dict[str, float]  # metrics perf/mfu/* by role (verl's FLOP count over the phase time)
+    verl_memory_gib: dict[str, float]  # every */max_memory_{allocated,reserved}_gb metric
+    verl_max_reserved_gib: float | None
+    nvml_peak_gib: float | None  # max over GPUs of the device peak during the step
+    nvml_minus_verl_reserved_gib: float | None
+    peak: Peaks  # the whole step
+    phases: dict[str, Peaks]
+
+
+class Summary(TypedDict, total=False):
+    """summary.json, schema SUMMARY_SCHEMA (written by measure.report, read through read_summary)."""
+
+    schema: str
+    run_dir: str
+    cmd: list[str] | None
+    exit_code: int | None  # None: the monitor did not finish (killed, OOM)
+    ended: Ended
+    wall_s: float
+    startup: Startup
+    interval_s: float
+    samples: int
+    skipped_lines: int
+    nvml_error: str | None  # why there are no GPU fields
+    gpus: list[GpuInfo]
+    peak: Peaks  # over the whole run
+    phases: dict[str, Peaks]  # over all steps, by verl's marked_timer names (`outside`: no step)
+    monitor: MonitorCost | None
+    steps: list[StepSummary]
+
+
+def read_summary(run_dir: Path) -> Summary:
+    """A run's summary.json, checked against the schema; one line says what to do when it is not there."""
+    path = run_dir / SUMMARY
+    if not path.is_file():
+        raise RecipeError(f"{run_dir}: no {SUMMARY}; run `verl-recipes report {run_dir}` first")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RecipeError(f"{path}: not readable JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else None
+        raise RecipeError(f"{path}: schema {found!r}, expected {SUMMARY_SCHEMA!r}; rerun `verl-recipes report`")
+    summary: Summary = data  # type: ignore[assignment]
+    return summary
+
+
+def write_summary(out_dir: Path, summary: Mapping[str, Any]) -> Path:
+    path = out_dir / SUMMARY
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    return path
+
+
+def measured_runs(base: Path) -> list[Path]:
+    """The run folders under `base` that have a summary (committed results nest them: run/verl/)."""
+    return sorted(p.parent for p in base.glob(f"**/{SUMMARY}"))
+
+
+# --- provenance.json ----------------------------------------------------------------------------
+
+
+def read_provenance(run_dir: Path) -> dict[str, Any]:
+    """The run's provenance record ({} for a run folder without one)."""
+    path = run_dir / PROVENANCE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_provenance(run_dir: Path, record: dict[str, Any]) -> Path:
+    path = run_dir / PROVENANCE
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+# --- JSON lines ---------------------------------------------------------------------------------
+# Each record is one write(2) to an O_APPEND file: several processes may append to one file, and a
+# kill (OOM, kill -9) loses nothing already written, at most a torn last line that readers skip.
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class JsonlWriter:
+    """Append JSON lines to a file, one write(2) per line, nothing buffered in this process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        data = _encode(record)
+        with self._lock:
+            _write_all(self._fd, data)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+_append_lock = threading.Lock()
+_append_fds: dict[str, tuple[int, int]] = {}  # path -> (pid that opened it, fd); reopened after fork
+
+
+def append(name: str, record: dict[str, Any]) -> None:
+    """Append a record to file `name` of the run folder RUN_DIR_ENV names; nothing without one.
+
+    For processes that know their run only by the environment (Ray workers): the file is opened
+    once per process and again after a fork.
+    """
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    path = os.path.join(run_dir, name)
+    data = _encode(record)
+    with _append_lock:
+        pid = os.getpid()
+        entry = _append_fds.get(path)
+        if entry is None or entry[0] != pid:
+            os.makedirs(run_dir, exist_ok=True)
+            entry = (pid, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+            _append_fds[path] = entry
+        _write_all(entry[1], data)
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Parse a JSONL file; return (records, number of unparseable lines skipped).
+
+    Committed results keep their samples gzipped (PATH.gz, a tenth of the size, so the repository
+    still travels to a GPU host beside a wheelhouse chunk); either form is read.
+    """
+    records: list[dict[str, Any]] = []
+    bad = 0
+    gz = path.with_name(path.name + ".gz")
+    if not path.is_file() and not gz.is_file():
+        return records, bad
+    text: IO[str] = (
+        open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
+        if path.is_file()
+        else gzip.open(gz, "rt", encoding="utf-8", errors="replace")  # noqa: SIM115
+    )
+    with text as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return records, bad

@@ -1,0 +1,313 @@
+"""Runtime fixes for verl 0.9.1 bugs the recipes hit, applied without forking verl.
+
+Each fix replaces one function or method at import time, inside every Ray worker (through the
+hook in `verl_recipes.worker.hooks`), only when the installed verl is the version it was written for.
+Each has a test that shows verl's failure without it and the fix working (tests/test_verl_fixes.py).
+
+1. `verl.utils.model.load_valuehead_model` passes ``attn_implementation="flash_attention_2"``
+   to ``from_pretrained`` whatever the config says. flash-attn has no PyPI wheel, so the PPO
+   critic cannot load where it is not built from source. The fix uses the attention the model
+   config asks for (``override_config.attn_implementation``, which verl puts on the HF config),
+   defaulting to sdpa.
+2. `FSDPEngine._build_lora_module` wraps every model as ``TaskType.CAUSAL_LM``. For the critic
+   (a ``*ForTokenClassification`` value model) PEFT then fails with
+   ``'LlamaForTokenClassification' object has no attribute 'prepare_inputs_for_generation'``.
+   The fix wraps value models as ``TaskType.TOKEN_CLS``, which also keeps the value head
+   (``score``) trainable through PEFT's ``modules_to_save``.
+3. `FSDPEngine._merged_lora_per_tensor_param` (the merged LoRA weight sync to vLLM) copies every
+   base weight GPU -> pageable CPU as a restore point, merges the adapters into the live FSDP
+   parameters, streams them, and copies the backup back (``merged_lora_context(...,
+   backup_adapters=True)``). On one H200 with Llama-2-7B that is 12.55 GiB each way and about
+   10 s of a 12 s sync; under FSDP2's CPU offload policy peft's merge itself runs on the CPU.
+   The fix streams ``W + scaling * B @ A`` per tensor, out of place, on the GPU: the training
+   parameters are never written, so there is nothing to back up or restore. It takes the same
+   arithmetic as peft's merge (same dtypes, same order), so vLLM receives the same bytes. It
+   covers plain LoRA ``Linear`` layers on FSDP2; anything else (DoRA, LoRA bias, FSDP1, LoRA on
+   embeddings) goes to verl's own path.
+
+Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
+they patch, so processes that never load verl's FSDP engine do not pay for importing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from verl_recipes.worker import sync_probe
+from verl_recipes.worker.import_hooks import after_import
+
+log = logging.getLogger(__name__)
+
+#: names of the value head in HF *ForTokenClassification models.
+VALUE_HEAD_NAMES = ("score", "classifier")
+
+#: verl versions these fixes were written against; other versions are left alone.
+FIXED_VERL_VERSIONS = ("0.9.1",)
+
+
+def _attn_from_config(model_config: Any) -> str:
+    attn = getattr(model_config, "_attn_implementation", None) or getattr(model_config, "attn_implementation", None)
+    if attn in (None, "flash_attention_2", "flash_attention_3"):
+        try:
+            import flash_attn  # noqa: F401
+
+            return attn or "flash_attention_2"
+        except ImportError:
+            return "sdpa"
+    return str(attn)
+
+
+def load_valuehead_model(local_path: str, torch_dtype: Any, model_config: Any, trust_remote_code: bool) -> Any:
+    """verl's value-model loader, with the attention implementation taken from the config."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path,
+        torch_dtype=torch_dtype,
+        config=model_config,
+        attn_implementation=_attn_from_config(model_config),
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _make_build_lora_module(original: Any) -> Any:
+    def _build_lora_module(self: Any, module: Any) -> Any:
+        if getattr(self.model_config, "model_type", None) != "value_model" or getattr(
+            self.model_config, "lora_adapter_path", None
+        ):
+            return original(self, module)
+        from peft import LoraConfig, TaskType, get_peft_model
+        from verl.utils.py_functional import convert_to_regular_types
+
+        module.enable_input_require_grads()
+        # The value head trains in full through modules_to_save; it must not also get LoRA
+        # (PEFT refuses modules_to_save on a LoRA layer, and "all-linear" would pick it).
+        exclude = convert_to_regular_types(self.model_config.exclude_modules)
+        if exclude is None or isinstance(exclude, (list, tuple)):
+            exclude = [*(exclude or []), *VALUE_HEAD_NAMES]
+        lora_config = LoraConfig(
+            task_type=TaskType.TOKEN_CLS,
+            r=self.model_config.lora_rank,
+            lora_alpha=self.model_config.lora_alpha,
+            target_modules=convert_to_regular_types(self.model_config.target_modules),
+            exclude_modules=exclude,
+            bias="none",
+        )
+        module = get_peft_model(module, lora_config)
+        # FSDP flat groups need one dtype: follow the frozen base weights, as verl does.
+        base_dtype = next((p.dtype for p in module.parameters() if not p.requires_grad), None)
+        if base_dtype is not None:
+            for p in module.parameters():
+                if p.requires_grad and p.dtype != base_dtype:
+                    p.data = p.data.to(base_dtype)
+        return module
+
+    _build_lora_module.__wrapped__ = original  # type: ignore[attr-defined]
+    return _build_lora_module
+
+
+def _variant(layer: Any, adapter: str) -> bool:
+    """Whether an adapter is more than plain LoRA (DoRA and other peft variants, LoRA bias)."""
+    return bool(
+        getattr(layer, "use_dora", {}).get(adapter, False)
+        or adapter in getattr(layer, "lora_variant", {})
+        or getattr(layer, "lora_bias", {}).get(adapter, False)
+    )
+
+
+def _lora_delta(layer: Any, full: Callable[[Any], Any]) -> Any | None:
+    """``scaling * B @ A`` of every active adapter of a plain LoRA Linear, as peft's merge computes
+    it (fp32 on the CPU for half dtypes, the weights' dtype elsewhere); None if peft's own merge
+    must do it (DoRA, LoRA bias, adapters turned off)."""
+    import torch
+
+    if getattr(layer, "disable_adapters", False) or getattr(layer, "merged", False):
+        return None
+    delta = None
+    for name in layer.active_adapters:
+        if name not in layer.lora_A:
+            continue
+        if _variant(layer, name):
+            return None
+        a, b = full(layer.lora_A[name].weight), full(layer.lora_B[name].weight)
+        dtype = b.dtype
+        cast = b.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)
+        if cast:
+            a, b = a.float(), b.float()
+        d = b @ a
+        if layer.fan_in_fan_out:
+            d = d.T
+        d = d * layer.scaling[name]
+        if cast:
+            d = d.to(dtype)
+        delta = d if delta is None else delta + d
+    return delta
+
+
+def _plain_lora_layers(module: Any) -> dict[str, Any] | None:
+    """State-dict key of each LoRA layer's base weight -> the layer; None if a layer is not one
+    this fix handles (it then leaves the whole sync to verl)."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import Linear
+
+    out = {}
+    for name, m in module.named_modules():
+        if not isinstance(m, LoraLayer):
+            continue
+        if type(m) is not Linear or any(_variant(m, a) for a in m.lora_A):
+            return None
+        out[f"{_unwrapped(name)}.base_layer.weight"] = m
+    return out
+
+
+def _unwrapped(name: str) -> str:
+    """A module or state-dict name without the wrapper prefixes FSDP1 and activation
+    checkpointing insert into module names (but not into state-dict keys)."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+def _make_merged_lora_per_tensor_param(original: Any) -> Any:
+    def _merged_lora_per_tensor_param(self: Any) -> Iterator[tuple[str, Any]]:
+        import torch
+        from torch.distributed.tensor import DTensor
+        from verl.utils.device import get_device_id
+        from verl.utils.fsdp_utils import fsdp_version, normalize_peft_param_name, offload_fsdp_model_to_cpu
+        from verl.utils.model import convert_weight_keys
+
+        module = self.module
+        layers = _plain_lora_layers(module) if fsdp_version(module) == 2 else None
+        if not layers:
+            yield from original(self)
+            return
+        device = get_device_id()
+        drop = sync_probe.next_sync_drops_adapter()
+
+        def full(t: Any) -> Any:  # a whole tensor on this rank's GPU (a collective for DTensors)
+            if isinstance(t, DTensor):
+                return t.to(device, non_blocking=True).full_tensor()  # type: ignore[attr-defined]
+            return t.detach()
+
+        peft_model = getattr(module, "_fsdp_wrapped_module", module)
+        state = module.state_dict()
+        # verl's own renaming (peft prefixes off, LoRA tensors dropped, HF checkpoint keys), applied
+        # to the keys alone: out name -> state-dict key.
+        names = convert_weight_keys(normalize_peft_param_name({k: k for k in state}), peft_model)
+        if {_unwrapped(k) for k in names.values()} & set(layers) != set(layers):
+            # a LoRA layer whose base weight is not among the tensors sent: verl's path, loudly
+            log.warning("verl_recipes: LoRA layers not matched to state-dict keys; verl's merged sync is used")
+            yield from original(self)
+            return
+        try:
+            with torch.no_grad():
+                for out_name, key in names.items():
+                    param = state[key]
+                    weight = full(param)
+                    layer = layers.get(_unwrapped(key))
+                    delta = None if layer is None or drop else _lora_delta(layer, full)
+                    if delta is not None:
+                        # peft's `weight.data += delta`: one rounding into the weight's dtype
+                        weight = weight.clone().add_(delta)
+                    elif not isinstance(param, DTensor):
+                        weight = weight.clone()  # plain tensors alias module storage
+                    if isinstance(param, DTensor):
+                        weight = weight.to(torch.bfloat16, non_blocking=True)
+                    yield out_name, weight
+        finally:
+            if self._is_offload_param:
+                offload_fsdp_model_to_cpu(module)
+
+    _merged_lora_per_tensor_param.__wrapped__ = original  # type: ignore[attr-defined]
+    return _merged_lora_per_tensor_param
+
+
+#: verl's own functions, kept when a fix replaces them (tests call them to show the bug).
+ORIGINALS: dict[str, Any] = {}
+
+
+def verl_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("verl")
+    except Exception:
+        return None
+
+
+def _patch_model_loader(vmodel: ModuleType) -> None:
+    if getattr(vmodel.load_valuehead_model, "__module__", "") != __name__:
+        ORIGINALS["load_valuehead_model"] = vmodel.load_valuehead_model
+        vmodel.load_valuehead_model = load_valuehead_model  # type: ignore[attr-defined]
+
+
+def _patch_critic_lora(transformer_impl: ModuleType) -> None:
+    engine = transformer_impl.FSDPEngine
+    if not hasattr(engine._build_lora_module, "__wrapped__"):
+        ORIGINALS["_build_lora_module"] = engine._build_lora_module
+        fixed = _make_build_lora_module(engine._build_lora_module)
+        # the sync test's non-zero adapter init, only where its variable is set (sync_probe)
+        engine._build_lora_module = sync_probe.wrap_build_lora_module(fixed)  # type: ignore[method-assign,unused-ignore]
+
+
+def _patch_merged_sync(transformer_impl: ModuleType) -> None:
+    engine = transformer_impl.FSDPEngine
+    if not hasattr(engine._merged_lora_per_tensor_param, "__wrapped__"):
+        ORIGINALS["_merged_lora_per_tensor_param"] = engine._merged_lora_per_tensor_param
+        engine._merged_lora_per_tensor_param = _make_merged_lora_per_tensor_param(  # type: ignore[method-assign,unused-ignore]
+            engine._merged_lora_per_tensor_param
+        )
+
+
+#: every fix by name: (the verl module it patches, the patch).
+FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
+    "critic-attn-implementation": ("verl.utils.model", _patch_model_loader),
+    "critic-lora-token-cls": ("verl.workers.engine.fsdp.transformer_impl", _patch_critic_lora),
+    "lora-merge-out-of-place": ("verl.workers.engine.fsdp.transformer_impl", _patch_merged_sync),
+}
+
+
+def _guarded(name: str, patch: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def hook(mod: ModuleType) -> None:
+        try:
+            patch(mod)
+        except Exception as e:  # a fix that cannot apply must not break verl's import
+            log.warning("verl_recipes: fix %s not applied: %s", name, e)
+
+    hook.__qualname__ = f"fix[{name}]"
+    return hook
+
+
+_GUARDED: dict[Callable[[ModuleType], None], Callable[[ModuleType], None]] = {}
+
+
+#: comma-separated fix names to leave out (`verl-recipes train --verl-fix-off NAME`): how a run
+#: measures verl's own path beside the fixed one.
+ENV_FIXES_OFF = "VERL_RECIPES_FIXES_OFF"
+
+
+def fixes_off() -> set[str]:
+    return {x.strip() for x in os.environ.get(ENV_FIXES_OFF, "").split(",") if x.strip()}
+
+
+def apply() -> list[str]:
+    """Register every fix that matches the installed verl and is not turned off; return their names.
+
+    Each is applied when verl imports its module (at once if it is imported already).
+    """
+    if verl_version() not in FIXED_VERL_VERSIONS:
+        return []
+    off = fixes_off()
+    unknown = off - set(FIXES)
+    if unknown:
+        log.warning("verl_recipes: %s names no fix (%s)", ENV_FIXES_OFF, ", ".join(sorted(unknown)))
+    applied = []
+    for name, (module, patch) in FIXES.items():
+        if name in off:
+            continue
+        hook = _GUARDED.setdefault(patch, _guarded(name, patch))
+        after_import(module, hook)
+        applied.append(name)
+    return applied

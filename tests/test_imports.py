@@ -1,0 +1,157 @@
+"""Each wing's import rule: what its modules may load at import time, and why, in a fresh interpreter.
+
+Four places run the package with less than the whole stack: the Slurm launcher on a host's bare
+python3, Ray's setup hook in every verl worker before CUDA is chosen, the image builds before
+anything is installed, and `verl-recipes --help` on a bare CPU machine. Each wing states its rule
+here; every module of the package belongs to exactly one wing, so a new one must state its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ROOT / "common"
+PACKAGE = COMMON / "verl_recipes"
+
+# What a CPU machine may not need to start the CLI or read the recipes: the training stack and the
+# heavy data and plotting libraries. They are imported inside the functions that use them.
+HEAVY = frozenset(
+    {
+        *("torch", "verl", "ray", "vllm", "transformers", "deepspeed", "peft", "tensordict"),
+        *("hydra", "omegaconf", "pynvml", "matplotlib", "numpy", "pandas", "pyarrow"),
+        *("safetensors", "tokenizers"),
+    }
+)
+
+STDLIB = "the standard library only"
+LIGHT = "no training stack or heavy library at import"
+
+# wing (a subpackage, or the modules at the package root) -> (rule, why)
+RULES: dict[str, tuple[str, str]] = {
+    "cluster": (STDLIB, "the launcher runs on the host's bare python3 while Ray runs in the container"),
+    "worker": (STDLIB, "Ray runs the setup hook in every worker before it sets CUDA_VISIBLE_DEVICES"),
+    "rundir": (STDLIB, "the phase markers write the run folder from inside Ray workers"),
+    "procs": (STDLIB, "the launcher's in-step reap scans /proc on a node's bare python3"),
+    "workload": (LIGHT, "synth-model and dataset start on a CPU host; torch and pyarrow load when used"),
+    "recipe": (LIGHT, "`verl-recipes list` and the recipe schema work without verl"),
+    "measure": (LIGHT, "the monitor must start before, and beside, the trainer it watches"),
+    "plan": (LIGHT, "the planner answers before a GPU is rented, on any laptop"),
+    "stack": (LIGHT, "`verify` reports a half-installed stack instead of failing to import"),
+    "root": (LIGHT, "`verl-recipes --help` works on a bare CPU machine"),
+}
+
+
+def wing_of(module: str) -> str:
+    """`verl_recipes.<wing>[.<module>]` -> wing; a root module that owns a shared format is its own."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "root"
+    if len(parts) > 2 or (PACKAGE / parts[1]).is_dir() or parts[1] in RULES:
+        return parts[1]
+    return "root"
+
+
+def all_modules() -> list[str]:
+    names = ["verl_recipes"]
+    names += [m.name for m in pkgutil.walk_packages([str(PACKAGE)], "verl_recipes.") if not m.name.endswith("__main__")]
+    return sorted(names)
+
+
+def loaded_by(modules: list[str], *, bare: bool, pythonpath: Path = COMMON) -> set[str]:
+    """Top-level names in sys.modules after importing `modules` in a fresh interpreter (with `bare`,
+    without site-packages: what the host's python3 has)."""
+    code = (
+        "import importlib, json, sys\n"
+        "for m in sys.argv[1:]:\n"
+        "    importlib.import_module(m)\n"
+        "print(json.dumps(sorted({k.split('.')[0] for k in sys.modules})))\n"
+    )
+    cmd = [sys.executable, *(["-S"] if bare else []), "-c", code, *modules]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env={"PYTHONPATH": str(pythonpath), "PATH": os.environ["PATH"]}
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    return set(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def test_every_module_belongs_to_a_wing_with_a_rule() -> None:
+    wings = {wing_of(m) for m in all_modules()}
+    assert wings <= set(RULES), sorted(wings - set(RULES))
+    assert set(RULES) <= wings, sorted(set(RULES) - wings)
+
+
+@pytest.mark.parametrize("wing", sorted(RULES))
+def test_wing_import_rule(wing: str) -> None:
+    rule, why = RULES[wing]
+    modules = [m for m in all_modules() if wing_of(m) == wing]
+    assert modules, wing
+    if rule == STDLIB:
+        loaded = loaded_by(modules, bare=True)
+        foreign = sorted(loaded - set(sys.stdlib_module_names) - {"verl_recipes", "__main__"})
+        assert not foreign, f"{wing} must import {rule} ({why}); importing it loaded {foreign}"
+    else:
+        heavy = sorted(loaded_by(modules, bare=False) & HEAVY)
+        assert not heavy, f"{wing} must import {rule} ({why}); importing it loaded {heavy}"
+
+
+def _dockerfile_copies(dockerfile: Path, dest_prefix: str) -> list[tuple[list[str], str]]:
+    """(sources, destination) of the Dockerfile's COPY instructions into `dest_prefix`."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and words[-1].startswith(dest_prefix):
+            out.append((words[1:-1], words[-1]))
+    return out
+
+
+@pytest.mark.parametrize("dockerfile", ["images/base/Dockerfile", "images/deepspeed/Dockerfile"])
+def test_the_image_builds_checks_run_from_what_the_dockerfile_copies(dockerfile: str, tmp_path: Path) -> None:
+    """The builder stage runs pins_check and the image helpers before anything is installed, from the
+    few files it copies: those files alone, on a bare python3, must import and run."""
+    copies = _dockerfile_copies(ROOT / dockerfile, "/src/check/")
+    assert copies, f"{dockerfile} copies nothing into /src/check/"
+    for sources, dest in copies:
+        target = tmp_path / dest.removeprefix("/src/check/")
+        target.mkdir(parents=True, exist_ok=True)
+        for src in sources:
+            (target / Path(src).name).write_bytes((ROOT / src).read_bytes())
+    modules = ["verl_recipes.stack.pins_check", "verl_recipes.stack.images"]
+    loaded = loaded_by(modules, bare=True, pythonpath=tmp_path)
+    assert not sorted(loaded - set(sys.stdlib_module_names) - {"verl_recipes", "__main__"})
+    build_info = ["-m", "verl_recipes.stack.images", "build-info", "--versions", "images/versions.toml"]
+    build_info += ["--stack", "cpu"]
+    res = subprocess.run(
+        [sys.executable, "-S", *build_info],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]},
+    )
+    assert res.returncode == 0 and "BASE_REF=" in res.stdout, res.stderr
+
+
+def test_the_reward_loads_by_file_path_without_the_package(tmp_path: Path) -> None:
+    """verl loads the reward function from its file path, also in workers where verl_recipes is not
+    installed: the file must stand alone."""
+    path = PACKAGE / "workload" / "reward.py"
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('reward', {str(path)!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        "assert 'verl_recipes' not in sys.modules\n"
+        "print(mod.compute_score('arith', 'so #### 42', '42'))\n"
+    )
+    res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.strip() == "1.0", res.stderr
+    assert importlib.util.find_spec("verl_recipes.workload.reward") is not None
