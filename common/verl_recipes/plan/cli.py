@@ -22,6 +22,7 @@ from typing import Any
 
 from verl_recipes import ARCHS_DIR, RecipeError
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
@@ -43,6 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
     p.add_argument("--tokens-per-s", type=float, help="whole-job tokens/s, for a cost estimate per step")
     p.add_argument("--provider", help="price this provider's offer (validation/prices.yaml) instead of the cheapest")
+    p.add_argument(
+        "--verl-fix-off",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: lora-merge-out-of-place)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
     p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
@@ -159,7 +167,13 @@ def _constants_line(c: Constants) -> str:
 
 
 def render_text(
-    label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], costs: list[str], c: Constants
+    label: str,
+    s: Setup,
+    plans: list[GPUPlan],
+    suggestions: dict[str, Any],
+    costs: list[str],
+    c: Constants,
+    host: HostPlan | None = None,
 ) -> str:
     out = [f"plan: {label}", *describe(s), _constants_line(c), ""]
     names = [p.gpu.id for p in plans]
@@ -211,6 +225,8 @@ def render_text(
                 f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
                 + ("" if more else ", nor with more GPUs")
             )
+    if host is not None:
+        out += ["", *render_lines(host)]
     if costs:
         out += ["", *costs]
     return "\n".join(out)
@@ -223,6 +239,7 @@ def plan_json(
     suggestions: dict[str, Any],
     cost: list[dict[str, Any]],
     c: Constants,
+    host: HostPlan | None = None,
 ) -> dict[str, Any]:
     def knob(sg: Any) -> dict[str, Any]:
         return {
@@ -272,6 +289,7 @@ def plan_json(
         "layout": describe(s),
         "constants": asdict(c),
         "gpus": gpus,
+        "host": host_json(host) if host is not None else None,
         "cost": cost,
     }
 
@@ -349,11 +367,12 @@ def run(args: argparse.Namespace) -> int:
                 "more_gpus_path": None if same else path_to_fit(s, p.gpu, c),
             }
     cost_lines, cost_js = _costs(s, gpus, args.tokens_per_s, args.provider, label, recipe)
+    host = plan_host(s, args.verl_fix_off)
     if args.json:
-        json.dump(plan_json(label, s, plans, suggestions, cost_js, c), sys.stdout, indent=2)
+        json.dump(plan_json(label, s, plans, suggestions, cost_js, c, host), sys.stdout, indent=2)
         print()
     else:
-        print(render_text(label, s, plans, suggestions, cost_lines, c))
+        print(render_text(label, s, plans, suggestions, cost_lines, c, host))
     return 0
 
 
