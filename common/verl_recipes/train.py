@@ -108,19 +108,27 @@ def _open_runtime_env(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
 
 
-def preflight_fit(cfg: Any, model: Path, budget_gib: float, label: str) -> None:
+def preflight_fit(
+    cfg: Any, model: Path, budget_gib: float, label: str, run: str | None = None, fixes_off: list[str] | None = None
+) -> None:
     """Refuse, in one line, a run the memory planner predicts cannot fit the GPU (or the cap).
 
     The planner (`verl_recipes.plan`) is validated against the committed runs
     (`verl-recipes plan --validate`); its best knob is named so the user knows what to change.
+    Host RAM below the planner's figure for the run (`run`, e.g. `7b-lora --variant 24gib`, with
+    the fixes it runs without) is one `WARN host-ram` line, never a refusal (`host_ram_warning`).
     """
     from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.plan.host import host_ram_warning, plan_host
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.knobs import helpful
     from verl_recipes.plan.model import Arch
     from verl_recipes.plan.phases import plan_gpu
 
     setup = setup_from_config(cfg, Arch.from_file(model / "config.json"))
+    host = host_ram_warning(run or "this run", plan_host(setup, fixes_off or []).peak.pss)
+    if host:
+        print(f"WARN host-ram {host}")
     gpu = parse_gpu(f"{budget_gib:.2f}GiB")
     plan = plan_gpu(setup, gpu)
     if plan.fits:
@@ -148,14 +156,14 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
 
     print(f"== rehearsal of {recipe.id}: {reason}")
     print("== 1/5 install verification")
-    _run([*CLI, "verify", "--recipe", recipe.id], "verify", check=False)
+    _run([*CLI, "verify", "--recipe", recipe.id, *_run_args(args)], "verify", check=False)
     print(f"== 2/5 composed against verl's schema: {run_dir / 'verl_config.yaml'}")
     print(
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
     )
     print("== 3/5 memory plan")
-    _run([*CLI, "plan", recipe.id, *[x for v in args.variant for x in ("--variant", v)]], "plan", check=False)
+    _run([*CLI, "plan", recipe.id, *_run_args(args)], "plan", check=False)
     print("== 4/5 synthetic model (tiny on CPU) and dataset")
     model = Path(cfg.actor_rollout_ref.model.path)
     data = Path(cfg.data.train_files).parent
@@ -167,6 +175,12 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
         "Everything above is what a CPU can check; run the same command on a GPU host to train."
     )
     return 0
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
+    """The options that change what a run needs: verify judges the host against this run."""
+    out = [x for v in args.variant for x in ("--variant", v)] + [x for v in args.sets for x in ("--set", v)]
+    return out + [x for v in args.verl_fix_off for x in ("--verl-fix-off", v)]
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -258,7 +272,10 @@ def run(args: argparse.Namespace) -> int:
     # then make what is missing, then train under the monitor.
     if not args.skip_verify:
         gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
-        _run([*CLI, "verify", "--recipe", recipe.id, *gpus_arg], "verify (pass --skip-verify to run anyway)")
+        _run(
+            [*CLI, "verify", "--recipe", recipe.id, *gpus_arg, *_run_args(args)],
+            "verify (pass --skip-verify to run anyway)",
+        )
     if not args.model:
         layers = recipe.smoke.layers if args.smoke else args.layers
         scale = recipe.smoke.scale if args.smoke else "full-width"
@@ -270,7 +287,16 @@ def run(args: argparse.Namespace) -> int:
     vllm_util = None
     if not args.force:
         # Before anything starts: the plan for the card (or the cap) it is meant for.
-        preflight_fit(cfg, model, args.cap_gib or gpu_gib, "the --cap-gib budget" if args.cap_gib else "this GPU")
+        from verl_recipes.plan.host import run_label
+
+        preflight_fit(
+            cfg,
+            model,
+            args.cap_gib or gpu_gib,
+            "the --cap-gib budget" if args.cap_gib else "this GPU",
+            run=run_label(recipe.id, variants, args.sets),
+            fixes_off=args.verl_fix_off,
+        )
     if cap_scale is not None:
         rollout = cfg.actor_rollout_ref.rollout
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
