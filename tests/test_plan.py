@@ -341,6 +341,9 @@ def test_gpu_catalogue_and_caps() -> None:
     assert parse_gpu("24GB").visible_bytes == 24 * 10**9
     with pytest.raises(RecipeError, match="not a catalogue GPU"):
         parse_gpu("v100")
+    assert parse_gpu("a10g") == cat["a10g-24g"]  # a prefix that names one card
+    with pytest.raises(RecipeError, match="not a catalogue GPU"):
+        parse_gpu("a100")  # two cards: say which
 
 
 def test_cost_by_hand_and_prices_file(root: Path, tmp_path: Path) -> None:
@@ -370,9 +373,15 @@ def test_cli_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert by["h200-141g"]["fits"] and not by["a10g-24g"]["fits"]
     assert by["a10g-24g"]["path_to_fit"] and by["a10g-24g"]["best_knob"]["sets"]
     assert out["model"]["params"] == 6738415616
+    host = out["host"]  # the host RAM of node 0, labelled as a prediction
+    assert host["predicted"] is True and host["peak_pss_bytes"] <= host["peak_rss_bytes"]
+    assert not host["cpu_backup_sync"] and host["merged_sync_backup_bytes"] == 2 * 6738415616
     assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--tokens-per-s", "2000"]) == 0
     text = capsys.readouterr().out
     assert "update_actor" in text and "dominant terms" in text and "/step" in text
+    assert "host RAM of node 0, PREDICTED" in text and "peak: about" in text
+    assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--verl-fix-off", "lora-merge-out-of-place"]) == 0
+    assert "verl's merged LoRA sync copies the base weights to the CPU (12.6 GiB)" in capsys.readouterr().out
     assert main(["plan", "7b-lora", "--gpu", "v100"]) == 2
 
 
@@ -427,13 +436,24 @@ def test_validate_against_a_committed_run(tmp_path: Path, scale: float, ok: bool
 def test_committed_error_table_is_fresh(root: Path) -> None:
     """validation/planner-errors.md is what `plan --validate --write` gives on the committed runs,
     and every error beyond the tolerance carries a cause or says that it has none yet."""
+    from verl_recipes.plan.host_runs import host_rows
+    from verl_recipes.plan.host_runs import markdown as host_markdown
     from verl_recipes.plan.validate import load_notes, markdown_table
 
     rows, _ = validate_all(root, tolerance=0.10)
-    table = markdown_table(rows, 0.10, load_notes(root))
+    notes = load_notes(root)
+    table = markdown_table(rows, 0.10, notes)
+    host = host_markdown(host_rows(root), 0.10, notes)
     committed = (root / "validation" / "planner-errors.md").read_text()
-    assert committed.endswith(table), "run `verl-recipes plan --validate --write validation/planner-errors.md`"
+    assert committed.endswith(table + "\n" + host), (
+        "run `verl-recipes plan --validate --write validation/planner-errors.md`"
+    )
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 7 and abs(float(cells[5].rstrip("%"))) > 10:
             assert cells[6], line
+    for line in host.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 10 and cells[0].startswith("recipes/"):
+            worst = max(abs(float(c.rstrip("%"))) for c in (cells[5], cells[8]) if c)
+            assert worst <= 10 or cells[9], line

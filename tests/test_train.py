@@ -81,6 +81,39 @@ def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     preflight_fit(compose_recipe(recipe, ["24gib"], [], extra=extra), model, 24.0, "the --cap-gib budget")
 
 
+def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 24gib run fits the 24 GiB budget on the GPU; this machine's MemTotal (psutil) against
+    the planner's host figure for it is one `WARN host-ram` line, and the launch goes on."""
+    import psutil
+    from verl_recipes.plan.host import plan_host
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import launcher_settings
+    from verl_recipes.train import preflight_fit
+    from verl_recipes.workload.arch import ARCHS_DIR
+
+    recipe = get_recipe("7b-lora")
+    model = ARCHS_DIR / "llama-2-7b"
+    cfg = compose_recipe(recipe, ["24gib"], [], extra=launcher_settings(recipe, model, tmp_path, tmp_path / "r", 3, 1))
+    need = plan_host(setup_from_config(cfg, Arch.from_file(model / "config.json"))).peak.pss
+    preflight_fit(cfg, model, 24.0, "the --cap-gib budget", run="7b-lora --variant 24gib")
+    out = capsys.readouterr().out
+    total = psutil.virtual_memory().total
+    warned = [x for x in out.splitlines() if x.startswith("WARN host-ram")]
+    if total < need:
+        assert warned == [
+            f"WARN host-ram {total / 2**30:.1f} GiB total; 7b-lora --variant 24gib needs about "
+            f"{need / 2**30:.0f} GiB (planner, PSS peak; see verl-recipes plan)"
+        ]
+    else:
+        assert not warned
+    assert "plan: fits the --cap-gib budget" in out
+
+
 def test_cap_overrun_names_the_worst_phase_of_a_real_run(root: Path, tmp_path: Path) -> None:
     """A measured run (7B PPO, uncapped, 70.9 GiB device peak) judged against two caps."""
     from verl_recipes.train import cap_overrun

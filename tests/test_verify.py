@@ -72,6 +72,30 @@ def test_without_checkout_recipe_checks_are_skipped(tmp_path: Path) -> None:
         assert checks["gpu"]["status"] == "warn"  # the recipe could not be read, so its need is unknown
 
 
+def test_host_ram_is_judged_against_the_planners_figure_for_the_run() -> None:
+    """`verify --recipe 7b-lora --variant 24gib` on this machine: its MemTotal (psutil) against the
+    planner's PSS peak for that run (about 70 GiB: offloaded weights live in host RAM), in one line
+    with both figures; a warning, never a failure."""
+    import psutil
+    from verl_recipes.plan.cli import load_setup
+    from verl_recipes.plan.host import plan_host
+
+    need = plan_host(load_setup("7b-lora", ["24gib"], [])[1]).peak.pss
+    total = psutil.virtual_memory().total
+    r = subprocess.run([*CLI, "--recipe", "7b-lora", "--variant", "24gib"], capture_output=True, text=True, timeout=300)
+    line = next(x for x in r.stdout.splitlines() if " host-ram " in x)
+    if total < need:
+        assert line == (
+            f"WARN  host-ram        {total / 2**30:.1f} GiB total; 7b-lora --variant 24gib needs about "
+            f"{need / 2**30:.0f} GiB (planner, PSS peak; see verl-recipes plan)"
+        )
+    else:
+        assert line.startswith("PASS  host-ram") and f"needs about {need / 2**30:.0f} GiB" in line
+    _, checks = _verify("--recipe", "7b-lora", "--variant", "grpo", "--variant", "24gib")
+    grpo = checks["host-ram"]
+    assert grpo["status"] in ("pass", "warn") and "7b-lora --variant grpo --variant 24gib" in grpo["detail"]
+
+
 def test_unknown_recipe_is_a_one_line_error() -> None:
     r = subprocess.run([*CLI, "--recipe", "7b-lroa"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error: unknown recipe '7b-lroa' (did you mean '7b-lora'?)")

@@ -68,19 +68,27 @@ def ensure_dataset(path: Path) -> Path:
     return path
 
 
-def preflight_fit(cfg: Any, model: Path, budget_gib: float, label: str) -> None:
+def preflight_fit(
+    cfg: Any, model: Path, budget_gib: float, label: str, run: str | None = None, fixes_off: list[str] | None = None
+) -> None:
     """Refuse, in one line, a run the memory planner predicts cannot fit the GPU (or the cap).
 
     The planner (`verl_recipes.plan`) is validated against the committed runs
     (`verl-recipes plan --validate`); its best knob is named so the user knows what to change.
+    Host RAM below the planner's figure for the run (`run`, e.g. `7b-lora --variant 24gib`, with
+    the fixes it runs without) is one `WARN host-ram` line, never a refusal (`host_ram_warning`).
     """
     from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.plan.host import host_ram_warning, plan_host
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.knobs import helpful
     from verl_recipes.plan.model import Arch
     from verl_recipes.plan.phases import plan_gpu
 
     setup = setup_from_config(cfg, Arch.from_file(model / "config.json"))
+    host = host_ram_warning(run or "this run", plan_host(setup, fixes_off or []).peak.pss)
+    if host:
+        print(f"WARN host-ram {host}")
     gpu = parse_gpu(f"{budget_gib:.2f}GiB")
     plan = plan_gpu(setup, gpu)
     if plan.fits:
@@ -108,7 +116,7 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
 
     print(f"== rehearsal of {recipe.id}: {reason}")
     print("== 1/5 install verification")
-    _run([*CLI, "verify", "--recipe", recipe.id], "verify", check=False)
+    _run([*CLI, "verify", "--recipe", recipe.id, *_run_args(args)], "verify", check=False)
     print(f"== 2/5 composed against verl's schema: {run_dir / rundir.CONFIG}")
     print(
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
@@ -148,7 +156,13 @@ def planned(recipe: Recipe, args: argparse.Namespace, cfg: Any) -> str:
         shape = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
         arch = Arch.from_config(shape_config(resolve_arch(name), *shape), f"{name}/config.json")
     label = recipe.id + "".join(f" +{v}" for v in args.variant) + "".join(f" --set {s}" for s in args.sets)
-    return report(label, setup_from_config(cfg, arch), recipe)
+    return report(label, setup_from_config(cfg, arch), recipe, fixes_off=args.verl_fix_off)
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
+    """The options that change what a run needs: verify judges the host against this run."""
+    out = [x for v in args.variant for x in ("--variant", v)] + [x for v in args.sets for x in ("--set", v)]
+    return out + [x for v in args.verl_fix_off for x in ("--verl-fix-off", v)]
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -237,14 +251,26 @@ def run(args: argparse.Namespace) -> int:
     # then make what is missing, then train under the monitor.
     if not args.skip_verify:
         gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
-        _run([*CLI, "verify", "--recipe", recipe.id, *gpus_arg], "verify (pass --skip-verify to run anyway)")
+        _run(
+            [*CLI, "verify", "--recipe", recipe.id, *gpus_arg, *_run_args(args)],
+            "verify (pass --skip-verify to run anyway)",
+        )
     if not args.model:
         ensure_model(model, arch, layers, scale, device)
     ensure_dataset(data)
     vllm_util = None
     if not args.force:
         # Before anything starts: the plan for the card (or the cap) it is meant for.
-        preflight_fit(cfg, model, args.cap_gib or gpu_gib, "the --cap-gib budget" if args.cap_gib else "this GPU")
+        from verl_recipes.plan.host import run_label
+
+        preflight_fit(
+            cfg,
+            model,
+            args.cap_gib or gpu_gib,
+            "the --cap-gib budget" if args.cap_gib else "this GPU",
+            run=run_label(recipe.id, variants, args.sets),
+            fixes_off=args.verl_fix_off,
+        )
     if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in args.sets):
         # verl's default is a relative outputs/profile under whatever folder the workers run in
         cfg.global_profiler.save_path = str(run_dir / rundir.PROFILE)
@@ -417,7 +443,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="run verl's own code instead of this fix (names: verl_recipes.verl_fixes.FIXES); repeatable",
+        help="run verl's own code instead of this fix (names: verl_recipes.worker.verl_fixes.FIXES); repeatable",
     )
     p.add_argument(
         "--no-compile-cache",

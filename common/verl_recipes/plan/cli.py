@@ -22,6 +22,7 @@ from typing import Any
 
 from verl_recipes import RecipeError
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
@@ -44,6 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
     p.add_argument("--tokens-per-s", type=float, help="whole-job tokens/s, for a cost estimate per step")
     p.add_argument("--provider", help="price this provider's offer (validation/prices.yaml) instead of the cheapest")
+    p.add_argument(
+        "--verl-fix-off",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: lora-merge-out-of-place)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
     p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
@@ -142,7 +150,13 @@ def _constants_line(c: Constants) -> str:
 
 
 def render_text(
-    label: str, s: Setup, plans: list[GPUPlan], suggestions: dict[str, Any], costs: list[str], c: Constants
+    label: str,
+    s: Setup,
+    plans: list[GPUPlan],
+    suggestions: dict[str, Any],
+    costs: list[str],
+    c: Constants,
+    host: HostPlan | None = None,
 ) -> str:
     out = [f"plan: {label}", *describe(s), _constants_line(c), ""]
     names = [p.gpu.id for p in plans]
@@ -194,6 +208,8 @@ def render_text(
                 f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
                 + ("" if more else ", nor with more GPUs")
             )
+    if host is not None:
+        out += ["", *render_lines(host)]
     if costs:
         out += ["", *costs]
     return "\n".join(out)
@@ -206,6 +222,7 @@ def plan_json(
     suggestions: dict[str, Any],
     cost: list[dict[str, Any]],
     c: Constants,
+    host: HostPlan | None = None,
 ) -> dict[str, Any]:
     def knob(sg: Any) -> dict[str, Any]:
         return {
@@ -255,6 +272,7 @@ def plan_json(
         "layout": describe(s),
         "constants": asdict(c),
         "gpus": gpus,
+        "host": host_json(host) if host is not None else None,
         "cost": cost,
     }
 
@@ -316,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write:
         raise RecipeError("--write goes with --validate or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
-    print(report(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json))
+    print(report(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off))
     return 0
 
 
@@ -328,6 +346,7 @@ def report(
     tokens_per_s: float | None = None,
     provider: str | None = None,
     as_json: bool = False,
+    fixes_off: list[str] | None = None,
 ) -> str:
     """The plan of one configuration on `gpus` (default: every catalogued GPU), with the knobs that
     would make it fit where it does not, as text or JSON; what `plan` prints and the rehearsal shows."""
@@ -347,9 +366,10 @@ def report(
                 "more_gpus_path": None if same else path_to_fit(s, p.gpu, c),
             }
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
+    host = plan_host(s, fixes_off or [])
     if as_json:
-        return json.dumps(plan_json(label, s, plans, suggestions, cost_js, c), indent=2)
-    return render_text(label, s, plans, suggestions, cost_lines, c)
+        return json.dumps(plan_json(label, s, plans, suggestions, cost_js, c, host), indent=2)
+    return render_text(label, s, plans, suggestions, cost_lines, c, host)
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:

@@ -50,10 +50,14 @@ _CAP = re.compile(r"^(\d+(?:\.\d+)?)\s*(GiB|GB)$", re.IGNORECASE)
 
 
 def parse_gpu(spec: str) -> GPU:
-    """A catalogue id (`a10g-24g`) or a cap such as `24GiB` (binary) / `24GB` (decimal)."""
+    """A catalogue id (`a10g-24g`, or a prefix naming one: `a10g`) or a cap such as `24GiB`
+    (binary) / `24GB` (decimal)."""
     cat = catalogue()
     if spec in cat:
         return cat[spec]
+    prefixed = [g for gid, g in cat.items() if gid.startswith(f"{spec}-")]
+    if len(prefixed) == 1:
+        return prefixed[0]
     m = _CAP.match(spec.strip())
     if m:
         n = float(m.group(1))

@@ -108,6 +108,9 @@ class Setup:
     remove_padding: bool = True
     eager_attention: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Agent-loop worker processes (`rollout.agent.num_workers`): each is a Ray actor with verl
+    # imported, so they move host RAM only (plan/host.py).
+    agent_workers: int = 8
 
     @property
     def world(self) -> int:
@@ -380,6 +383,7 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
         remove_padding=bool(_sel(cfg, f"{m}.use_remove_padding", True)),
         eager_attention=str(attn) == "eager",
         notes=tuple(notes),
+        agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
     )
     validate_layout(setup)
     return setup

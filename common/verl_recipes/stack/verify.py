@@ -539,23 +539,49 @@ def check_ulimits() -> list[Check]:
     return out
 
 
-def check_host_ram(recipe: Any) -> Check:
+def check_host_ram(
+    recipe: Any, variants: tuple[str, ...] = (), sets: tuple[str, ...] = (), fixes_off: tuple[str, ...] = ()
+) -> Check:
+    """MemTotal against the host RAM the planner predicts for the recipe as it will run (its
+    variants, --set and --verl-fix-off; `verl_recipes.plan.host`, PSS peak): a warning, never a
+    failure, since some VMs grow MemTotal as memory is used (see `host_ram_warning`)."""
     import psutil
 
     vm = psutil.virtual_memory()
     detail = f"{vm.total / GIB:.1f} GiB total, {vm.available / GIB:.1f} GiB available"
-    if recipe is not None:
+    if recipe is None:
+        return Check("host-ram", "pass", detail)
+    from verl_recipes.plan.host import host_ram_warning, plan_host, run_label
+
+    what = run_label(recipe.id, variants, sets)
+    try:
+        from verl_recipes.plan.cli import load_setup
+
+        _, setup, _ = load_setup(recipe.id, list(variants), list(sets))
+    except (ImportError, RecipeError) as e:
         # verl loads the HF checkpoint on the host before sharding it: at least its bf16 weights
         # (2 bytes a parameter) must fit. A lower bound, not a measurement.
         need = recipe.model.params * 2 / GIB
+        why = f"; the planner cannot compose {what} here ({e})"
         if vm.available / GIB < need:
             return Check(
                 "host-ram",
                 "warn",
-                detail + f"; loading {recipe.id}'s model wants ~{need:.0f} GiB",
+                detail + f"; loading {recipe.id}'s model wants ~{need:.0f} GiB" + why,
                 "free host memory or use a larger host",
             )
-    return Check("host-ram", "pass", detail)
+        return Check("host-ram", "pass", detail + why)
+    peak = plan_host(setup, fixes_off).peak
+    warning = host_ram_warning(what, peak.pss, int(vm.total))
+    if warning:
+        return Check(
+            "host-ram",
+            "warn",
+            warning,
+            f"use a host with >= {math.ceil(peak.pss / GIB)} GiB of RAM, or less offload "
+            f"(`verl-recipes plan {what}` lists what the host holds)",
+        )
+    return Check("host-ram", "pass", detail + f"; {what} needs about {peak.pss / GIB:.0f} GiB (planner, PSS peak)")
 
 
 def check_disk(recipe: Any, path: Path) -> Check:
@@ -573,7 +599,14 @@ def check_disk(recipe: Any, path: Path) -> Check:
     return Check("disk", "pass", detail)
 
 
-def run_checks(recipe_id: str | None = None, allreduce: bool = True, gpus_per_node: int | None = None) -> list[Check]:
+def run_checks(
+    recipe_id: str | None = None,
+    allreduce: bool = True,
+    gpus_per_node: int | None = None,
+    variants: tuple[str, ...] = (),
+    sets: tuple[str, ...] = (),
+    fixes_off: tuple[str, ...] = (),
+) -> list[Check]:
     """All checks, in the order they are printed."""
     checks: list[Check] = []
     pins, why = _load_pins()
@@ -603,7 +636,7 @@ def run_checks(recipe_id: str | None = None, allreduce: bool = True, gpus_per_no
     checks.append(check_flash_attn())
     checks.append(check_shm())
     checks += check_ulimits()
-    checks.append(check_host_ram(recipe))
+    checks.append(check_host_ram(recipe, variants, sets, fixes_off))
     checks.append(check_disk(recipe, Path.cwd()))
     return checks
 
@@ -618,11 +651,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.add_argument("--no-allreduce", action="store_true", help="skip the multi-GPU NCCL all-reduce")
     p.add_argument("--gpus", type=int, help="with --recipe: GPUs per node this run uses (a scaled-down run)")
+    p.add_argument("--variant", action="append", default=[], help="with --recipe: a variant of the run (repeatable)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="with --recipe")
+    p.add_argument("--verl-fix-off", action="append", default=[], metavar="NAME", help="with --recipe")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(args.recipe, allreduce=not args.no_allreduce, gpus_per_node=args.gpus)
+    checks = run_checks(
+        args.recipe,
+        allreduce=not args.no_allreduce,
+        gpus_per_node=args.gpus,
+        variants=tuple(args.variant),
+        sets=tuple(args.sets),
+        fixes_off=tuple(args.verl_fix_off),
+    )
     failed = [c for c in checks if c.status == "fail"]
     if args.json:
         print(json.dumps({"ok": not failed, "recipe": args.recipe, "checks": [asdict(c) for c in checks]}, indent=1))

@@ -1,0 +1,448 @@
+"""Host RAM of one node of a verl 0.9.1 run: what the CPU side holds while the GPU trains.
+
+An offloaded recipe moves its weights to the host, so a 24 GB card needs a machine with far more
+RAM than the card. The figure is per node (node 0, which also loads the checkpoint), for four
+moments of a run, as a fixed base plus terms read from verl 0.9.1's and torch's code:
+
+  load            the trainer builds its models (critic, separate reference, actor, in the order
+                  `engine_workers` builds them) before vLLM and the agent loop start
+  first sync      verl's first weight sync to vLLM, before step 1 (no optimizer state yet)
+  train           a step's training phases, after the first update made the optimizer state
+  update_weights  the weight sync inside a step
+
+Terms (bytes per trainer process, times the processes on the node unless said otherwise):
+
+  * pinned weights: FSDP2's `CPUOffloadPolicy(pin_memory=True)` (`offload_policy: true`, and every
+    forward-only reference: `FSDPEngine._build_fsdp_module`) pins each parameter's shard on the
+    host for good; `param_offload` without it moves the parameters there between phases with
+    `Tensor.to("cpu", non_blocking=True)`, which also allocates pinned memory
+    (`offload_fsdp2_model_to_cpu`; FSDP1: `flat_param_to`, one flat parameter per wrapped unit).
+    torch's caching host allocator rounds every pinned block up to a power of two, and keeps freed
+    blocks cached, so a 86 MiB MLP matrix holds 128 MiB of RAM: Llama-2-7B's 12.55 GiB of bf16
+    weights pin 16.5 GiB. An FSDP1 forward-only reference (`CPUOffload(offload_params=True)`)
+    pins its local shard and a CPU gradient buffer of the same size per unit (torch's
+    `FlatParamHandle.init_flat_param_attributes`).
+  * optimizer and gradients on the host: with the offload policy, AdamW's two moments are created
+    on the CPU next to the parameters (pageable, exact size) and each reduce-scattered gradient is
+    copied there (pinned); `optimizer_offload` alone moves the moments with `non_blocking` copies
+    (pinned, `offload_fsdp_optimizer`). They exist from the first update on.
+  * checkpoint copy (load, node 0): `from_pretrained` builds the whole model on the CPU on the
+    first rank of the FSDP mesh (every rank when embeddings are tied,
+    `get_init_weight_context_manager`), in `model_dtype`, until FSDP has taken the weights.
+  * load transient: with a CPU offload policy, `fsdp2_load_full_state_dict` calls torch's
+    `set_model_state_dict(cpu_offload=True)`, whose `_broadcast_state_dict` keeps a pageable
+    `.cpu()` copy of every local shard until the load ends: one more copy of the weights.
+  * verl's merged LoRA sync: `merged_lora_context(..., backup_adapters=True)` clones every base
+    weight to the CPU (`backup_base_model_weights`) for the whole sync. The recipes' default
+    streams `W + scaling * B @ A` out of place instead and takes no CPU copy
+    (`verl_recipes.verl_fixes`, fix `lora-merge-out-of-place`, FSDP2 only);
+    `--verl-fix-off lora-merge-out-of-place` restores verl's path.
+  * vLLM at sleep level 1 (a LoRA served as an adapter, `model.lora.merge: false`:
+    `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
+    (`CuMemAllocator.sleep(offload_tags=("weights",))`) while the trainer works; level 2 (full or
+    merged weights, the recipes' case) discards them; `free_cache_engine: false` never sleeps.
+  * processes: a fixed base fitted to the committed runs (`HostConstants`), plus the processes
+    those runs did not have: agent-loop workers beyond their count, and a trainer process and a
+    vLLM worker for every GPU of the node beyond the first (priors from measured per-process RSS).
+
+RSS counts each process's shared library pages again; PSS divides them among the processes that
+share them, so PSS is what the node really spends and the figure to compare with its RAM. Every
+term is private memory (PSS = RSS), so the two figures differ by the base alone. Megatron's offload
+is counted at exact sizes, and checked against no run. Everything here is a prediction;
+`verl-recipes plan --validate` compares it with the committed runs (validation/planner-errors.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from verl_recipes.plan.gpus import GIB
+from verl_recipes.plan.inputs import Role, Setup
+from verl_recipes.plan.model import Arch
+
+#: the fix whose out-of-place merge takes no CPU copy (`verl_recipes.worker.verl_fixes.FIXES`)
+MERGE_FIX = "lora-merge-out-of-place"
+
+
+@dataclass(frozen=True)
+class HostConstants:
+    """The base of every moment: the run's processes before they hold any model state.
+
+    Fitted to the committed 7b-lora runs on H200 hosts (verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU,
+    two agent-loop workers): the measured host total minus the module's terms, the median over
+    the runs that reached the moment (`plan --validate` prints the residuals to refit from). The
+    load PSS comes from the reads that fell on the plateau of the actor's load in the two runs
+    that stopped there (failed/cap24-*: 56.80 GiB less 46.02 GiB of terms, 41.21 less 29.41).
+    """
+
+    # Ray's daemons and workers (TaskRunner, dataloader, reward and agent-loop workers, the vLLM
+    # server, engine and worker) and the trainer process itself: in a step's phases ...
+    base_train_rss: int = round(33.4 * GIB)
+    base_train_pss: int = round(20.3 * GIB)
+    # ... at the first weight sync, before the agent loop and the reward workers have all started
+    # (their processes' RSS is 18-20 GiB then, 22-24 GiB in the steps) ...
+    base_first_sync_rss: int = round(28.8 * GIB)
+    base_first_sync_pss: int = round(17.5 * GIB)
+    # ... and while the trainer loads its models, before vLLM and the agent loop start.
+    base_load_rss: int = round(16.2 * GIB)
+    base_load_pss: int = round(11.3 * GIB)
+    # Priors, not fitted (every committed run has one GPU and two agent-loop workers), from the
+    # measured RSS of such processes in h200x1-ppo and verl-vs-deepspeed's run: an agent-loop
+    # worker (1.05-1.23 GiB), a trainer process (2.4-2.8 GiB) and a vLLM worker (1.9 GiB) for each
+    # GPU beyond the first. Counted at their RSS for both figures (an upper bound of their PSS).
+    agent_worker_bytes: int = round(1.2 * GIB)
+    extra_trainer_bytes: int = round(2.8 * GIB)
+    extra_vllm_worker_bytes: int = round(1.9 * GIB)
+    fitted_agent_workers: int = 2
+    fitted_from: tuple[str, ...] = (
+        "h200x1-ppo",
+        "h200x1-ppo-2",
+        "h200x1-ppo-3",
+        "h200x1-grpo",
+        "h200x1-grpo-24gib-cap32",
+        "h200x1-grpo-24gib-cap24-partial",
+        "h200x1-ppo-24gib-cap24-partial",
+        "h200x1-grpo-verl-example",
+        "failed/cap24-ppo-max-model-len",
+        "failed/cap24-grpo-max-model-len",
+    )
+
+
+@dataclass(frozen=True)
+class HostTerm:
+    name: str
+    bytes: int
+
+
+@dataclass
+class HostMoment:
+    name: str
+    base_rss: int
+    base_pss: int
+    terms: list[HostTerm]
+
+    @property
+    def state(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+    @property
+    def rss(self) -> int:
+        return self.base_rss + self.state
+
+    @property
+    def pss(self) -> int:
+        return self.base_pss + self.state
+
+    def dominant(self, k: int = 3) -> list[HostTerm]:
+        return sorted((t for t in self.terms if t.bytes), key=lambda t: -t.bytes)[:k]
+
+
+@dataclass
+class HostPlan:
+    """The predicted host RAM of one node at each moment: load, first sync, train, update_weights."""
+
+    moments: list[HostMoment]
+    cpu_backup_sync: bool  # verl's merged sync with its CPU copy of the base weights
+    backup_bytes: int  # that copy's size on the node (0: the config has no merged LoRA sync)
+    sleep_level: int  # vLLM's sleep level between generations (0: it never sleeps)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> HostMoment:
+        """The moment of the PSS peak: the figure to hold against the node's RAM."""
+        return max(self.moments, key=lambda m: m.pss)
+
+    @property
+    def rss_peak(self) -> HostMoment:
+        """The moment of the RSS peak (the monitor's 2 Hz figure; it counts shared pages again)."""
+        return max(self.moments, key=lambda m: m.rss)
+
+    def moment(self, name: str) -> HostMoment:
+        return next(m for m in self.moments if m.name == name)
+
+
+# ---- tensors ---------------------------------------------------------------------------------
+def _pow2(n: int) -> int:
+    """torch's caching host allocator: a pinned block is rounded up to the next power of two."""
+    return 1 << (n - 1).bit_length() if n > 1 else n
+
+
+def _shard(shape: tuple[int, int], n: int) -> int:
+    """Elements of one rank's FSDP2 shard: dim 0 split into n chunks, padded."""
+    rows, rest = shape
+    return -(-rows // n) * rest
+
+
+def base_tensors(a: Arch, critic: bool = False) -> list[tuple[int, int]]:
+    """(dim 0, elements per row) of every stored tensor of the Hugging Face model (or verl's
+    value model: the LM body plus a Linear(h, 1) score head with a bias)."""
+    h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
+    layer = [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f), (h, 1), (h, 1)]
+    if a.qkv_bias:
+        layer += [(q, 1), (kv, 1), (kv, 1)]
+    if a.o_bias:
+        layer += [(h, 1)]
+    if a.mlp_bias:
+        layer += [(f, 1), (f, 1), (h, 1)]
+    out = layer * a.layers + [(a.vocab, h), (h, 1)]
+    if critic:
+        out += [(1, h), (1, 1)]
+    elif not a.tie_embeddings:
+        out += [(a.vocab, h)]
+    return out
+
+
+def lora_tensors(a: Arch, role: Role) -> list[tuple[int, int]]:
+    """peft's A (r x in) and B (out x r) of every targeted projection."""
+    if role.lora_rank <= 0:
+        return []
+    per = []
+    for m in role.lora_targets:
+        din, dout = a.linear_shape(m)
+        per += [(role.lora_rank, din), (dout, role.lora_rank)]
+    return per * a.layers
+
+
+def _trainable(a: Arch, role: Role, critic: bool) -> list[tuple[int, int]]:
+    if role.lora_rank:
+        return lora_tensors(a, role) + ([(1, a.hidden), (1, 1)] if critic else [])
+    return base_tensors(a, critic)
+
+
+def _units(a: Arch, role: Role, critic: bool) -> list[int]:
+    """FSDP1 flat parameters (elements): one per decoder layer with its adapters, and the root."""
+    every = base_tensors(a, critic) + lora_tensors(a, role)
+    total = sum(r * c for r, c in every)
+    layer = a.layer_params() + a.lora_layer_params(role.lora_rank, role.lora_targets)
+    return [layer] * a.layers + [total - layer * a.layers]
+
+
+def _pinned(shapes: list[tuple[int, int]], nbytes: int, n: int) -> int:
+    return sum(_pow2(_shard(sh, n) * nbytes) for sh in shapes)
+
+
+def _exact(shapes: list[tuple[int, int]], nbytes: int, n: int) -> int:
+    return sum(_shard(sh, n) * nbytes for sh in shapes)
+
+
+def _vllm_tensors(a: Arch, tp: int) -> list[tuple[int, int]]:
+    """vLLM's fused weights on one TP rank (qkv and gate_up fused, column-parallel split on dim 0,
+    row-parallel o and down split on the input)."""
+    h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
+    layer = [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
+    head = [] if a.tie_embeddings else [(-(-a.vocab // tp), h)]
+    return layer * a.layers + [(-(-a.vocab // tp), h), (h, 1), *head]
+
+
+# ---- roles -----------------------------------------------------------------------------------
+def _forward_only(role: Role) -> bool:
+    return role.name == "ref"
+
+
+def _cpu_policy(role: Role) -> bool:
+    """FSDP2 with CPUOffloadPolicy: asked for, or forced on a forward-only reference."""
+    return role.backend == "fsdp" and role.fsdp2 and (role.offload_policy or _forward_only(role))
+
+
+def _resident(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
+    """Weights a role keeps on the host from the end of its build on."""
+    a, n, pb, who = s.arch, s.world, role.param_bytes, role.name
+    shapes = base_tensors(a, critic) + lora_tensors(a, role)
+    if role.backend == "megatron":
+        if not role.param_offload:
+            return []
+        stored = sum(r * c for r, c in shapes) * pb // (role.tp * role.pp)
+        return [HostTerm(f"{who} weights offloaded (Megatron, exact size)", stored)]
+    if _cpu_policy(role) or (role.fsdp2 and role.param_offload):
+        why = "offload policy" if _cpu_policy(role) else "param_offload"
+        return [HostTerm(f"{who} weights, pinned ({why})", _pinned(shapes, pb, n))]
+    if _forward_only(role):  # FSDP1 reference: CPUOffload pins the shard and a gradient buffer
+        blocks = sum(_pow2(-(-u // n) * pb) for u in _units(a, role, critic))
+        return [HostTerm(f"{who} weights and grad buffer, pinned (FSDP1 CPUOffload)", 2 * blocks)]
+    if role.param_offload:  # FSDP1: one flat parameter per unit
+        blocks = sum(_pow2(-(-u // n) * pb) for u in _units(a, role, critic))
+        return [HostTerm(f"{who} weights, pinned (FSDP1 param_offload)", blocks)]
+    return []
+
+
+def _optimizer(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
+    """Optimizer moments and gradients on the host once the first update has made them."""
+    if _forward_only(role):
+        return []
+    a, n, pb, who = s.arch, s.world, role.param_bytes, role.name
+    train = _trainable(a, role, critic)
+    if role.backend == "megatron":
+        if not role.optimizer_offload:
+            return []
+        dp = max(1, s.world // (role.tp * role.pp * role.cp))
+        elems = sum(r * c for r, c in train) // (role.tp * role.pp)
+        return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments)", elems * 12 // dp)]
+    if _cpu_policy(role):
+        return [
+            HostTerm(f"{who} Adam moments (CPU)", 2 * _exact(train, pb, n)),
+            HostTerm(f"{who} gradients, pinned (CPU)", _pinned(train, pb, n)),
+        ]
+    if role.optimizer_offload:
+        return [HostTerm(f"{who} Adam moments, pinned (optimizer_offload)", 2 * _pinned(train, pb, n))]
+    return []
+
+
+def _checkpoint_copy(s: Setup, role: Role, critic: bool) -> int:
+    """`from_pretrained` on the CPU: the whole model, once per FSDP group on node 0."""
+    if role.backend == "megatron":
+        return 0
+    copies = s.gpus_per_node if s.arch.tie_embeddings else 1
+    return copies * _exact(base_tensors(s.arch, critic), role.param_bytes, 1)
+
+
+def cpu_backup_sync(s: Setup, fixes_off: Iterable[str] = ()) -> bool:
+    """Whether the weight sync is verl's merged one with its CPU copy of every base weight."""
+    a = s.actor
+    if not (a.lora_rank and s.lora_merge and a.backend == "fsdp"):
+        return False
+    return MERGE_FIX in set(fixes_off) or not a.fsdp2  # the fix covers FSDP2 only
+
+
+def sleep_level(s: Setup) -> int:
+    """vLLM's sleep between generations (`vLLMHttpServer._resolve_sleep_level`, hybrid mode)."""
+    if not s.rollout.free_cache_engine:
+        return 0
+    return 1 if s.actor.lora_rank and not s.lora_merge else 2
+
+
+def plan_host(s: Setup, fixes_off: Iterable[str] = (), c: HostConstants | None = None) -> HostPlan:
+    """Predict the host RAM of node 0 at every moment of a run."""
+    c = c or HostConstants()
+    a, per_node = s.arch, s.gpus_per_node
+    notes: list[str] = []
+    extra = max(0, s.agent_workers - c.fitted_agent_workers) * c.agent_worker_bytes
+    roles = [(r, crit) for r, crit in ((s.critic, True), (s.ref_role if s.ref == "separate" else None, False)) if r]
+    roles.append((s.actor, False))
+
+    def node(terms: list[HostTerm]) -> list[HostTerm]:
+        return [HostTerm(t.name, t.bytes * per_node) for t in terms]
+
+    resident = {r.name: node(_resident(s, r, crit)) for r, crit in roles}
+    optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit))]
+    held = [t for r, _ in roles for t in resident[r.name]]
+
+    # load: the roles one after another; each holds its checkpoint copy while it builds
+    loads: list[list[HostTerm]] = []
+    done: list[HostTerm] = []
+    for role, crit in roles:
+        terms = [
+            *done,
+            HostTerm(f"{role.name} checkpoint copy (from_pretrained)", _checkpoint_copy(s, role, crit)),
+        ]
+        if _cpu_policy(role):
+            terms += resident[role.name]
+            shapes = base_tensors(a, crit) + lora_tensors(a, role)
+            copy = per_node * _exact(shapes, role.param_bytes, s.world)
+            terms.append(HostTerm(f"{role.name} load copy (set_model_state_dict)", copy))
+        loads.append(terms)
+        done += resident[role.name]
+    load = max(loads, key=lambda t: sum(x.bytes for x in t))
+
+    level = sleep_level(s)
+    vllm: list[HostTerm] = []
+    if level == 1:  # freed blocks stay in torch's host cache after wake-up: held from then on
+        w = _pinned(_vllm_tensors(a, s.rollout.tp), s.rollout.dtype_bytes, 1)
+        vllm = [HostTerm("vLLM weights, pinned (sleep level 1)", w * per_node)]
+    merged = bool(s.actor.lora_rank and s.lora_merge and s.actor.backend == "fsdp")
+    size = _exact(base_tensors(a), s.actor.param_bytes, s.world) * per_node if merged else 0
+    fused = cpu_backup_sync(s, fixes_off)
+    backup = [HostTerm("verl's merged sync: CPU copy of the base weights", size)] if fused else []
+    if s.backend == "megatron":
+        notes.append("Megatron: offloaded state counted at exact sizes; no Megatron run checks the host figure")
+    more = max(0, per_node - 1)
+    train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)
+    load_extra = more * c.extra_trainer_bytes
+    base_t = (c.base_train_rss + train_extra, c.base_train_pss + train_extra)
+    base_s = (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + train_extra)
+    base_l = (c.base_load_rss + load_extra, c.base_load_pss + load_extra)
+    moments = [
+        HostMoment("load", *base_l, load),
+        HostMoment("first sync", *base_s, held + vllm + backup),
+        HostMoment("train", *base_t, held + optim + vllm),
+        HostMoment("update_weights", *base_t, held + optim + vllm + backup),
+    ]
+    return HostPlan(moments, fused, size, level, notes)
+
+
+# ---- rendering -------------------------------------------------------------------------------
+def _g(b: int) -> str:
+    return f"{b / GIB:.1f}"
+
+
+def render_lines(hp: HostPlan) -> list[str]:
+    """The host block of `verl-recipes plan`."""
+    out = ["host RAM of node 0, PREDICTED (GiB; PSS, with RSS beside it; verl_recipes/plan/host.py):"]
+    for m in hp.moments:
+        terms = ", ".join(f"{t.name} {_g(t.bytes)}" for t in m.dominant(3)) or "no model state"
+        out.append(f"  {m.name:15s} {_g(m.pss):>6s} PSS {_g(m.rss):>6s} RSS  {terms}")
+    pk = hp.peak
+    if hp.cpu_backup_sync:
+        sync = f"verl's merged LoRA sync copies the base weights to the CPU ({_g(hp.backup_bytes)} GiB)"
+    elif hp.backup_bytes:
+        sync = f"out-of-place merged sync, no CPU copy (--verl-fix-off {MERGE_FIX}: +{_g(hp.backup_bytes)} GiB)"
+    else:
+        sync = "no merged LoRA sync"
+    rk = hp.rss_peak
+    out.append(
+        f"  peak: about {pk.pss / GIB:.0f} GiB PSS in {pk.name}, {rk.rss / GIB:.0f} GiB RSS in {rk.name}; "
+        f"vLLM sleep level {hp.sleep_level}; {sync}"
+    )
+    out += [f"  note: {n}" for n in hp.notes]
+    return out
+
+
+def host_json(hp: HostPlan) -> dict[str, object]:
+    return {
+        "predicted": True,
+        "peak_moment": hp.peak.name,
+        "peak_pss_bytes": hp.peak.pss,
+        "peak_rss_moment": hp.rss_peak.name,
+        "peak_rss_bytes": hp.rss_peak.rss,
+        "cpu_backup_sync": hp.cpu_backup_sync,
+        "merged_sync_backup_bytes": hp.backup_bytes,
+        "vllm_sleep_level": hp.sleep_level,
+        "moments": {
+            m.name: {
+                "pss_bytes": m.pss,
+                "rss_bytes": m.rss,
+                "base_pss_bytes": m.base_pss,
+                "base_rss_bytes": m.base_rss,
+                "terms": [{"name": t.name, "bytes": t.bytes} for t in m.terms if t.bytes],
+            }
+            for m in hp.moments
+        },
+        "notes": hp.notes,
+    }
+
+
+# ---- the host this runs on -------------------------------------------------------------------
+def host_ram_warning(what: str, need: int, total: int | None = None) -> str | None:
+    """`N GiB total; WHAT needs about M GiB (...)` when this host has less RAM than the planner's
+    PSS peak for WHAT, else None. Callers print it after `WARN host-ram`.
+
+    `total` defaults to psutil's MemTotal. A warning, never a refusal: the figure is a prediction,
+    and some VMs grow MemTotal as memory is used (a balloon driver; gpu/offline-host.sh turns Ray's
+    memory monitor off for that reason), so a small total at start does not prove that the run
+    cannot get the memory later.
+    """
+    if total is None:
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+    if total >= need:
+        return None
+    return (
+        f"{total / GIB:.1f} GiB total; {what} needs about {need / GIB:.0f} GiB "
+        "(planner, PSS peak; see verl-recipes plan)"
+    )
+
+
+def run_label(recipe_id: str, variants: Iterable[str] = (), sets: Iterable[str] = ()) -> str:
+    """`7b-lora --variant 24gib --set k=v`: the run the figure is for, as the user typed it."""
+    return " ".join([recipe_id, *(f"--variant {v}" for v in variants), *(f"--set {x}" for x in sets)])
