@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.gpus import GIB
 from verl_recipes.plan.host import (
@@ -26,6 +25,7 @@ from verl_recipes.plan.host import (
 from verl_recipes.plan.host_runs import fixes_off, host_rows
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.model import Arch
+from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.worker.verl_fixes import FIXES
 
 MIB, KIB = 1024**2, 1024
