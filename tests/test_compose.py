@@ -72,3 +72,33 @@ def test_show_prints_the_whole_config(capsys: pytest.CaptureFixture[str]) -> Non
     loaded = OmegaConf.create(out)
     assert loaded.trainer.experiment_name == "13b-fsdp"
     assert len(out.splitlines()) > 500
+
+
+def test_one_gpu_variant_passes_verls_own_checks(tmp_path: Path) -> None:
+    """`train 70b-3d --variant tp1pp1 --gpus 1 --layers 2` composes a layout verl 0.9.1 accepts (the
+    check its `main_ppo` runs before Ray starts, and its Megatron engine configs); the recipe's own
+    TP4 x PP2 on one GPU is refused by that same check, which is why the truncated runs need the variant."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl_recipes.recipe.run_config import launcher_settings
+    from verl_recipes.workload import synth
+    from verl_recipes.workload.arch import resolve_arch
+
+    # What verl's model config reads from the checkpoint folder: config.json and the tokenizer.
+    config = synth.hf_config(synth.shape_config(resolve_arch("llama-2-70b"), 2))
+    synth.build_tokenizer(config).save_pretrained(tmp_path)
+    config.save_pretrained(tmp_path)
+    recipe = get_recipe("70b-3d")
+    extra = launcher_settings(recipe, tmp_path, Path("/d"), tmp_path / "run", 3, 1, 1)
+    cfg = compose_recipe(recipe, ["tp1pp1"], extra=extra)
+    assert need_critic(cfg) and not need_reference_policy(cfg)
+    validate_config(cfg, use_reference_policy=False, use_critic=True)
+    for node in (cfg.actor_rollout_ref.actor.megatron, cfg.critic.megatron):
+        engine = omega_conf_to_dataclass(node)
+        assert (engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size) == (1, 1)
+        assert engine.sequence_parallel is False  # verl turns it off at TP1
+        assert engine.override_transformer_config["attention_backend"] == "fused"
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    plain = compose_recipe(recipe, [], extra=extra)
+    with pytest.raises(AssertionError, match=r"n_gpus \(1\) must be divisible by model_parallel_size \(8\)"):
+        validate_config(plain, use_reference_policy=False, use_critic=True)

@@ -36,10 +36,32 @@ def _plan_sets(name: str) -> list[str]:
 
 
 TP2, PP2 = _plan_sets("70b-tp2-l2"), _plan_sets("70b-pp2-l2")
+ONE_GPU = CAMPAIGN.with_name("70b-tp1.txt")
+
+
+def _one_gpu_runs() -> dict[int, tuple[list[str], int, list[str]]]:
+    """Layers -> (variants, GPUs, `--set`s) of the one-GPU campaign's runs as the recipe has them
+    (its fallback line, with another offload layout, is not one of the depths the fit reads)."""
+    out = {}
+    for raw in ONE_GPU.read_text().splitlines():
+        if raw.startswith("#") or not raw.strip() or raw.split("|")[2].startswith("!"):
+            continue
+        words = shlex.split(raw.split("|", 3)[3])
+        flags = list(zip(words[1::2], words[2::2], strict=True))  # `70b-3d --flag value ...`
+        one = dict(flags)
+        variants = [v for k, v in flags if k == "--variant"]
+        out[int(one["--layers"])] = (variants, int(one["--gpus"]), [v for k, v in flags if k == "--set"])
+    return out
 
 
 def _make_run(
-    where: Path, layers: int, sets: list[str], offset_gib: float, per_layer_factor: float
+    where: Path,
+    layers: int,
+    sets: list[str],
+    offset_gib: float,
+    per_layer_factor: float,
+    variants: list[str] | None = None,
+    gpus: int = 2,
 ) -> tuple[Path, dict[str, int]]:
     """A run folder as `verl-recipes train` + `report` leave it, whose 'measured' peaks are the
     planner's plus `offset_gib` plus `per_layer_factor - 1` times the planner's per-layer part."""
@@ -53,8 +75,8 @@ def _make_run(
     run = where / f"l{layers}"
     run.mkdir(parents=True)
     recipe = get_recipe("70b-3d")
-    extra = launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, 2, 1)
-    cfg = compose_recipe(recipe, [], sets, extra=extra)
+    extra = launcher_settings(recipe, Path("/m"), Path("/d"), run, 3, gpus, 1)
+    cfg = compose_recipe(recipe, variants or [], sets, extra=extra)
     (run / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     model_cfg = json.loads((ARCHS_DIR / "llama-2-70b" / "config.json").read_text())
     model_cfg["num_hidden_layers"] = layers
@@ -113,6 +135,37 @@ def test_an_offset_and_a_per_layer_error_carry_to_full_depth(tmp_path: Path) -> 
         assert tp2[ph] == pytest.approx(want, rel=1e-3), ph
         assert result["predicted_gib"][ph] == pytest.approx(max(v[ph] for v in result["per_layout_gib"].values()))
     assert result["fits"] == (max(result["predicted_gib"].values()) * GIB <= gpu.visible_bytes)
+
+
+def test_the_one_gpu_campaign_gives_three_depths_and_a_residual(tmp_path: Path) -> None:
+    """The depths gpu/campaigns/70b-tp1.txt runs (TP1 x PP1 on one GPU), made up as the planner plus
+    2 GiB plus 10% per layer: one layout, three depths, so the fit has a residual (none here: made-up
+    runs lie on their line), and the calibration carries to the 80-layer target as with two layouts."""
+    runs = _one_gpu_runs()
+    assert sorted(runs) == [1, 2, 4]
+    made = [_make_run(tmp_path, n, sets, 2.0, 1.1, variants, gpus)[0] for n, (variants, gpus, sets) in runs.items()]
+    _, target, _ = load_setup("70b-3d", [], [])
+    gpu = parse_gpu("h100-80g")
+    result, fits = predict(target, gpu, made)
+    assert len(fits) == 1 and fits[0].depths == [1, 2, 4] and "TP1 PP1 CP1 x 1 GPUs, vLLM TP1" in fits[0].layout
+    full = _planned_peaks(target, gpu, Constants())
+    half = _planned_peaks(_with_layers(target, 40), gpu, Constants())
+    for ph in ("update_actor", "update_critic", "values"):
+        assert fits[0].residual_gib[ph] == pytest.approx(0.0, abs=0.01), ph
+        per_layer = (full[ph] - half[ph]) / 40
+        want = (full[ph] - 80 * per_layer + 2.0 * GIB + 1.1 * 80 * per_layer) / GIB
+        assert result["predicted_gib"][ph] == pytest.approx(want, rel=1e-3), ph
+
+
+def test_plan_takes_the_launchers_gpus_and_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2` plans the run `train` makes with the same
+    flags: one GPU, two layers (the campaign header quotes these predictions)."""
+    assert main(["plan", "70b-3d", "--variant", "tp1pp1", "--gpus", "1", "--layers", "2", "--gpu", "h200-141g"]) == 0
+    out = capsys.readouterr().out
+    assert "at 2 layer(s)" in out and "2 layers, h=8192" in out
+    assert "Megatron TP1 x PP1 x CP1 x DP1 (1 node(s) x 1)" in out and "h200-141g: fits" in out
+    with pytest.raises(RecipeError, match="--layers 0"):
+        load_setup("70b-3d", ["tp1pp1"], [], layers=0)
 
 
 def test_written_file_is_marked_predicted_and_validate_refuses_it(

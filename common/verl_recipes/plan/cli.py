@@ -2,11 +2,13 @@
 
     verl-recipes plan 7b-lora --variant 24gib --gpu a10g-24g --gpu 24GiB
     verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
+    verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
     verl-recipes plan --validate [--tolerance 0.10] [--allow-empty]
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100-80gx32.yaml
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
-recipe's deltas and variants, the recipe's GPU count, then `--set`); a path is a file of deltas
+recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; `--layers` truncates the
+model as `train --layers` does); a path is a file of deltas
 on verl's `ppo_trainer` (or `--config-name`). The model's config.json comes from the recipe, or
 `--arch` (a bundled name or a path), or `actor_rollout_ref.model.path`/config.json.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     )
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--arch", help="bundled arch name or path to a config.json (for a config path)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        help="GPUs on one node, as `train --gpus N` runs it (a scaled-down run; default: the recipe's layout)",
+    )
+    p.add_argument("--layers", type=int, help="the model truncated to this many layers, as `train --layers N` makes it")
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
     p.add_argument("--tokens-per-s", type=float, help="whole-job tokens/s, for a cost estimate per step")
     p.add_argument("--provider", help="price this provider's offer (validation/prices.yaml) instead of the cheapest")
@@ -77,9 +85,16 @@ def _arch_from(spec: str) -> Arch:
 
 
 def load_setup(
-    target: str, variants: list[str], sets: list[str], arch: str | None = None, config_name: str | None = None
+    target: str,
+    variants: list[str],
+    sets: list[str],
+    arch: str | None = None,
+    config_name: str | None = None,
+    layers: int | None = None,
+    gpus: int | None = None,
 ) -> tuple[str, Setup, Any]:
-    """(label, Setup, recipe or None) for a recipe id or a deltas file."""
+    """(label, Setup, recipe or None) for a recipe id or a deltas file; `gpus` is train's --gpus
+    (that many GPUs on one node), `layers` truncates the model."""
     from verl_recipes.recipe.compose import compose_file
     from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.recipe.run_config import compose_run, gpu_layout
@@ -105,12 +120,20 @@ def load_setup(
                     f"{target}: no config.json at actor_rollout_ref.model.path ({model}); pass --arch NAME|config.json"
                 )
             a = Arch.from_file(cand)
-        return str(path), setup_from_config(cfg, a), None
+        return str(path), setup_from_config(cfg, _truncated(a, layers)), None
     recipe = get_recipe(target)
-    cfg = compose_run(recipe, variants, sets, gpu_layout(recipe))
+    cfg = compose_run(recipe, variants, sets, gpu_layout(recipe, gpus))
     a = _arch_from(arch) if arch else Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json")
-    label = recipe.id + "".join(f" +{v}" for v in variants)
-    return label, setup_from_config(cfg, a), recipe
+    label = recipe.id + "".join(f" +{v}" for v in variants) + (f" at {layers} layer(s)" if layers else "")
+    return label, setup_from_config(cfg, _truncated(a, layers)), recipe
+
+
+def _truncated(a: Arch, layers: int | None) -> Arch:
+    if layers is None:
+        return a
+    if layers < 1:
+        raise RecipeError(f"--layers {layers}: give at least 1")
+    return replace(a, layers=layers)
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -328,7 +351,11 @@ def run(args: argparse.Namespace) -> int:
         return main_validate(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
         raise RecipeError("give a recipe id or a config.yaml path (or --validate)")
-    label, s, recipe = load_setup(args.target, args.variant, args.sets, args.arch, args.config_name)
+    if args.gpus is not None and args.gpus < 1:
+        raise RecipeError(f"--gpus {args.gpus}: give at least 1")
+    label, s, recipe = load_setup(
+        args.target, args.variant, args.sets, args.arch, args.config_name, args.layers, gpus=args.gpus
+    )
     if args.from_layers:
         return _from_layers(args, s)
     if args.write:
