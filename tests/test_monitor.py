@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from verl_recipes.measure.monitor import Monitor, classify
+from verl_recipes.measure.monitor import Monitor, _due, classify
 from verl_recipes.rundir import RUN_DIR_ENV, read_jsonl
 from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
 
@@ -206,8 +206,24 @@ def test_sampler_overhead(tmp_path: Path) -> None:
     hosted = [s for s in _samples(tmp_path) if "host" in s]
     assert max(len(s["host"]["pids"]) for s in hosted) == 60
     assert mon.samples >= 0.9 * wall / 0.1  # the device path at ~10 Hz
-    assert len(hosted) >= 0.9 * wall / 0.5  # host RSS at ~2 Hz
+    span = hosted[-1]["t"] - hosted[0]["t"]
+    assert len(hosted) >= 0.9 * span / 0.5 + 1  # host RSS at ~2 Hz while the loop runs
     assert share < 0.01
+
+
+def test_periodic_readings_keep_their_cadence_on_late_ticks() -> None:
+    """A 10 Hz loop whose ticks land 1-9 ms late still reads the 0.5 s parts twice a second, and a
+    stall restarts the cadence instead of firing a burst of catch-up readings."""
+    due, fired, t = -1e18, [], 100.0
+    for i in range(200):  # 20 s of ticks, each 0.1 s plus a late landing
+        t += 0.1 + 0.001 * (1 + i % 9)
+        now, due = _due(t, due, 0.5)
+        if now:
+            fired.append(t)
+    span = fired[-1] - fired[0]
+    assert len(fired) == pytest.approx(span / 0.5 + 1, abs=1)
+    now, due = _due(fired[-1] + 5.0, due, 0.5)  # a 5 s stall: one reading, then half a second's rest
+    assert now and not _due(fired[-1] + 5.1, due, 0.5)[0] and _due(fired[-1] + 5.5, due, 0.5)[0]
 
 
 # A process with tens of thousands of memory mappings: /proc/PID/smaps_rollup walks every one, which

@@ -375,6 +375,20 @@ def _smaps(pid: int) -> tuple[int, int]:
     return uss, pss
 
 
+def _due(mono: float, due_at: float, period: float) -> tuple[bool, float]:
+    """Whether a periodic reading is due at `mono`, and when the next one is due.
+
+    The next reading is due one period after this one was due, not after the tick that took it:
+    the sampling loop's ticks land a little late, and counting the period from a late tick let a
+    0.5 s reading slip to every 0.6 s. After a stall longer than a period the cadence restarts from
+    now rather than catching up in a burst.
+    """
+    if mono < due_at:
+        return False, due_at
+    nxt = due_at + period
+    return True, nxt if nxt > mono else mono + period
+
+
 class Monitor:
     """Sample GPUs and the host into DIR/samples.jsonl from a background thread.
 
@@ -408,7 +422,7 @@ class Monitor:
         self._full_gap = full_mem_s  # grows with the measured cost of a USS/PSS read
         self.full_reads = 0
         self.host_s, self.procs_s = host_s, procs_s
-        self._last_host = self._last_procs = -1e18
+        self._host_due = self._procs_due = -1e18
         marker = run_marker(self.out_dir)
         self.procs = _ProcSet(root_pid, marker)
         self.nvml = _Nvml()
@@ -461,9 +475,7 @@ class Monitor:
                 self._last_env = mono
         c1 = time.thread_time()
         self._charge("tree", c1 - c0)
-        procs_too = mono - self._last_procs >= self.procs_s
-        if procs_too:
-            self._last_procs = mono
+        procs_too, self._procs_due = _due(mono, self._procs_due, self.procs_s)
         gpus = self.nvml.sample(procs_too) if self.nvml.handles else []
         for g in gpus:
             for p in g.get("procs", ()):
@@ -471,8 +483,8 @@ class Monitor:
         c2 = time.thread_time()
         self._charge("nvml_procs" if procs_too else "nvml_total", c2 - c1)
         rec: dict[str, Any] = {"kind": "sample", "t": now, "gpus": gpus}
-        if mono - self._last_host >= self.host_s:
-            self._last_host = mono
+        host_too, self._host_due = _due(mono, self._host_due, self.host_s)
+        if host_too:
             full = mono - self._last_full >= self._full_gap
             if full:
                 self._last_full = mono
