@@ -150,8 +150,24 @@ def _sel(cfg: Any, key: str, default: Any = None, required: bool = True) -> Any:
     if val is None:
         return default
     if OmegaConf.is_config(val):
-        return OmegaConf.to_container(val, resolve=True)
+        val = OmegaConf.to_container(val, resolve=True)
+    if default is not None and not _same_kind(val, default):
+        raise RecipeError(f"{key}={val!r}: must be {_KINDS[type(default)]}, like verl's default {default!r}")
     return val
+
+
+_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def _same_kind(val: Any, default: Any) -> bool:
+    """A value the planner can read where `default` is read: bools stay bools, numbers numbers."""
+    if isinstance(default, bool):
+        return isinstance(val, bool)
+    if isinstance(default, int):
+        return isinstance(val, int) and not isinstance(val, bool)
+    if isinstance(default, float):
+        return isinstance(val, int | float) and not isinstance(val, bool)
+    return True
 
 
 def _dtype_bytes(name: Any, key: str) -> int:
@@ -164,7 +180,7 @@ def _dtype_bytes(name: Any, key: str) -> int:
 def _targets(raw: Any, key: str) -> tuple[str, ...]:
     if raw in (None, "all-linear", "all_linear"):
         return LORA_MODULES
-    items = [raw] if isinstance(raw, str) else list(raw)
+    items = list(raw) if isinstance(raw, list | tuple) else [raw]
     out: list[str] = []
     for t in items:
         t = str(t)
@@ -343,7 +359,7 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
     name = _sel(cfg, f"{r}.name", "vllm")
     if str(name) not in ("vllm", "None"):
         notes.append(f"rollout.name={name}: the rollout is modelled as vLLM")
-    max_model_len = _sel(cfg, f"{r}.max_model_len", None)
+    max_model_len = _pos_int(cfg, f"{r}.max_model_len")
     rollout = Rollout(
         tp=int(_sel(cfg, f"{r}.tensor_model_parallel_size", 1)),
         dp=int(_sel(cfg, f"{r}.data_parallel_size", 1)),
@@ -368,10 +384,10 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
         arch=arch,
         nnodes=int(_sel(cfg, "trainer.nnodes", 1)),
         gpus_per_node=int(_sel(cfg, "trainer.n_gpus_per_node", 8)),
-        train_batch_size=int(_sel(cfg, "data.train_batch_size")),
-        prompt_len=int(_sel(cfg, "data.max_prompt_length")),
-        response_len=int(_sel(cfg, "data.max_response_length")),
-        ppo_mini_batch_size=int(_sel(cfg, f"{a}.ppo_mini_batch_size")),
+        train_batch_size=int(_sel(cfg, "data.train_batch_size", 0)),
+        prompt_len=int(_sel(cfg, "data.max_prompt_length", 0)),
+        response_len=int(_sel(cfg, "data.max_response_length", 0)),
+        ppo_mini_batch_size=int(_sel(cfg, f"{a}.ppo_mini_batch_size", 0)),
         actor=actor,
         rollout=rollout,
         critic=critic,
