@@ -1,13 +1,18 @@
 """`verl-recipes train`: run a recipe with verl's own trainer, or rehearse it on a CPU.
 
-With a GPU it composes the recipe against verl's Hydra config, makes (or takes) the model and
-dataset, and starts ``python -m verl.trainer.main_ppo`` on the saved, fully composed config
-under the NVML monitor, with provenance, phase attribution and a report in one run folder.
+Both paths compose the recipe against verl's Hydra config and run one pre-flight on the job as
+it will run (`verl_recipes.preflight`) before anything is made or written, so what a GPU host
+would refuse, the rehearsal refuses, with the same line. The user's `--model` and `--data` are
+read, never written (`verl_recipes.userpaths`), and a `--run-dir` is new, empty, or resumed.
 
-Without a GPU it rehearses everything a CPU can check: install verification, composition
-against verl's real config schema, the memory plan, the synthetic model (tiny) loading in
-transformers, the dataset loading in verl's RLHFDataset, and the exact command a GPU host
-would run; then it says plainly that training needs a GPU and exits 0.
+With a GPU it then makes (or takes) the model and dataset, and starts
+``python -m verl.trainer.main_ppo`` on the saved, fully composed config under the NVML monitor,
+with provenance, phase attribution and a report in one run folder.
+
+Without a GPU it rehearses everything a CPU can check: install verification, the pre-flight, the
+model (a tiny synthetic one unless `--model`) loading in transformers, the dataset loading in
+verl's RLHFDataset, and the exact command a GPU host would run; then it says plainly that
+training needs a GPU and exits 0.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launcher reaches them through
 Ray's ``worker_process_setup_hook`` (`verl_recipes.hooks.setup`) and environment variables.
@@ -65,7 +70,11 @@ def ensure_model(
 
 
 def ensure_dataset(out: Path | None) -> Path:
-    path = out or _cache_dir() / "data" / "arith"
+    """The user's folder as given (checked up front, never written into), else the embedded
+    dataset, made once in the cache."""
+    if out is not None:
+        return out
+    path = _cache_dir() / "data" / "arith"
     if (path / "train.parquet").is_file() and (path / "test.parquet").is_file():
         return path
     _run([*CLI, "dataset", "--out", str(path)], "dataset")
@@ -112,25 +121,15 @@ def preflight_fit(cfg: Any, model: Path, budget_gib: float, label: str) -> None:
 
     The planner (`verl_recipes.plan`) is validated against the committed runs
     (`verl-recipes plan --validate`); its best knob is named so the user knows what to change.
+    `preflight.fit` is the check itself, shared with the CPU rehearsal.
     """
-    from verl_recipes.plan.gpus import parse_gpu
     from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.knobs import helpful
     from verl_recipes.plan.model import Arch
-    from verl_recipes.plan.phases import plan_gpu
+    from verl_recipes.preflight import Budget, fit
 
     setup = setup_from_config(cfg, Arch.from_file(model / "config.json"))
-    gpu = parse_gpu(f"{budget_gib:.2f}GiB")
-    plan = plan_gpu(setup, gpu)
-    if plan.fits:
-        print(f"plan: fits {label} ({budget_gib:.1f} GiB): peak {plan.peak.phase} {plan.peak.total / GIB:.1f} GiB")
-        return
-    tips = helpful(setup, gpu)
-    tip = f"; try {' '.join('--set ' + x for x in tips[0].knob.sets)}" if tips else ""
-    raise RecipeError(
-        f"predicted not to fit {label} ({budget_gib:.1f} GiB): {plan.problems[0]}{tip} "
-        "(`verl-recipes plan` explains; --force runs anyway)"
-    )
+    for msg in fit(setup, [Budget(f"{budget_gib:.2f}GiB", label)], force=False):
+        print(msg)
 
 
 def _gpu_info() -> tuple[int, float]:
@@ -141,7 +140,7 @@ def _gpu_info() -> tuple[int, float]:
     return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
 
 
-def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, reason: str) -> int:
+def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, reason: str, verdict: list[str]) -> int:
     """Everything a CPU can check, then a plain statement that training needs a GPU."""
     from omegaconf import OmegaConf
 
@@ -153,9 +152,10 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
     )
-    print("== 3/5 memory plan")
-    _run([*CLI, "plan", recipe.id, *[x for v in args.variant for x in ("--variant", v)]], "plan", check=False)
-    print("== 4/5 synthetic model (tiny on CPU) and dataset")
+    print("== 3/5 pre-flight (the same checks a GPU host runs before it starts verl)")
+    for line in verdict:
+        print(f"   {line}")
+    print("== 4/5 model (a tiny synthetic one on CPU unless --model) and dataset")
     model = Path(cfg.actor_rollout_ref.model.path)
     data = Path(cfg.data.train_files).parent
     _check_model_and_data(model, data, cfg)
@@ -190,18 +190,17 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
+    from verl_recipes import preflight, userpaths
+
     recipe = get_recipe(args.recipe)
     variants = args.variant
-    if args.model and not (args.model / "config.json").is_file():
-        raise RecipeError(f"--model {args.model}: no config.json there; point it at a Hugging Face checkpoint folder")
-    if args.data and not (args.data / "train.parquet").is_file():
-        raise RecipeError(
-            f"--data {args.data}: no train.parquet there; write one with `verl-recipes dataset --out DIR`"
-        )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = "-".join([recipe.id, *variants]) + ("-smoke" if args.smoke else "")
     run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # What the user gives is read, never written; what this writes is new, empty or its own.
+    if args.data:
+        userpaths.check_data_dir(args.data)
+    resume = userpaths.check_run_dir(run_dir, args.resume)
 
     n_gpus, gpu_gib = _gpu_info()
     # --gpus N: a scaled-down run on this one node (e.g. a truncated 70B on 2 GPUs), whatever the
@@ -210,8 +209,13 @@ def run(args: argparse.Namespace) -> int:
     need = args.gpus or (1 if args.smoke else recipe.gpus.count) * recipe.gpus.nodes
     per_node = min(need, n_gpus) if n_gpus else need // recipe.gpus.nodes
     gpu_ok = n_gpus > 0 and n_gpus >= per_node
-    if args.rehearse or not gpu_ok:
+    rehearsing = args.rehearse or not gpu_ok
+    if rehearsing:
         per_node = args.gpus or (1 if args.smoke else recipe.gpus.count)
+    elif args.gpu:
+        raise RecipeError(
+            "--gpu names the GPU a rehearsal plans for; this host trains on its own: drop it, or --rehearse"
+        )
 
     env = dict(os.environ)
     cap_scale = None
@@ -228,15 +232,35 @@ def run(args: argparse.Namespace) -> int:
     # Compose once before anything is made, so a typo in a key fails in seconds, not after a 7B
     # checkpoint has been written; the paths are filled in again below once they exist.
     model = args.model or Path("/nonexistent/model-made-at-launch")
-    data = args.data or _cache_dir() / "data" / "arith"
+    ours = _cache_dir() / "data" / "arith"
+    data = args.data or ours
     extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     runtime_env = _open_runtime_env(cfg)
+
+    # The pre-flight, the same for the rehearsal and the GPU launch: the job as it will run.
+    layers = recipe.smoke.layers if args.smoke else args.layers
+    scale = recipe.smoke.scale if args.smoke else "full-width"
+    arch = args.arch or recipe.model.arch
+    arch_cfg, source = preflight.model_config(args.model, arch, layers, scale)
+    if args.model_out and not args.model:
+        made = (recipe.smoke.layers, "tiny") if rehearsing else (layers, scale)
+        full = preflight.model_config(None, arch, made[0], made[1])[0]["num_hidden_layers"]
+        userpaths.check_model_out(args.model_out, arch, int(full), made[1])
+    if rehearsing:
+        budgets = [preflight.Budget(args.gpu, args.gpu)] if args.gpu else None
+    else:
+        label = "the --cap-gib budget" if args.cap_gib else "this GPU"
+        budgets = [preflight.Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label)]
+    verdict = preflight.check(cfg, arch_cfg, source, ours, budgets, args.force, args.model is not None)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "verl_config.yaml"
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", "verl_config"]
-    (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+    if not resume:
+        (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
 
-    if args.rehearse or not gpu_ok:
+    if rehearsing:
         reason = (
             "--rehearse was given"
             if args.rehearse
@@ -244,34 +268,44 @@ def run(args: argparse.Namespace) -> int:
         )
         if not args.model:
             model = ensure_model(recipe, recipe.smoke.layers, "tiny", "cpu", args.model_out, args.arch)
-            extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, nnodes)
-            cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
-            _open_runtime_env(cfg)
-        OmegaConf.save(cfg, cfg_path)
-        return rehearse(recipe, args, cfg, run_dir, reason)
+        extra = launcher_settings(recipe, model, ensure_dataset(args.data), run_dir, args.steps, per_node, nnodes)
+        cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
+        _open_runtime_env(cfg)
+        if resume:
+            verdict.append(f"--resume: {run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
+        else:
+            OmegaConf.save(cfg, cfg_path)
+        return rehearse(recipe, args, cfg, run_dir, reason, verdict)
 
+    for msg in verdict:
+        print(msg)
     # A GPU host: check the install and the host first (driver, CUDA, NCCL, versions, /dev/shm),
     # then make what is missing, then train under the monitor.
     if not args.skip_verify:
         gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
         _run([*CLI, "verify", "--recipe", recipe.id, *gpus_arg], "verify (pass --skip-verify to run anyway)")
     if not args.model:
-        layers = recipe.smoke.layers if args.smoke else args.layers
-        scale = recipe.smoke.scale if args.smoke else "full-width"
         model = ensure_model(recipe, layers, scale, "cuda", args.model_out, args.arch)
     data = ensure_dataset(args.data)
     extra = launcher_settings(recipe, model, data, run_dir, args.steps, per_node, nnodes)
     cfg = compose_recipe(recipe, variants, args.sets, extra=extra)
     _open_runtime_env(cfg)
     vllm_util = None
-    if not args.force:
-        # Before anything starts: the plan for the card (or the cap) it is meant for.
-        preflight_fit(cfg, model, args.cap_gib or gpu_gib, "the --cap-gib budget" if args.cap_gib else "this GPU")
     if cap_scale is not None:
         rollout = cfg.actor_rollout_ref.rollout
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
         rollout.gpu_memory_utilization = vllm_util
-    OmegaConf.save(cfg, cfg_path)
+    if resume:
+        if cfg_path.read_text() != OmegaConf.to_yaml(cfg):
+            raise RecipeError(
+                f"--resume: the job differs from the one in {cfg_path}; resume with the same arguments "
+                "or pass a new --run-dir"
+            )
+        aside = userpaths.set_aside(run_dir)
+        if aside:
+            print(f"--resume: the earlier attempt's log and measurements are in {aside}")
+    else:
+        OmegaConf.save(cfg, cfg_path)
 
     env.update(
         {
@@ -382,6 +416,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--gpus", type=int, help="GPUs per node to use (default: the recipe's)")
+    p.add_argument(
+        "--gpu",
+        metavar="ID|NGiB",
+        help="rehearsal: the GPU the job is for (a planner catalogue id or a size like 24GiB); "
+        "default: refuse only a job that fits no GPU the planner knows",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="--run-dir may hold a run of the same job: continue it from its checkpoints (Slurm requeue)",
+    )
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
     p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
     p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")
