@@ -1127,8 +1127,46 @@ def cmd_reap(args: argparse.Namespace) -> int:
             break
     shutil.rmtree(tmp, ignore_errors=True)
     left = f"{len(pids)} would not die" if pids else "nothing left"
+    ending = wait_stepds(args.job, os.environ.get("SLURM_STEP_ID"), args.wait)
+    if ending:
+        left += f"; step(s) {', '.join(ending)} still ending after {args.wait:.0f}s"
     print(f"ray-slurm: reap on {socket.gethostname()}: {left}", flush=True)
     return 0 if not pids else 1
+
+
+def stepds(job: str, own: str | None) -> list[str]:
+    """This job's steps whose slurmstepd still runs on this host (`slurmstepd: [JOB.STEP]`), the
+    batch and extern steps and this step aside."""
+    title = re.compile(rf"^slurmstepd: \[{re.escape(job)}\.(\d+)\]")
+    steps = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            m = title.match((d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"))
+        except OSError:
+            continue
+        if m and m.group(1) != own:
+            steps.append(f"{job}.{m.group(1)}")
+    return sorted(set(steps))
+
+
+def wait_stepds(job: str, own: str | None, seconds: float) -> list[str]:
+    """Wait until no other step of this job has a slurmstepd on this host; returns those left.
+
+    Slurm drops a step once its tasks exit, but its slurmstepd ends only after every process of
+    the step has (for a Ray node, seconds after `ray start` returns). A job requeued before then
+    runs again beside the old slurmstepds, under the same step ids (a requeued run numbers its
+    steps from 0 again), and the old ones, ending, take the new steps' place: the rerun fails. So
+    the teardown's reap, on every node, returns only once they are gone, and the launcher
+    requeues after it.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        left = stepds(job, own)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -1186,6 +1224,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reap", help="(in a step) kill what is left of this job's Ray on this node")
     p.add_argument("--temp-dir", required=True)
     p.add_argument("--job", required=True)
+    p.add_argument("--wait", type=float, default=40.0, help="seconds to wait for the job's other steps to end")
     p.set_defaults(func=cmd_reap)
 
 
