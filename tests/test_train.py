@@ -90,10 +90,18 @@ def test_a_data_folder_without_test_parquet_is_refused_and_left_as_it_was(
     pd.DataFrame(_user_rows(16)).to_parquet(data / "train.parquet", index=False)
     before = (data / "train.parquet").read_bytes()
     err = _refused(["7b-lora", "--data", str(data), "--run-dir", str(tmp_path / "run")], capsys)
-    assert "no test.parquet" in err and "nothing is written into your folder" in err
+    assert f"data.val_files: {data / 'test.parquet'}: no such file" in err
+    assert "--set data.val_files=FILE (nothing is written into your folder)" in err
     assert [p.name for p in data.iterdir()] == ["train.parquet"]
     assert (data / "train.parquet").read_bytes() == before
     assert not (tmp_path / "run").exists()
+    # What the line says to do works, and still writes nothing into the folder.
+    val = tmp_path / "val.parquet"
+    pd.DataFrame(_user_rows(4)).to_parquet(val, index=False)
+    args = ["7b-lora", "--data", str(data), "--set", f"data.val_files={val}", "--run-dir", str(tmp_path / "run")]
+    assert main(["train", *args]) == 0, capsys.readouterr().err[-2000:]
+    assert "16 rows in verl's RLHFDataset" in capsys.readouterr().out
+    assert [p.name for p in data.iterdir()] == ["train.parquet"] and (data / "train.parquet").read_bytes() == before
 
 
 def test_a_run_folder_that_holds_a_run_is_refused_and_left_as_it_was(

@@ -51,22 +51,29 @@ def model_config(model: Path | None, arch: str, layers: int | None, scale: str) 
     return shape_config(resolve_arch(arch), layers, scale), f"{arch} ({scale}, {layers or 'all'} layers)"
 
 
+VAL_MISSING = (
+    "add a test.parquet (verl's validation set) in the same layout next to train.parquet, or pass "
+    "--set data.val_files=FILE (nothing is written into your folder)"
+)
+
+
 def check_data(cfg: Any, ours: Path) -> None:
-    """The data files the config names, unless they are the embedded dataset under `ours`."""
+    """The data files the config names, unless they are the embedded dataset under `ours` (made
+    when missing) or remote (verl copies those in; this host cannot look)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.userpaths import check_parquet
+    from verl_recipes.userpaths import MAKE_DATA, check_parquet
 
     prompt_key = str(OmegaConf.select(cfg, "data.prompt_key") or "prompt")
     batch = int(OmegaConf.select(cfg, "data.train_batch_size"))
-    for key, rows in (("data.train_files", batch), ("data.val_files", 1)):
+    for key, rows, missing in (("data.train_files", batch, MAKE_DATA), ("data.val_files", 1, VAL_MISSING)):
         raw = OmegaConf.select(cfg, key)
         files = OmegaConf.to_container(raw) if OmegaConf.is_config(raw) else [raw]
         for f in files if isinstance(files, list) else [files]:
             path = Path(str(f)).expanduser()
-            if path.parent == ours:
-                continue  # the embedded dataset: made by `verl-recipes dataset` if missing
-            check_parquet(path, prompt_key, rows, f"{key}:")
+            if path.parent == ours or "://" in str(f):
+                continue
+            check_parquet(path, prompt_key, rows, f"{key}:", missing)
 
 
 def verl_validate(cfg: Any, shape: dict[str, Any] | None = None) -> str | None:

@@ -87,26 +87,20 @@ def _weights(path: Path) -> str | None:
 
 
 def check_data_dir(path: Path) -> None:
-    """`--data DIR` holds both splits; nothing is ever generated into it."""
+    """`--data DIR` is a folder; its train.parquet and test.parquet are checked as the config names
+    them (`check_parquet`), and nothing is ever generated into it."""
     if not path.is_dir():
         raise RecipeError(f"--data {path}: no such folder; give a folder with train.parquet and test.parquet")
-    missing = [f for f in ("train.parquet", "test.parquet") if not (path / f).is_file()]
-    if missing == ["test.parquet"]:
-        raise RecipeError(
-            f"--data {path}: no test.parquet (verl's validation set, data.val_files) next to train.parquet; "
-            "add one in the same layout, or pass --set data.val_files=FILE (nothing is written into your folder)"
-        )
-    if missing:
-        raise RecipeError(f"--data {path}: no {' or '.join(missing)} there; {MAKE_DATA}, then pass that folder")
 
 
-def check_parquet(path: Path, prompt_key: str, min_rows: int, what: str) -> None:
-    """One data file against what verl's dataset, reward managers and loader read (module doc)."""
+def check_parquet(path: Path, prompt_key: str, min_rows: int, what: str, missing: str = MAKE_DATA) -> None:
+    """One data file against what verl's dataset, reward managers and loader read (module doc);
+    `missing` says how to make it when it does not exist."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not path.is_file():
-        raise RecipeError(f"{what} {path}: no such file; {MAKE_DATA}")
+        raise RecipeError(f"{what} {path}: no such file; {missing}")
     try:
         meta = pq.read_metadata(path)
         schema = meta.schema.to_arrow_schema()
