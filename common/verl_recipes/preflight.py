@@ -68,12 +68,14 @@ def check_data(cfg: Any, ours: Path) -> None:
     batch = int(OmegaConf.select(cfg, "data.train_batch_size"))
     for key, rows, missing in (("data.train_files", batch, MAKE_DATA), ("data.val_files", 1, VAL_MISSING)):
         raw = OmegaConf.select(cfg, key)
-        files = OmegaConf.to_container(raw) if OmegaConf.is_config(raw) else [raw]
-        for f in files if isinstance(files, list) else [files]:
+        listed = OmegaConf.to_container(raw) if OmegaConf.is_config(raw) else [raw]
+        files = listed if isinstance(listed, list) else [listed]
+        for f in files:
             path = Path(str(f)).expanduser()
             if path.parent == ours or "://" in str(f):
                 continue
-            check_parquet(path, prompt_key, rows, f"{key}:", missing)
+            # Several files make one dataset: only a lone file must hold a batch by itself.
+            check_parquet(path, prompt_key, rows if len(files) == 1 else 1, f"{key}:", missing)
 
 
 def verl_validate(cfg: Any, shape: dict[str, Any] | None = None) -> str | None:
