@@ -254,11 +254,16 @@ def run(args: argparse.Namespace) -> int:
         budgets = [preflight.Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label)]
     verdict = preflight.check(cfg, arch_cfg, source, ours, budgets, args.force, args.model is not None)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "verl_config.yaml"
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", "verl_config"]
-    if not resume:
+
+    def write_run(cfg: Any) -> None:
+        """The run folder's command and config, once the model and data exist (a resumed run keeps its own)."""
+        if resume:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+        OmegaConf.save(cfg, cfg_path)
 
     if rehearsing:
         reason = (
@@ -273,8 +278,7 @@ def run(args: argparse.Namespace) -> int:
         _open_runtime_env(cfg)
         if resume:
             verdict.append(f"--resume: {run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
-        else:
-            OmegaConf.save(cfg, cfg_path)
+        write_run(cfg)
         return rehearse(recipe, args, cfg, run_dir, reason, verdict)
 
     for msg in verdict:
@@ -304,8 +308,7 @@ def run(args: argparse.Namespace) -> int:
         aside = userpaths.set_aside(run_dir)
         if aside:
             print(f"--resume: the earlier attempt's log and measurements are in {aside}")
-    else:
-        OmegaConf.save(cfg, cfg_path)
+    write_run(cfg)
 
     env.update(
         {
