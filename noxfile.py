@@ -140,16 +140,15 @@ def validate_planner(session: nox.Session) -> None:
     session.run("verl-recipes", "plan", "--validate", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
 
 
-@nox.session(python=False)
+@nox.session
 def wheelhouse(session: nox.Session) -> None:
     """Offline wheelhouse of the pinned stack for a target (args: --python --platform --have ...)."""
+    # Its own environment, whatever the host's python3 lacks: uv resolves the lock, DeepSpeed's
+    # sdist imports torch (the CPU build) to be locked and built, and sdists and this project build
+    # without isolation, so the build tools pyproject.toml names (setuptools>=77, wheel) are here.
+    session.install(CPU_TORCH, "uv", "wheel", "setuptools>=77", "packaging", "-e", ".")
     session.run(
-        "python3",
-        "-m",
-        "verl_recipes.cli",
-        "wheelhouse",
-        *session.posargs,
-        env={"PYTHONPATH": str(ROOT / "common"), "VERL_RECIPES_ROOT": str(ROOT)},
+        "python", "-m", "verl_recipes.cli", "wheelhouse", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)}
     )
 
 

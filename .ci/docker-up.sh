@@ -14,6 +14,8 @@ wait_s="${DOCKERD_WAIT_S:-60}"
 pidfile=/var/run/docker.pid
 
 die() { echo "docker-up: $*" >&2; exit 2; }
+# shellcheck source=/dev/null
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # close_fds
 
 [[ "$wait_s" =~ ^[1-9][0-9]*$ ]] || die "DOCKERD_WAIT_S must be a whole number of seconds > 0, got '$wait_s'"
 [[ "$(id -u)" == 0 ]] || die "run as root: it installs packages and starts dockerd"
@@ -39,7 +41,7 @@ else
   rm -f "$pidfile"
   mkdir -p "$(dirname "$log")"
   echo "docker-up: starting dockerd (log: $log)"
-  setsid dockerd --pidfile "$pidfile" >>"$log" 2>&1 < /dev/null &
+  (close_fds; exec setsid dockerd --pidfile "$pidfile" >>"$log" 2>&1 </dev/null) &
 fi
 
 for ((i = 0; i < wait_s; i++)); do

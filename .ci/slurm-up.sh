@@ -21,6 +21,8 @@ conf="$dir/etc/slurm.conf"
 node="$(hostname -s)"
 
 die() { echo "slurm-up: $*" >&2; exit 2; }
+# shellcheck source=/dev/null
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # close_fds
 
 [[ "$wait_s" =~ ^[1-9][0-9]*$ ]] || die "SLURM_WAIT_S must be a whole number of seconds > 0, got '$wait_s'"
 [[ "$(id -u)" == 0 ]] || die "run as root: it installs packages and starts munged, slurmctld and slurmd"
@@ -71,7 +73,7 @@ install -d -o munge -g munge -m 755 /run/munge
 install -d -o munge -g munge -m 700 /var/lib/munge /var/log/munge
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   echo "slurm-up: starting munged"
-  runuser -u munge -- munged --force
+  (close_fds; exec runuser -u munge -- munged --force)
 fi
 
 cpus="$(nproc)"
@@ -124,11 +126,11 @@ running() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 if ! running "$dir/run/slurmctld.pid"; then
   echo "slurm-up: starting slurmctld (log: $dir/log/slurmctld.log)"
-  slurmctld -f "$conf"
+  (close_fds; exec slurmctld -f "$conf")
 fi
 if ! running "$dir/run/slurmd-$node.pid"; then
   echo "slurm-up: starting slurmd (log: $dir/log/slurmd-$node.log)"
-  slurmd -f "$conf"
+  (close_fds; exec slurmd -f "$conf")
 fi
 
 for ((i = 0; i < wait_s; i++)); do

@@ -55,7 +55,7 @@ def _engine(model: Path, role: str, run: Path) -> Any:
     """The attributes of verl's MegatronEngine that `_build_tf_config` reads, from the composed config."""
     from verl.utils.config import omega_conf_to_dataclass
     from verl_recipes import train
-    from verl_recipes.compose import compose_recipe
+    from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipes import get_recipe
 
     recipe = get_recipe("70b-3d")

@@ -239,11 +239,11 @@ GPUS = "trainer.n_gpus_per_node"
     [
         ("llama-2-7b", "ppo_trainer", [f"{RTP}=3"], "size=3 does not divide num_attention_heads=32"),
         ("qwen2-7b", "ppo_trainer", [f"{RTP}=7", f"{GPUS}=7"], "num_key_value_heads=4"),
-        ("llama-2-7b", "ppo_trainer", [f"{GPUS}=6", f"{RTP}=4"], "not divisible"),
+        ("llama-2-7b", "ppo_trainer", [f"{GPUS}=6", f"{RTP}=4"], "do not divide by the rollout"),
         ("llama-2-70b", "ppo_megatron_trainer", [f"{MPP}=3", f"{GPUS}=3"],
          "pipeline_model_parallel_size=3 does not divide num_hidden_layers=80"),
         ("qwen2-7b", "ppo_megatron_trainer", [f"{MTP}=7", f"{GPUS}=7"], "not divide num_key_value_heads=4"),
-        ("llama-2-70b", "ppo_megatron_trainer", [f"{MTP}=4", f"{MPP}=2", f"{GPUS}=4"], "by actor TP x PP"),
+        ("llama-2-70b", "ppo_megatron_trainer", [f"{MTP}=4", f"{MPP}=2", f"{GPUS}=4"], "by actor TP x PP x CP"),
     ],
 )  # fmt: skip
 def test_layout_that_does_not_divide_fails(arch: str, root: str, sets: list[str], needle: str) -> None:

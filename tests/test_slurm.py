@@ -407,6 +407,12 @@ def ray_left(job: str) -> list[str]:
     return left
 
 
+def stepds(job: str) -> list[str]:
+    """The slurmstepd processes of a job's steps on this node (`slurmstepd: [JOB.STEP]`)."""
+    res = subprocess.run(["pgrep", "-af", rf"^slurmstepd: \[{job}\."], capture_output=True, text=True)
+    return res.stdout.splitlines()
+
+
 # States after which a job never runs again. A requeue passes through REQUEUED (and, between
 # its steps, states plain `squeue` leaves out), so "not listed" alone must not mean "ended".
 ENDED = {
@@ -568,7 +574,13 @@ def test_usr1_requeues_and_scancel_tears_down(tmp_path: Path, cancel_on_exit: li
         time.sleep(1)
     assert job_state(job) == "PENDING", f"job {job} is {job_state(job) or 'gone'} after its requeue, not PENDING"
     assert ray_left(job) == []
-    # Slurm holds a requeued job back for a while; start it now.
+    # Every step of the first run has ended before the job is requeued: the rerun numbers its steps
+    # from 0 again, and a slurmstepd of the first run still ending takes the new step's place.
+    assert stepds(job) == [], "slurmstepds of the first run outlive its requeue"
+    # Slurm holds a requeued job back for a while; start it now, but not within the second the node
+    # revoked the first run's credential (before PENDING): slurmd refuses a credential no newer than
+    # the revocation, to the second, and the job would end FAILED ("Job credential revoked").
+    time.sleep(1.5)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
     text = wait_for(out, r"requeued run 1[\s\S]*holding Ray up", job, timeout=400)
     assert "trainer.resume_mode=auto" in text

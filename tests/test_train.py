@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from verl_recipes import RecipeError
@@ -17,6 +19,15 @@ pytestmark = pytest.mark.skipif(
     else False,
     reason="a GPU host trains instead of rehearsing",
 )
+
+
+def _fit(cfg: Any, model: Path, gib: float, label: str) -> list[str]:
+    """The GPU host's memory verdict on `cfg` for a GPU of `gib` (train's pre-flight, `preflight.fit`)."""
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.preflight import Budget, fit
+
+    return fit(setup_from_config(cfg, Arch.from_file(model / "config.json")), [Budget(f"{gib:.2f}GiB", label)], False)
 
 
 def test_rehearsal_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> None:
@@ -38,12 +49,118 @@ def test_rehearsal_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> No
     cfg = (tmp_path / "run" / "verl_config.yaml").read_text()
     assert "worker_process_setup_hook: verl_recipes.worker.hooks.setup" in cfg
     assert "lora_rank: 64" in cfg
+    assert "fits h200-141g" in out and "does not fit a10g-24g" in out  # the pre-flight's plan of this job
+    # The folder now holds a run: the same command refuses it; --resume continues it, rewriting nothing.
+    files = {f.name: f.read_bytes() for f in (tmp_path / "run").iterdir() if f.is_file()}
+    again = [sys.executable, "-m", "verl_recipes.cli", "train", "7b-lora", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.run(again, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --run-dir"), proc.stderr
+    assert "holds a run already" in proc.stderr and proc.stderr.strip().count("\n") == 0
+    proc = subprocess.run([*again, "--resume"], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "--resume:" in proc.stdout
+    assert {f.name: f.read_bytes() for f in (tmp_path / "run").iterdir() if f.is_file()} == files
 
 
 def test_bad_model_path_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "7b-lora", "--model", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --model") and "config.json" in err and "\n" not in err
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`verl-recipes train ...` exits 2 with one error line, which is returned."""
+    assert main(["train", *args]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert err.startswith("error: ") and "\n" not in err, cap.out[-2000:] + err
+    return err
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache of this test's own for the synthetic model and dataset `train` makes."""
+    monkeypatch.setenv("VERL_RECIPES_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _user_rows(n: int) -> list[dict[str, object]]:
+    from verl_recipes.workload.dataset import make_row
+
+    return [make_row(f"What is {i} + 1?", f"{i} + 1 = {i + 1}", i + 1, "train", i) for i in range(n)]
+
+
+def test_a_data_folder_without_test_parquet_is_refused_and_left_as_it_was(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's own train.parquet and no test.parquet: nothing is generated into their folder."""
+    import pandas as pd
+
+    data = tmp_path / "mine"
+    data.mkdir()
+    pd.DataFrame(_user_rows(16)).to_parquet(data / "train.parquet", index=False)
+    before = (data / "train.parquet").read_bytes()
+    err = _refused(["7b-lora", "--data", str(data), "--run-dir", str(tmp_path / "run")], capsys)
+    assert f"data.val_files: {data / 'test.parquet'}: no such file" in err
+    assert "--set data.val_files=FILE (nothing is written into your folder)" in err
+    assert [p.name for p in data.iterdir()] == ["train.parquet"]
+    assert (data / "train.parquet").read_bytes() == before
+    assert not (tmp_path / "run").exists()
+    # What the line says to do works, and still writes nothing into the folder.
+    val = tmp_path / "val.parquet"
+    pd.DataFrame(_user_rows(4)).to_parquet(val, index=False)
+    args = ["7b-lora", "--data", str(data), "--set", f"data.val_files={val}", "--run-dir", str(tmp_path / "run")]
+    assert main(["train", *args]) == 0, capsys.readouterr().err[-2000:]
+    assert "16 rows in verl's RLHFDataset" in capsys.readouterr().out
+    assert [p.name for p in data.iterdir()] == ["train.parquet"] and (data / "train.parquet").read_bytes() == before
+
+
+def test_a_run_folder_that_holds_a_run_is_refused_and_left_as_it_was(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "finished"
+    run.mkdir()
+    files = {"command.sh": "#!/usr/bin/env bash\nverl\n", "verl_config.yaml": "data: {}\n", "exit_code": "0\n"}
+    for name, text in files.items():
+        (run / name).write_text(text)
+    err = _refused(["7b-lora", "--run-dir", str(run)], capsys)
+    assert "holds a run already (command.sh, verl_config.yaml, exit_code)" in err and "--resume" in err
+    assert {p.name: p.read_text() for p in run.iterdir()} == files
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine\n")
+    assert "not empty and holds no run" in _refused(["7b-lora", "--run-dir", str(notes)], capsys)
+    assert [p.name for p in notes.iterdir()] == ["todo.txt"]
+
+
+def test_a_model_folder_with_only_config_json_says_what_is_missing(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_recipes.workload.arch import ARCHS_DIR
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((ARCHS_DIR / "llama-2-7b" / "config.json").read_text())
+    err = _refused(["7b-lora", "--model", str(model), "--run-dir", str(tmp_path / "run")], capsys)
+    assert "no tokenizer (tokenizer.json, tokenizer.model, vocab.json + merges.txt)" in err
+    assert "no weights" in err and f"verl-recipes synth-model --arch {model / 'config.json'} --out" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_without_the_columns_verl_reads_says_which_and_how(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pandas as pd
+
+    data = tmp_path / "qa"
+    data.mkdir()
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(16)]
+    for split in ("train", "test"):
+        pd.DataFrame(rows).to_parquet(data / f"{split}.parquet", index=False)
+    err = _refused(["7b-lora", "--data", str(data), "--run-dir", str(tmp_path / "run")], capsys)
+    assert f"data.train_files: {data / 'train.parquet'}: no column prompt (data.prompt_key" in err
+    assert "data_source (read by verl's reward manager)" in err and "reward_model" in err
+    assert "columns are answer, question" in err and "verl-recipes dataset --out" in err
 
 
 def test_cap_needs_a_gpu(tmp_path: Path) -> None:
@@ -66,7 +183,6 @@ def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.recipe.run_config import launcher_settings
-    from verl_recipes.train import preflight_fit
     from verl_recipes.workload.arch import ARCHS_DIR
 
     recipe = get_recipe("7b-lora")
@@ -74,34 +190,36 @@ def test_preflight_refuses_a_config_that_cannot_fit(tmp_path: Path) -> None:
     extra = launcher_settings(recipe, model, tmp_path, tmp_path / "run", 3, 1)
     plain = compose_recipe(recipe, [], [], extra=extra)
     with pytest.raises(RecipeError) as e:
-        preflight_fit(plain, model, 24.0, "the --cap-gib budget")
+        _fit(plain, model, 24.0, "the --cap-gib budget")
     msg = str(e.value)
     assert "predicted not to fit" in msg and "--set " in msg and "\n" not in msg
-    preflight_fit(plain, model, 140.0, "this GPU")  # the uncapped H200 run that worked
-    preflight_fit(compose_recipe(recipe, ["24gib"], [], extra=extra), model, 24.0, "the --cap-gib budget")
+    _fit(plain, model, 140.0, "this GPU")  # the uncapped H200 run that worked
+    _fit(compose_recipe(recipe, ["24gib"], [], extra=extra), model, 24.0, "the --cap-gib budget")
 
 
-def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path: Path) -> None:
     """The 24gib run fits the 24 GiB budget on the GPU; this machine's MemTotal (psutil) against
     the planner's host figure for it is one `WARN host-ram` line, and the launch goes on."""
     import psutil
     from verl_recipes.plan.host import plan_host
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.model import Arch
+    from verl_recipes.preflight import Budget, check
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.recipe.run_config import launcher_settings
-    from verl_recipes.train import preflight_fit
     from verl_recipes.workload.arch import ARCHS_DIR
 
     recipe = get_recipe("7b-lora")
     model = ARCHS_DIR / "llama-2-7b"
     cfg = compose_recipe(recipe, ["24gib"], [], extra=launcher_settings(recipe, model, tmp_path, tmp_path / "r", 3, 1))
     need = plan_host(setup_from_config(cfg, Arch.from_file(model / "config.json"))).peak.pss
-    preflight_fit(cfg, model, 24.0, "the --cap-gib budget", run="7b-lora --variant 24gib")
-    out = capsys.readouterr().out
+    arch = json.loads((model / "config.json").read_text())
+    budget = [Budget("24.00GiB", "the --cap-gib budget")]
+    lines = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], True))
+    rehearsed = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], False))
+    assert f"host RAM: about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in rehearsed
+    out = "\n".join(lines)
     total = psutil.virtual_memory().total
     warned = [x for x in out.splitlines() if x.startswith("WARN host-ram")]
     if total < need:
@@ -126,7 +244,7 @@ def test_cap_overrun_names_the_worst_phase_of_a_real_run(root: Path, tmp_path: P
 
 
 def test_gpus_makes_a_multi_node_recipe_a_one_node_run(root: Path, tmp_path: Path) -> None:
-    """`--gpus 2` on the 32-GPU 70b-3d recipe (a truncated rehearsal on two GPUs) composes a
+    """`--gpus 2 --layers 2` on the 32-GPU 70b-3d recipe (a truncated run on two GPUs) composes a
     one-node, two-GPU config instead of keeping the recipe's 4 nodes."""
     from omegaconf import OmegaConf
 
@@ -140,10 +258,64 @@ def test_gpus_makes_a_multi_node_recipe_a_one_node_run(root: Path, tmp_path: Pat
         "critic.megatron.pipeline_model_parallel_size=1",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     ]
-    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--rehearse"]
+    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--layers", "2", "--rehearse"]
     cmd += [x for s in sets for x in ("--set", s)] + ["--run-dir", str(tmp_path / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     cfg = OmegaConf.load(tmp_path / "run" / "verl_config.yaml")
     assert cfg.trainer.nnodes == 1 and cfg.trainer.n_gpus_per_node == 2
     assert cfg.critic.megatron.override_transformer_config.attention_backend == "fused"
+
+
+PPO_64 = [
+    "--set",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.95",
+    "--set",
+    "data.train_batch_size=64",
+    "--set",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "--set",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+]
+
+
+def test_the_rehearsal_refuses_what_a_gpu_host_refuses_with_the_same_line(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rehearsal checks the job asked for, --set included, not the stock recipe: a batch of 64
+    micro-batches of 64 with vLLM at 95% of the GPU fits no GPU; the GPU host's check
+    (`preflight.fit` with its GPU's memory) refuses it with the same reason."""
+    from verl_recipes.plan.gpus import GIB, parse_gpu
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import launcher_settings
+    from verl_recipes.workload.arch import ARCHS_DIR
+
+    err = _refused(["7b-lora", "--run-dir", str(tmp_path / "run"), *PPO_64], capsys)
+    assert err.startswith("error: predicted not to fit even the largest GPU the planner knows, h200-141g (140.4 GiB): ")
+    assert not (tmp_path / "run").exists()  # nothing half-runs
+    recipe = get_recipe("7b-lora")
+    extra = launcher_settings(recipe, ARCHS_DIR / "llama-2-7b", tmp_path, tmp_path / "run", 3, 1)
+    cfg = compose_recipe(recipe, [], PPO_64[1::2], extra=extra)
+    with pytest.raises(RecipeError) as e:
+        _fit(cfg, ARCHS_DIR / "llama-2-7b", parse_gpu("h200-141g").visible_bytes / GIB, "this GPU")
+    assert str(e.value).startswith("predicted not to fit this GPU (140.4 GiB): ")
+    assert str(e.value).split(" GiB): ", 1)[1] == err.split(" GiB): ", 1)[1]
+
+
+def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gpu` names the GPU a rehearsal is for; `--gpus` the GPUs the layout must divide over; `--arch`
+    the model the plan uses. Each is refused where a GPU host would refuse it."""
+    run = str(tmp_path / "run")
+    err = _refused(["7b-lora", "--run-dir", run, "--gpu", "a10g-24g"], capsys)
+    assert err.startswith("error: predicted not to fit a10g-24g (22.5 GiB): ") and "--set " in err
+    err = _refused(["70b-3d", "--run-dir", run, "--gpus", "2", "--layers", "2"], capsys)
+    assert err == (
+        "error: 2 GPUs (1 nodes x 2) do not divide by the rollout's TP x DP x PP = 4 x 1 x 1 = 4; "
+        "change them, trainer.nnodes or trainer.n_gpus_per_node"
+    )
+    err = _refused(["7b-lora", "--run-dir", run, "--arch", "llama-2-70b"], capsys)
+    assert "predicted not to fit even the largest GPU the planner knows" in err
+    assert not (tmp_path / "run").exists()

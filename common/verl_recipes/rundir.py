@@ -42,6 +42,7 @@ RAY_LOGS = "ray-logs"  # tails of the run's Ray worker logs that carry an error 
 RAY_ERRORS = "ray-logs/errors.json"  # their last error lines: {"session", "errors": [{file, last_error}]}
 PROFILE = "profile"  # verl's torch profiler traces, when global_profiler.tool is set
 CAP_EXCEEDED = "cap_exceeded.txt"  # why a --cap-gib run did not fit its budget
+CHECKPOINTS = "checkpoints"  # verl's trainer.default_local_dir: what a resumed run continues from
 # Derived afterwards (`verl-recipes report`).
 SUMMARY = "summary.json"
 REPORT = "report.md"

@@ -1,13 +1,19 @@
 """`verl-recipes train`: run a recipe with verl's own trainer, or rehearse it on a CPU.
 
-With a GPU it composes the recipe against verl's Hydra config, makes (or takes) the model and
-dataset, and starts ``python -m verl.trainer.main_ppo`` on the saved, fully composed config
-under the NVML monitor, with provenance, phase attribution and a report in one run folder.
+Both paths compose the recipe against verl's Hydra config once and run one pre-flight on the job
+as it will run (`verl_recipes.preflight`) before anything is made or written, so what a GPU host
+would refuse, the rehearsal refuses, with the same line. The user's `--model` and `--data` are
+read, never written (`verl_recipes.workload.userpaths`), and a `--run-dir` is new, empty, or
+resumed.
 
-Without a GPU it rehearses everything a CPU can check: install verification, composition
-against verl's real config schema, the memory plan, the synthetic model (tiny) loading in
-transformers, the dataset loading in verl's RLHFDataset, and the exact command a GPU host
-would run; then it says plainly that training needs a GPU and exits 0.
+With a GPU it then makes (or takes) the model and dataset, and starts
+``python -m verl.trainer.main_ppo`` on the saved, fully composed config under the NVML monitor,
+with provenance, phase attribution and a report in one run folder.
+
+Without a GPU it rehearses everything a CPU can check: install verification, the pre-flight, the
+model (a tiny synthetic one unless `--model`) loading in transformers, the dataset loading in
+verl's RLHFDataset, and the exact command a GPU host would run; then it says plainly that
+training needs a GPU and exits 0.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launcher reaches them through
 Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment variables.
@@ -61,45 +67,15 @@ def ensure_model(path: Path, arch: str, layers: int | None, scale: str, device: 
     return path
 
 
-def ensure_dataset(path: Path) -> Path:
+def ensure_dataset(path: Path, theirs: bool) -> Path:
+    """The user's folder as given (`theirs`: checked up front, never written into), else the
+    embedded dataset, made once in the cache."""
+    if theirs:
+        return path
     if (path / "train.parquet").is_file() and (path / "test.parquet").is_file():
         return path
     _run([*CLI, "dataset", "--out", str(path)], "dataset")
     return path
-
-
-def preflight_fit(
-    cfg: Any, model: Path, budget_gib: float, label: str, run: str | None = None, fixes_off: list[str] | None = None
-) -> None:
-    """Refuse, in one line, a run the memory planner predicts cannot fit the GPU (or the cap).
-
-    The planner (`verl_recipes.plan`) is validated against the committed runs
-    (`verl-recipes plan --validate`); its best knob is named so the user knows what to change.
-    Host RAM below the planner's figure for the run (`run`, e.g. `7b-lora --variant 24gib`, with
-    the fixes it runs without) is one `WARN host-ram` line, never a refusal (`host_ram_warning`).
-    """
-    from verl_recipes.plan.gpus import parse_gpu
-    from verl_recipes.plan.host import host_ram_warning, plan_host
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.knobs import helpful
-    from verl_recipes.plan.model import Arch
-    from verl_recipes.plan.phases import plan_gpu
-
-    setup = setup_from_config(cfg, Arch.from_file(model / "config.json"))
-    host = host_ram_warning(run or "this run", plan_host(setup, fixes_off or []).peak.pss)
-    if host:
-        print(f"WARN host-ram {host}")
-    gpu = parse_gpu(f"{budget_gib:.2f}GiB")
-    plan = plan_gpu(setup, gpu)
-    if plan.fits:
-        print(f"plan: fits {label} ({budget_gib:.1f} GiB): peak {plan.peak.phase} {plan.peak.total / GIB:.1f} GiB")
-        return
-    tips = helpful(setup, gpu)
-    tip = f"; try {' '.join('--set ' + x for x in tips[0].knob.sets)}" if tips else ""
-    raise RecipeError(
-        f"predicted not to fit {label} ({budget_gib:.1f} GiB): {plan.problems[0]}{tip} "
-        "(`verl-recipes plan` explains; --force runs anyway)"
-    )
 
 
 def _gpu_info() -> tuple[int, float]:
@@ -110,7 +86,7 @@ def _gpu_info() -> tuple[int, float]:
     return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
 
 
-def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, reason: str) -> int:
+def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, reason: str, verdict: list[str]) -> int:
     """Everything a CPU can check, then a plain statement that training needs a GPU."""
     from omegaconf import OmegaConf
 
@@ -122,12 +98,10 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
     )
-    print("== 3/5 memory plan of this run on the GPUs it may rent")
-    try:
-        print(planned(recipe, args, cfg))
-    except RecipeError as e:
-        print(f"   the planner cannot judge this configuration: {e}")
-    print("== 4/5 synthetic model (tiny on CPU) and dataset")
+    print("== 3/5 pre-flight (the same checks a GPU host runs before it starts verl)")
+    for line in verdict:
+        print(f"   {line}")
+    print("== 4/5 model (a tiny synthetic one on CPU unless --model) and dataset")
     model = Path(cfg.actor_rollout_ref.model.path)
     data = Path(cfg.data.train_files).parent
     _check_model_and_data(model, data, cfg)
@@ -138,25 +112,6 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
         "Everything above is what a CPU can check; run the same command on a GPU host to train."
     )
     return 0
-
-
-def planned(recipe: Recipe, args: argparse.Namespace, cfg: Any) -> str:
-    """The planner's report of the run a GPU host would start: this composed config on the model it
-    trains (the --model checkpoint, else the architecture at the width and depth train makes)."""
-    from verl_recipes.plan.cli import report
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
-    from verl_recipes.workload.arch import resolve_arch
-    from verl_recipes.workload.synth import shape_config
-
-    if args.model:
-        arch = Arch.from_file(args.model / "config.json")
-    else:
-        name = args.arch or recipe.model.arch
-        shape = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
-        arch = Arch.from_config(shape_config(resolve_arch(name), *shape), f"{name}/config.json")
-    label = recipe.id + "".join(f" +{v}" for v in args.variant) + "".join(f" --set {s}" for s in args.sets)
-    return report(label, setup_from_config(cfg, arch), recipe, fixes_off=args.verl_fix_off)
 
 
 def _run_args(args: argparse.Namespace) -> list[str]:
@@ -187,26 +142,31 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
+    from verl_recipes import preflight
+    from verl_recipes.plan.host import run_label
+    from verl_recipes.workload import userpaths
+
     recipe = get_recipe(args.recipe)
     variants = args.variant
     bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
     if bad_fix:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
-    if args.model and not (args.model / "config.json").is_file():
-        raise RecipeError(f"--model {args.model}: no config.json there; point it at a Hugging Face checkpoint folder")
-    if args.data and not (args.data / "train.parquet").is_file():
-        raise RecipeError(
-            f"--data {args.data}: no train.parquet there; write one with `verl-recipes dataset --out DIR`"
-        )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = "-".join([recipe.id, *variants]) + ("-smoke" if args.smoke else "")
     run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # What the user gives is read, never written; what this writes is new, empty or its own.
+    if args.data:
+        userpaths.check_data_dir(args.data)
+    resume = userpaths.check_run_dir(run_dir, args.resume)
 
     n_gpus, gpu_gib = _gpu_info()
     layout = gpu_layout(recipe, args.gpus, args.smoke)
     gpu_ok = 0 < layout.per_node <= n_gpus
     rehearsal = args.rehearse or not gpu_ok
+    if args.gpu and not rehearsal:
+        raise RecipeError(
+            "--gpu names the GPU a rehearsal plans for; this host trains on its own: drop it, or --rehearse"
+        )
 
     env = dict(os.environ)
     cap_scale = None
@@ -221,19 +181,44 @@ def run(args: argparse.Namespace) -> int:
         env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{cap_scale:.4f}"
 
     # The model's and the dataset's folders are known before either is made, so the run is composed
-    # once, first: a misspelt key fails in seconds, not after a 7B checkpoint has been written.
+    # once, first: a misspelt key or a value of the wrong type fails in seconds, not after a 7B
+    # checkpoint has been written.
     arch = args.arch or recipe.model.arch
+    trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
     if rehearsal:  # a tiny model of the same family: loading it in transformers takes seconds on a CPU
         layers, scale, device = recipe.smoke.layers, "tiny", "cpu"
     else:
-        layers, scale = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
-        device = "cuda"
+        (layers, scale), device = trained, "cuda"
     model = args.model or model_dir(arch, layers, scale, args.model_out)
     data = args.data or default_data_dir()
     cfg = compose_run(recipe, variants, args.sets, layout, model=model, data=data, run_dir=run_dir, steps=args.steps)
+
+    # The pre-flight, the same for the rehearsal and the GPU launch: the job as it will run (the
+    # user's checkpoint, else the shape a GPU host makes, never the tiny stand-in a CPU loads).
+    arch_cfg, source = preflight.model_config(args.model, arch, *trained)
+    if args.model_out and not args.model:
+        full = preflight.model_config(None, arch, layers, scale)[0]["num_hidden_layers"]
+        userpaths.check_model_out(args.model_out, arch, int(full), scale)
+    if rehearsal:
+        budgets = [preflight.Budget(args.gpu, args.gpu)] if args.gpu else None
+    else:
+        label = "the --cap-gib budget" if args.cap_gib else "this GPU"
+        budgets = [preflight.Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label)]
+    host_run = (run_label(recipe.id, variants, args.sets), args.verl_fix_off, not rehearsal)
+    verdict = preflight.check(
+        cfg, arch_cfg, source, default_data_dir(), budgets, args.force, args.model is not None, host_run
+    )
+
     cfg_path = run_dir / rundir.CONFIG
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", cfg_path.stem]
-    (run_dir / rundir.COMMAND).write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+
+    def write_run(cfg: Any) -> None:
+        """The run folder's command and config, once the model and data exist (a resumed run keeps its own)."""
+        if resume:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / rundir.COMMAND).write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
+        OmegaConf.save(cfg, cfg_path)
 
     if rehearsal:
         reason = (
@@ -243,10 +228,14 @@ def run(args: argparse.Namespace) -> int:
         )
         if not args.model:
             ensure_model(model, arch, layers, scale, device)
-        ensure_dataset(data)
-        OmegaConf.save(cfg, cfg_path)
-        return rehearse(recipe, args, cfg, run_dir, reason)
+        ensure_dataset(data, args.data is not None)
+        if resume:
+            verdict.append(f"--resume: {run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
+        write_run(cfg)
+        return rehearse(recipe, args, cfg, run_dir, reason, verdict)
 
+    for msg in verdict:
+        print(msg)
     # A GPU host: check the install and the host first (driver, CUDA, NCCL, versions, /dev/shm),
     # then make what is missing, then train under the monitor.
     if not args.skip_verify:
@@ -257,20 +246,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if not args.model:
         ensure_model(model, arch, layers, scale, device)
-    ensure_dataset(data)
+    ensure_dataset(data, args.data is not None)
     vllm_util = None
-    if not args.force:
-        # Before anything starts: the plan for the card (or the cap) it is meant for.
-        from verl_recipes.plan.host import run_label
-
-        preflight_fit(
-            cfg,
-            model,
-            args.cap_gib or gpu_gib,
-            "the --cap-gib budget" if args.cap_gib else "this GPU",
-            run=run_label(recipe.id, variants, args.sets),
-            fixes_off=args.verl_fix_off,
-        )
     if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in args.sets):
         # verl's default is a relative outputs/profile under whatever folder the workers run in
         cfg.global_profiler.save_path = str(run_dir / rundir.PROFILE)
@@ -278,7 +255,16 @@ def run(args: argparse.Namespace) -> int:
         rollout = cfg.actor_rollout_ref.rollout
         vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
         rollout.gpu_memory_utilization = vllm_util
-    OmegaConf.save(cfg, cfg_path)
+    if resume:
+        if cfg_path.read_text() != OmegaConf.to_yaml(cfg):
+            raise RecipeError(
+                f"--resume: the job differs from the one in {cfg_path}; resume with the same arguments "
+                "or pass a new --run-dir"
+            )
+        aside = userpaths.set_aside(run_dir)
+        if aside:
+            print(f"--resume: the earlier attempt's log and measurements are in {aside}")
+    write_run(cfg)
     # the model's architecture beside the run: the planner's check of this run reads it (a
     # truncated or user model is not the recipe's bundled one)
     if (model / "config.json").is_file():
@@ -432,6 +418,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--gpus", type=int, help="GPUs per node to use (default: the recipe's)")
+    p.add_argument(
+        "--gpu",
+        metavar="ID|NGiB",
+        help="rehearsal: the GPU the job is for (a planner catalogue id or a size like 24GiB); "
+        "default: refuse only a job that fits no GPU the planner knows",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="--run-dir may hold a run of the same job: continue it from its checkpoints (Slurm requeue)",
+    )
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
     p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
     p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")

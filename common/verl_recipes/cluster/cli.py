@@ -68,6 +68,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reap", help="(in a step) kill what is left of this job's Ray on this node")
     p.add_argument("--temp-dir", required=True)
     p.add_argument("--job", required=True)
+    p.add_argument("--wait", type=float, default=40.0, help="seconds to wait for the job's other steps to end")
     p.set_defaults(func=cmd_reap)
 
 

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -259,5 +260,38 @@ def cmd_reap(args: argparse.Namespace) -> int:
     _, left = procs.end(lambda: leftovers(args.job, sids), grace_s=5, kill_wait_s=5)
     shutil.rmtree(tmp, ignore_errors=True)
     said = f"{len(left)} would not die" if left else "nothing left"
+    ending = wait_stepds(args.job, os.environ.get("SLURM_STEP_ID"), args.wait)
+    if ending:
+        said += f"; step(s) {', '.join(ending)} still ending after {args.wait:.0f}s"
     print(f"ray-slurm: reap on {socket.gethostname()}: {said}", flush=True)
     return 0 if not left else 1
+
+
+def stepds(job: str, own: str | None) -> list[str]:
+    """This job's steps whose slurmstepd still runs on this host (`slurmstepd: [JOB.STEP]`), the
+    batch and extern steps and this step aside."""
+    title = re.compile(rf"^slurmstepd: \[{re.escape(job)}\.(\d+)\]")
+    steps = set()
+    for pid in procs.all_pids():
+        m = title.match(procs.command_line(pid))
+        if m and m.group(1) != own:
+            steps.add(f"{job}.{m.group(1)}")
+    return sorted(steps)
+
+
+def wait_stepds(job: str, own: str | None, seconds: float) -> list[str]:
+    """Wait until no other step of this job has a slurmstepd on this host; returns those left.
+
+    Slurm drops a step once its tasks exit, but its slurmstepd ends only after every process of
+    the step has (for a Ray node, seconds after `ray start` returns). A job requeued before then
+    runs again beside the old slurmstepds, under the same step ids (a requeued run numbers its
+    steps from 0 again), and the old ones, ending, take the new steps' place: the rerun fails. So
+    the teardown's reap, on every node, returns only once they are gone, and the launcher
+    requeues after it.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        left = stepds(job, own)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

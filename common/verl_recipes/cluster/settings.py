@@ -8,6 +8,7 @@ container import and Ray start-up.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import RecipeError
+from verl_recipes.recipe import layout
 
 RUNTIMES = ("bare", "pyxis", "apptainer")
 
@@ -275,6 +277,17 @@ class Settings:
         )
 
 
+def _check_heads(config_json: Path, tp: int) -> None:
+    """TP splits attention by heads (`layout.heads_over_tp`), read from the checkpoint's config.json."""
+    try:
+        cfg = json.loads(config_json.read_text())
+    except (OSError, ValueError):
+        return  # train's pre-flight reads and refuses it with the reason
+    heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0:
+        layout.heads_over_tp(tp, heads, kv, "TP", kv_replicated=False)
+
+
 def looks_like_path(s: str) -> bool:
     return s.startswith(("/", "./", "../", "~")) or s.endswith((".sqsh", ".sif", ".squashfs"))
 
@@ -322,16 +335,9 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
     pp = _env_int(env, "PP", 1, 1)
     nodes = len(hosts) * per_host
     if gpus:
-        if tp > gpus:
-            raise RecipeError(
-                f"TP={tp} exceeds the {gpus} GPUs of a node; tensor parallel must stay inside "
-                "a node: lower TP or use nodes with more GPUs"
-            )
-        if (nodes * gpus) % (tp * pp):
-            raise RecipeError(
-                f"{nodes * gpus} GPUs ({nodes} nodes x {gpus}) do not divide by TP x PP = "
-                f"{tp} x {pp} = {tp * pp}; change TP/PP or the node or GPU count"
-            )
+        # The rules `train`'s pre-flight and the planner apply too (verl_recipes.recipe.layout).
+        layout.tp_in_node(gpus, tp)
+        layout.data_parallel(nodes, gpus, (tp, pp), "TP x PP", "change TP/PP or the node or GPU count")
     elif tp * pp > 1:
         raise RecipeError(f"TP x PP = {tp * pp} needs GPUs; set GPUS_PER_NODE (logical GPUs in a rehearsal)")
 
@@ -346,6 +352,7 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
                     f"MODEL_PATH={model} is not a folder with config.json; point it at an HF "
                     "checkpoint on a filesystem every node sees"
                 )
+            _check_heads(mp / "config.json", tp)
 
     train_cmd = env.get("TRAIN_CMD", "").strip() or None
     if not rehearsal and not train_cmd:

@@ -25,6 +25,14 @@ from typing import Any
 
 from verl_recipes import RecipeError
 from verl_recipes.plan.model import LORA_MODULES, Arch
+from verl_recipes.recipe.layout import (
+    batch_over_ranks,
+    data_parallel,
+    heads_over_tp,
+    layers_over_pp,
+    positive,
+    tp_in_node,
+)
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 # Megatron LoRA module names -> the Hugging Face projections they cover.
@@ -152,8 +160,24 @@ def _sel(cfg: Any, key: str, default: Any = None, required: bool = True) -> Any:
     if val is None:
         return default
     if OmegaConf.is_config(val):
-        return OmegaConf.to_container(val, resolve=True)
+        val = OmegaConf.to_container(val, resolve=True)
+    if default is not None and not _same_kind(val, default):
+        raise RecipeError(f"{key}={val!r}: must be {_KINDS[type(default)]}, like verl's default {default!r}")
     return val
+
+
+_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def _same_kind(val: Any, default: Any) -> bool:
+    """A value the planner can read where `default` is read: bools stay bools, numbers numbers."""
+    if isinstance(default, bool):
+        return isinstance(val, bool)
+    if isinstance(default, int):
+        return isinstance(val, int) and not isinstance(val, bool)
+    if isinstance(default, float):
+        return isinstance(val, int | float) and not isinstance(val, bool)
+    return True
 
 
 def _dtype_bytes(name: Any, key: str) -> int:
@@ -166,7 +190,7 @@ def _dtype_bytes(name: Any, key: str) -> int:
 def _targets(raw: Any, key: str) -> tuple[str, ...]:
     if raw in (None, "all-linear", "all_linear"):
         return LORA_MODULES
-    items = [raw] if isinstance(raw, str) else list(raw)
+    items = list(raw) if isinstance(raw, list | tuple) else [raw]
     out: list[str] = []
     for t in items:
         t = str(t)
@@ -345,7 +369,7 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
     name = _sel(cfg, f"{r}.name", "vllm")
     if str(name) not in ("vllm", "None"):
         notes.append(f"rollout.name={name}: the rollout is modelled as vLLM")
-    max_model_len = _sel(cfg, f"{r}.max_model_len", None)
+    max_model_len = _pos_int(cfg, f"{r}.max_model_len")
     rollout = Rollout(
         tp=int(_sel(cfg, f"{r}.tensor_model_parallel_size", 1)),
         dp=int(_sel(cfg, f"{r}.data_parallel_size", 1)),
@@ -370,10 +394,10 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
         arch=arch,
         nnodes=int(_sel(cfg, "trainer.nnodes", 1)),
         gpus_per_node=int(_sel(cfg, "trainer.n_gpus_per_node", 8)),
-        train_batch_size=int(_sel(cfg, "data.train_batch_size")),
-        prompt_len=int(_sel(cfg, "data.max_prompt_length")),
-        response_len=int(_sel(cfg, "data.max_response_length")),
-        ppo_mini_batch_size=int(_sel(cfg, f"{a}.ppo_mini_batch_size")),
+        train_batch_size=int(_sel(cfg, "data.train_batch_size", 0)),
+        prompt_len=int(_sel(cfg, "data.max_prompt_length", 0)),
+        response_len=int(_sel(cfg, "data.max_response_length", 0)),
+        ppo_mini_batch_size=int(_sel(cfg, f"{a}.ppo_mini_batch_size", 0)),
         actor=actor,
         rollout=rollout,
         critic=critic,
@@ -396,65 +420,50 @@ def _replace(role: Role, **kw: Any) -> Role:
 
 
 def validate_layout(s: Setup) -> None:
-    """Fail on a parallel layout that does not divide, with the setting to change."""
+    """Fail on a parallel layout that does not divide, with the setting to change (the rules live
+    in `verl_recipes.recipe.layout`, which the Slurm launcher's check uses too)."""
     arch = s.arch
-    if s.world <= 0:
-        raise RecipeError("trainer.n_gpus_per_node x trainer.nnodes must be at least 1")
+    gpus, nodes = "trainer.n_gpus_per_node", "trainer.nnodes"
+    positive(nodes, s.nnodes)
+    positive(gpus, s.gpus_per_node)
     ro = s.rollout
-    if arch.heads % ro.tp:
-        raise RecipeError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tp} does not divide "
-            f"num_attention_heads={arch.heads}"
-        )
-    if arch.kv_heads % ro.tp and ro.tp % arch.kv_heads:
-        raise RecipeError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tp} neither divides nor is a "
-            f"multiple of num_key_value_heads={arch.kv_heads}"
-        )
-    infer_world = ro.tp * ro.dp * ro.pp
-    if s.world % infer_world:
-        raise RecipeError(
-            f"world size {s.world} (trainer.nnodes x trainer.n_gpus_per_node) is not divisible by the "
-            f"rollout's tensor x data x pipeline parallel size {infer_world}"
-        )
+    r = "actor_rollout_ref.rollout"
+    for key, v in (("tensor", ro.tp), ("data", ro.dp), ("pipeline", ro.pp)):
+        positive(f"{r}.{key}_model_parallel_size" if key != "data" else f"{r}.data_parallel_size", v)
+    positive(f"{r}.n", ro.n)
+    heads_over_tp(ro.tp, arch.heads, arch.kv_heads, f"{r}.tensor_model_parallel_size", kv_replicated=True)
+    fix = f"change them, {nodes} or {gpus}"
+    data_parallel(s.nnodes, s.gpus_per_node, (ro.tp, ro.dp, ro.pp), "the rollout's TP x DP x PP", fix)
+    tp_in_node(s.gpus_per_node, ro.tp, f"{r}.tensor_model_parallel_size")
     for role in (s.actor, s.critic, s.ref_role):
         if role is None:
             continue
         key = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref"}.get(role.name, "critic")
         if role.backend == "megatron":
             eng = f"{key}.megatron"
-            for what, n in (("num_attention_heads", arch.heads), ("num_key_value_heads", arch.kv_heads)):
-                if n % role.tp:
-                    raise RecipeError(f"{eng}.tensor_model_parallel_size={role.tp} does not divide {what}={n}")
-            if arch.layers % role.pp:
-                raise RecipeError(
-                    f"{eng}.pipeline_model_parallel_size={role.pp} does not divide num_hidden_layers={arch.layers}"
-                )
-            if s.world % (role.tp * role.pp * role.cp):
-                raise RecipeError(
-                    f"world size {s.world} is not divisible by {role.name} TP x PP x CP = "
-                    f"{role.tp} x {role.pp} x {role.cp}"
-                )
+            tp, pp, cp = (f"{eng}.{k}_parallel_size" for k in ("tensor_model", "pipeline_model", "context"))
+            for name, v in ((tp, role.tp), (pp, role.pp), (cp, role.cp)):
+                positive(name, v)
+            heads_over_tp(role.tp, arch.heads, arch.kv_heads, tp, kv_replicated=False)
+            layers_over_pp(role.pp, arch.layers, pp)
+            data_parallel(s.nnodes, s.gpus_per_node, (role.tp, role.pp, role.cp), f"{role.name} TP x PP x CP", fix)
+            tp_in_node(s.gpus_per_node, role.tp, tp)
         else:
             sp = role.ulysses_sp
-            if s.world % sp:
-                raise RecipeError(f"world size {s.world} is not divisible by {key}.ulysses_sequence_parallel_size={sp}")
+            name = f"{key}.ulysses_sequence_parallel_size"
+            positive(name, sp)
+            data_parallel(s.nnodes, s.gpus_per_node, (sp,), name, fix)
             if arch.heads % sp:
-                raise RecipeError(
-                    f"{key}.ulysses_sequence_parallel_size={sp} does not divide num_attention_heads={arch.heads}"
-                )
+                raise RecipeError(f"{name}={sp} does not divide num_attention_heads={arch.heads}")
+    for name, v in (
+        ("data.train_batch_size", s.train_batch_size),
+        ("data.max_prompt_length", s.prompt_len),
+        ("data.max_response_length", s.response_len),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", s.ppo_mini_batch_size),
+    ):
+        positive(name, v)
     # verl.utils.config.validate_config and ActorConfig.validate, which verl runs at start.
     if not s.actor.dynamic_bsz:
         rows = s.train_batch_size * ro.n
         minimal = s.dp(s.actor) * s.actor.micro_train if s.actor.backend == "megatron" else s.world
-        if rows % minimal:
-            raise RecipeError(
-                f"data.train_batch_size x rollout.n = {rows} is not a multiple of {minimal} "
-                "(verl's minimal batch: the GPUs, or Megatron DP x micro-batch); change the batch or the GPUs"
-            )
-        if s.train_batch_size < s.ppo_mini_batch_size:
-            raise RecipeError(
-                f"data.train_batch_size={s.train_batch_size} is below actor_rollout_ref.actor."
-                f"ppo_mini_batch_size={s.ppo_mini_batch_size} (verl rejects it); "
-                f"lower ppo_mini_batch_size to at most {s.train_batch_size}"
-            )
+        batch_over_ranks(rows, minimal, s.train_batch_size, s.ppo_mini_batch_size)

@@ -5,7 +5,9 @@ A recipe's `config.yaml` holds only deltas from verl 0.9.1's defaults (`ppo_trai
 `python -m verl.trainer.main_ppo` would, then merge the deltas with OmegaConf's struct flag
 on, so a key that verl does not define fails instead of being silently added; the error names
 the key and the closest valid one. Empty mappings in verl's config (``engine_kwargs.vllm: {}``,
-``override_config: {}``) are free-form by design and accept new keys.
+``override_config: {}``) are free-form by design and accept new keys. Each value is checked
+against the type and range verl's schema gives its key as its layer is merged
+(`verl_recipes.recipe.verl_schema`), so ``--set data.train_batch_size=abc`` fails here, in one line.
 
 The composed config is saved unresolved (interpolations kept) and verl is started on it with
 ``--config-path RUN_DIR --config-name verl_config``, so the job runs exactly what `show` prints.
@@ -90,17 +92,24 @@ def _suggest(base: Any, full_key: str) -> str:
 def merge_strict(base: Any, delta: Any, source: str) -> Any:
     """Merge `delta` into `base`; an unknown key raises RecipeError naming it and a suggestion."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    from verl_recipes.recipe.verl_schema import check_layer
 
     OmegaConf.set_struct(base, True)
     _open_empty_nodes(base)
     try:
-        return OmegaConf.merge(base, delta)
+        merged = OmegaConf.merge(base, delta)
     except (ConfigKeyError, ConfigAttributeError) as e:
         full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
         hint = _suggest(base, full_key)
         did = f"; did you mean '{hint}'?" if hint else ""
         raise RecipeError(f"{source}: unknown verl config key '{full_key}'{did}") from None
+    except OmegaConfBaseException as e:  # e.g. a list where verl has a section
+        where = getattr(e, "full_key", "") or "(top)"
+        raise RecipeError(f"{source}: {where}: {str(e).splitlines()[0]}") from None
+    check_layer(base, merged, delta, source)
+    return merged
 
 
 def load_delta(path: Path) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_recipes import rundir
 from verl_recipes.paths import cache_dir
 from verl_recipes.recipe.compose import compose_recipe
 from verl_recipes.recipe.metadata import Recipe
@@ -74,7 +75,7 @@ def launcher_settings(
         "logger": ["console", "file"],
     }
     if run_dir is not None:
-        trainer["default_local_dir"] = str(run_dir / "checkpoints")
+        trainer["default_local_dir"] = str(run_dir / rundir.CHECKPOINTS)
     settings: dict[str, Any] = {
         "actor_rollout_ref": {"model": {"path": str(model)}},
         "critic": {"model": {"path": str(model), "tokenizer_path": str(model)}},

@@ -139,12 +139,28 @@ def build(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict[str, 
     return out
 
 
+MARKER = "dataset.json"  # written next to the parquet files: a folder this command may rewrite
+
+
 def write(out: Path, n_train: int, n_test: int, seed: int = 0) -> dict[str, Path]:
-    """Write train.parquet and test.parquet under `out`; returns split -> path."""
+    """Write train.parquet and test.parquet under `out`; returns split -> path.
+
+    Parquet files this command did not write (no dataset.json beside them) are someone's data:
+    they are refused, never replaced.
+    """
+    import json
+
     import pandas as pd
 
+    theirs = [f for f in ("train.parquet", "test.parquet") if (out / f).exists()]
+    if theirs and not (out / MARKER).is_file():
+        raise RecipeError(
+            f"--out {out} holds {' and '.join(theirs)} that this command did not write; pass a new folder "
+            "(nothing was written)"
+        )
     data = build(n_train, n_test, seed)
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"source": DATA_SOURCE, "seed": seed, "train": n_train, "test": n_test}))
     paths = {}
     for split, rows in data.items():
         path = out / f"{split}.parquet"

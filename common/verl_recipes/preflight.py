@@ -1,0 +1,199 @@
+"""One pre-flight for `train`: the same checks on a CPU rehearsal and before a GPU launch.
+
+Whatever a GPU host would refuse, the rehearsal refuses first, with the same one line and a
+non-zero exit, so it checks the job as it will run, before anything is made or written:
+
+* the config composed with every override (variants, `--set`, and what `--gpus`, `--model`,
+  `--arch`, `--layers` and `--smoke` give the launcher), each value typed and in range
+  (`verl_recipes.recipe.verl_schema`, at composition);
+* the model's real config.json: the user's `--model` folder (`userpaths.check_model_dir`), or the
+  shape the synthetic checkpoint will have (`synth.shape_config`), never the stock recipe's;
+* the user's data files, against what verl reads from them (`userpaths.check_parquet`);
+* the GPU layout (`verl_recipes.recipe.layout`, through the planner's `setup_from_config`);
+* verl's own start-up validation, `verl.utils.config.validate_config`, which `main_ppo` runs
+  before Ray starts;
+* the host's RAM against the planner's host figure for the run (a warning only);
+* the memory plan: a GPU host judges its own GPU (or its `--cap-gib` budget); a CPU host the GPU
+  named by `--gpu`, else every GPU of the planner's catalogue, and the job is refused when it fits
+  none of them (a host with one of the GPUs it does not fit refuses it; the line names them).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import RecipeError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The GPU a job is judged against (`plan.gpus.parse_gpu`: a catalogue id or a size like
+    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
+
+    gpu: str
+    label: str
+
+
+def model_config(model: Path | None, arch: str, layers: int | None, scale: str) -> tuple[dict[str, Any], str]:
+    """The config.json the job trains, and where it comes from: the user's folder (checked), or
+    the synthetic checkpoint's shape, as `synth-model` will write it."""
+    from verl_recipes.workload.userpaths import check_model_dir
+
+    if model is not None:
+        return check_model_dir(model), str(model / "config.json")
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
+
+    return shape_config(resolve_arch(arch), layers, scale), f"{arch} ({scale}, {layers or 'all'} layers)"
+
+
+VAL_MISSING = (
+    "add a test.parquet (verl's validation set) in the same layout next to train.parquet, or pass "
+    "--set data.val_files=FILE (nothing is written into your folder)"
+)
+
+
+def check_data(cfg: Any, ours: Path) -> None:
+    """The data files the config names, unless they are the embedded dataset under `ours` (made
+    when missing) or remote (verl copies those in; this host cannot look)."""
+    from omegaconf import OmegaConf
+
+    from verl_recipes.workload.userpaths import MAKE_DATA, check_parquet
+
+    prompt_key = str(OmegaConf.select(cfg, "data.prompt_key") or "prompt")
+    batch = int(OmegaConf.select(cfg, "data.train_batch_size"))
+    for key, rows, missing in (("data.train_files", batch, MAKE_DATA), ("data.val_files", 1, VAL_MISSING)):
+        raw = OmegaConf.select(cfg, key)
+        listed = OmegaConf.to_container(raw) if OmegaConf.is_config(raw) else [raw]
+        files = listed if isinstance(listed, list) else [listed]
+        for f in files:
+            path = Path(str(f)).expanduser()
+            if path.parent == ours or "://" in str(f):
+                continue
+            # Several files make one dataset: only a lone file must hold a batch by itself.
+            check_parquet(path, prompt_key, rows if len(files) == 1 else 1, f"{key}:", missing)
+
+
+def verl_validate(cfg: Any, shape: dict[str, Any] | None = None) -> str | None:
+    """verl's start-up validation on a copy; a refusal is one RecipeError line. Returns a note when
+    a check needs a package this host lacks (vLLM's LoRA ranks on a CPU host).
+
+    verl builds the critic's model config from the checkpoint folder while it validates. Before a
+    synthetic checkpoint exists, `shape` (its config.json) stands in for it in a scratch folder,
+    and its tokenizer, which `synth-model` makes with it, is not loaded.
+    """
+    import tempfile
+
+    from omegaconf import open_dict
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    cfg = copy.deepcopy(cfg)
+    with tempfile.TemporaryDirectory(prefix="verl-recipes-shape-") as tmp:
+        if shape is not None:
+            (Path(tmp) / "config.json").write_text(json.dumps(shape))
+            with open_dict(cfg):
+                cfg.critic.model.path = cfg.critic.model.tokenizer_path = tmp
+                cfg.critic.model.load_tokenizer = False
+        return _validate(validate_config, cfg, need_reference_policy(cfg), need_critic(cfg))
+
+
+def _validate(validate_config: Any, cfg: Any, ref: bool, critic: bool) -> str | None:
+    import contextlib
+    import io
+
+    said = io.StringIO()  # verl prints its verdict and notices; ours is one line
+    try:
+        with contextlib.redirect_stdout(said):
+            validate_config(cfg, use_reference_policy=ref, use_critic=critic)
+    except ImportError as e:  # the last check imports vLLM for the LoRA ranks it allows
+        if "vllm" not in str(e.name or e):
+            raise
+        return "verl's LoRA-rank check for vLLM needs vLLM, which this host lacks; a GPU host runs it"
+    except Exception as e:  # verl raises AssertionError, ValueError and Hydra's InstantiationException
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise RecipeError(f"verl refuses the configuration at start-up: {msg}") from None
+    notes = [x for x in said.getvalue().splitlines() if x.strip() and "All configuration checks passed" not in x]
+    return "; ".join(f"verl: {x.strip()}" for x in notes) or None
+
+
+def refusal(setup: Any, gpu: Any, label: str) -> str:
+    """The one line a host refuses a job with that does not fit `gpu`, with the knob that helps most."""
+    from verl_recipes.plan.knobs import helpful
+    from verl_recipes.plan.phases import plan_gpu
+
+    plan = plan_gpu(setup, gpu)
+    tips = helpful(setup, gpu)
+    tip = f"; try {' '.join('--set ' + x for x in tips[0].knob.sets)}" if tips else ""
+    return (
+        f"predicted not to fit {label} ({gpu.visible_bytes / GIB:.1f} GiB): {plan.problems[0]}{tip} "
+        "(`verl-recipes plan` explains; --force runs anyway)"
+    )
+
+
+def fit(setup: Any, budgets: list[Budget] | None, force: bool) -> list[str]:
+    """The memory verdict: refuses (unless `force`) a job that fits none of `budgets`, or, without
+    budgets, none of the planner's catalogue; returns the lines to print."""
+    from verl_recipes.plan.gpus import catalogue, parse_gpu
+    from verl_recipes.plan.phases import plan_gpu
+
+    named = [(parse_gpu(b.gpu), b.label) for b in budgets or []]
+    gpus = named or [(g, g.id) for g in catalogue().values()]
+    plans = [(plan_gpu(setup, g), g, label) for g, label in gpus]
+    fits = [(p, label) for p, _, label in plans if p.fits]
+    lines = [f"plan: fits {label}: peak {p.peak.phase} {p.peak.total / GIB:.1f} GiB" for p, label in fits]
+    short = [label for p, _, label in plans if not p.fits]
+    if fits and short:
+        lines.append(f"plan: does not fit {', '.join(short)}: a host with one of those refuses it")
+    if not fits:
+        _, gpu, label = max(plans, key=lambda x: x[1].visible_bytes)
+        line = refusal(setup, gpu, label if budgets else f"even the largest GPU the planner knows, {label}")
+        if not force:
+            raise RecipeError(line)
+        lines.append(f"{line} [--force: going on]")
+    return lines
+
+
+def check(
+    cfg: Any,
+    arch: dict[str, Any],
+    source: str,
+    ours: Path,
+    budgets: list[Budget] | None,
+    force: bool,
+    user_model: bool,
+    host_run: tuple[str, list[str], bool] | None = None,
+) -> list[str]:
+    """The whole pre-flight (module doc); returns what to print, raises the refusal. `arch` is the
+    config.json trained (`model_config`), `ours` the embedded dataset's folder, `user_model` whether
+    the config's model path is the user's checkpoint (else it is made after the pre-flight).
+
+    `host_run` (the run's label, e.g. `7b-lora --variant 24gib`, the verl fixes it runs without,
+    and whether it runs on this host) adds the planner's host RAM for the run: on the host that
+    trains, RAM below it is one `WARN host-ram` line, never a refusal (`plan.host.host_ram_warning`);
+    a rehearsal states the figure for the GPU host to have."""
+    from verl_recipes.plan.host import host_ram_warning, plan_host
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+
+    check_data(cfg, ours)
+    setup = setup_from_config(cfg, Arch.from_config(arch, source))
+    note = verl_validate(cfg, None if user_model else arch)
+    lines = [f"layout: {setup.nnodes} node(s) x {setup.gpus_per_node} GPU(s), checked; verl's start-up checks pass"]
+    if note:
+        lines.append(f"note: {note}")
+    if host_run is not None:
+        what, fixes_off, here = host_run
+        need = plan_host(setup, fixes_off).peak.pss
+        warn = host_ram_warning(what, need) if here else None
+        if warn:
+            lines.append(f"WARN host-ram {warn}")
+        elif not here:
+            lines.append(f"host RAM: about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
+    return lines + fit(setup, budgets, force)
