@@ -132,7 +132,15 @@ def test_jsonl_survives_kill_9_of_the_monitor(tmp_path: Path) -> None:
     assert raw.endswith(b"\n") and len(lines) > 40
     recs = [json.loads(x) for x in lines]  # every line parses
     assert recs[0]["kind"] == "start" and all(r["kind"] != "exit" for r in recs)
-    os.kill(recs[0]["pid"], signal.SIGKILL)  # the orphaned `sleep 60`
+    # the monitored command does not outlive a monitor killed by a signal no handler sees
+    child = recs[0]["pid"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and psutil.pid_exists(child) and psutil.Process(child).status() != "zombie":
+        time.sleep(0.05)
+    alive = psutil.pid_exists(child) and psutil.Process(child).status() != "zombie"
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the monitored command outlived its killed monitor"
 
 
 def test_env_tagged_process_outside_the_tree_is_monitored(tmp_path: Path) -> None:

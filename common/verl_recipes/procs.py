@@ -57,6 +57,30 @@ def command_line(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn` for `subprocess.Popen`: the child gets `sig` when the process that started it
+    dies, however it dies (SIGKILL and the OOM killer included, which no handler sees).
+
+    The monitor forwards the signals it can catch; this covers the ones it cannot, so a killed
+    monitor never leaves a trainer running and holding the GPU. verl's driver exits on SIGTERM and
+    Ray then ends the workers it started. Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op.
+    """
+    import ctypes  # loaded here, in the parent: the forked child only calls into it
+
+    parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def arm() -> None:
+        prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
 def run_marker(run_dir: str | os.PathLike[str]) -> bytes:
     """The environment entry every process of a run carries (RUN_DIR_ENV=<resolved run dir>)."""
     return f"{RUN_DIR_ENV}={Path(run_dir).resolve()}".encode()

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, rundir
+from verl_recipes import RecipeError, procs, rundir
 from verl_recipes.measure.provenance import gpus as nvml_gpus
 from verl_recipes.measure.provenance import record
 from verl_recipes.paths import cache_dir
@@ -305,7 +305,10 @@ def run(args: argparse.Namespace) -> int:
     mon = [*CLI, "monitor", "--out", str(run_dir), "--full-mem-interval", "60", "--", *cmd]
     with open(run_dir / rundir.LOG, "wb") as logf:
         print(f"+ {shlex.join(mon)}  (log: {run_dir / rundir.LOG})", flush=True)
-        proc = subprocess.Popen(mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # a killed `train` takes the monitor with it, and the monitor forwards that to verl
+        proc = subprocess.Popen(
+            mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=procs.die_with_parent()
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             logf.write(line)

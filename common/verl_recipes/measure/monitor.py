@@ -70,7 +70,7 @@ from typing import Any
 import psutil
 
 from verl_recipes import RecipeError
-from verl_recipes.procs import all_pids, has_marker, run_marker
+from verl_recipes.procs import all_pids, die_with_parent, has_marker, run_marker
 from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 
 # USS/PSS reads may take at most this share of one core: on the H200 one read of 51-68 verl
@@ -571,12 +571,15 @@ def monitor_command(
     """Run `cmd` under the monitor; return its exit code (128+N when killed by signal N).
 
     SIGTERM and SIGHUP sent to the monitor are forwarded to the command; SIGINT is not (see below).
+    A monitor that dies of a signal it cannot catch (SIGKILL) takes the command with it
+    (`procs.die_with_parent`).
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, RUN_DIR_ENV: str(out)}
     try:
-        proc = subprocess.Popen(list(cmd), env=env)
+        # preexec_fn runs before the sampler's thread exists: nothing else is running to fork under
+        proc = subprocess.Popen(list(cmd), env=env, preexec_fn=die_with_parent())
     except OSError as e:
         raise RecipeError(f"cannot start {cmd[0]!r}: {e.strerror}; give a runnable command after --") from None
 
