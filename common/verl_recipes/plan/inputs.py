@@ -33,6 +33,7 @@ from verl_recipes.recipe.layout import (
     positive,
     tp_in_node,
 )
+from verl_recipes.recipe.verl_schema import wants
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 # Megatron LoRA module names -> the Hugging Face projections they cover.
@@ -161,23 +162,12 @@ def _sel(cfg: Any, key: str, default: Any = None, required: bool = True) -> Any:
         return default
     if OmegaConf.is_config(val):
         val = OmegaConf.to_container(val, resolve=True)
-    if default is not None and not _same_kind(val, default):
-        raise RecipeError(f"{key}={val!r}: must be {_KINDS[type(default)]}, like verl's default {default!r}")
+    # a value the planner reads as a number or a flag is one (composition checks this too; a
+    # config handed to the planner directly has not been through it)
+    want = wants(val, type(default)) if isinstance(default, bool | int | float) else None
+    if want:
+        raise RecipeError(f"{key}={val!r}: must be {want}, like verl's default {default!r}")
     return val
-
-
-_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
-
-
-def _same_kind(val: Any, default: Any) -> bool:
-    """A value the planner can read where `default` is read: bools stay bools, numbers numbers."""
-    if isinstance(default, bool):
-        return isinstance(val, bool)
-    if isinstance(default, int):
-        return isinstance(val, int) and not isinstance(val, bool)
-    if isinstance(default, float):
-        return isinstance(val, int | float) and not isinstance(val, bool)
-    return True
 
 
 def _dtype_bytes(name: Any, key: str) -> int:

@@ -172,15 +172,16 @@ def _annotation(cfg: Any, key: str) -> Any:
 def _problem(value: Any, annotation: Any, default: Any) -> str | None:
     """What the key wants when `value` does not fit, else None."""
     if annotation is not None:
-        return _against(value, annotation)
+        return wants(value, annotation)
     if default is _MISSING or default is None:
         return None  # a free-form or unset key: verl declares no type for it
     if isinstance(default, bool | int | float):
-        return _against(value, type(default))
+        return wants(value, type(default))
     return None
 
 
-def _against(value: Any, tp: Any) -> str | None:
+def wants(value: Any, tp: Any) -> str | None:
+    """What a key of type `tp` wants when `value` is not of it ("a whole number"), else None."""
     origin = typing.get_origin(tp)
     if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
         return None
@@ -188,10 +189,10 @@ def _against(value: Any, tp: Any) -> str | None:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        wants = [_against(value, a) for a in args if a is not type(None)]
-        if any(w is None for w in wants):
+        each = [wants(value, a) for a in args if a is not type(None)]
+        if any(w is None for w in each):
             return None
-        return " or ".join(dict.fromkeys(w for w in wants if w))
+        return " or ".join(dict.fromkeys(w for w in each if w))
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         return None if value in choices else "one of " + ", ".join(str(c) for c in choices)
