@@ -65,14 +65,20 @@ case "$cmd" in
     out=${2:-${OUT:-/tmp/out}}
     deadline=$(( $(date +%s) + limit ))
     all_done() { local d; for d in "$CAMPAIGN_DIR"/*/; do [[ -e "$d/DONE" ]] || return 1; done; }
+    pack() {
+      mkdir -p "$out"
+      tar -czf "$out/results.tgz" -C "$CAMPAIGN_DIR" --exclude='checkpoints' --exclude='*.safetensors' . || true
+      # what comes back from such a host is often capped per file (16 MiB here): split a larger archive
+      if [[ -f "$out/results.tgz" && $(stat -c %s "$out/results.tgz") -gt $((15 * 1024 * 1024)) ]]; then
+        split -b 15M -d "$out/results.tgz" "$out/results.tgz.part-" && rm "$out/results.tgz"
+        echo "results split: cat results.tgz.part-* > results.tgz"
+      fi
+    }
+    # a wait stopped from outside (a time limit) still brings home what is there
+    trap 'pack; exit 143' TERM INT
     while ! all_done && [[ $(date +%s) -lt $deadline ]]; do sleep 5; done
-    mkdir -p "$out"
-    tar -czf "$out/results.tgz" -C "$CAMPAIGN_DIR" --exclude='checkpoints' --exclude='*.safetensors' . || true
-    # what comes back from such a host is often capped per file (16 MiB here): split a larger archive
-    if [[ -f "$out/results.tgz" && $(stat -c %s "$out/results.tgz") -gt $((15 * 1024 * 1024)) ]]; then
-      split -b 15M -d "$out/results.tgz" "$out/results.tgz.part-" && rm "$out/results.tgz"
-      echo "results split: cat results.tgz.part-* > results.tgz"
-    fi
+    trap - TERM INT
+    pack
     for d in "$CAMPAIGN_DIR"/*/; do
       echo "=== $(basename "$d")"
       echo "--- status"; cat "$d/status.tsv" 2>/dev/null || true
