@@ -117,6 +117,9 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             n = len(used) or r.gpus.count
             variants = " + ".join(first.get("variants") or []) or "default"
             cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
+            # a configuration measured with one of our verl fixes off is another configuration
+            off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
+            cap += "".join(f", --verl-fix-off {f}" for f in off)
             peak, tput, step = _figures(doc)
             offer = pick_offer(offers, _GPU_IDS.get(gpu_name, ""))
             cost = compute_cost(offer, n, from_verl_throughput(tput, n)) if offer and tput else None

@@ -151,6 +151,17 @@ class Summary(TypedDict, total=False):
     steps: list[StepSummary]
 
 
+#: the first step counted in a run's step time and throughput: step 1 carries one-off costs (vLLM's
+#: CUDA graphs and torch.compile, the allocator's warm-up, the first weight sync's buffers).
+STEADY_FROM = 2
+
+
+def steady_steps(steps: list[StepSummary]) -> list[StepSummary]:
+    """The steps a run's speed is read from: step 2 onwards, or every step of a one-step run."""
+    later = [s for s in steps if int(s.get("step") or 0) >= STEADY_FROM]
+    return later or steps
+
+
 def read_summary(run_dir: Path) -> Summary:
     """A run's summary.json, checked against the schema; one line says what to do when it is not there."""
     path = run_dir / SUMMARY

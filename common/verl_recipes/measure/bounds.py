@@ -3,7 +3,8 @@
 Bounds files live at `recipes/<id>/expected/<name>.yaml` (torchtitan keeps expected losses per
 GPU the same way) and are written from real runs by `verl-recipes validate --write-bounds RUN...`:
 upper bound = largest measured x 1.05, lower bound = smallest measured x 0.8, for the NVML device
-peak of every phase on every GPU, the median step time and the median throughput. Each file names
+peak of every phase on every GPU, the median step time and the median throughput over steps 2+
+(`rundir.steady_steps`: step 1 carries compile and warm-up). Each file names
 the runs it came from (`source_runs`, folders under the recipe's results/) and their provenance.
 Several runs of one configuration give honest bands where a 10 Hz sampler sees a short-lived peak
 in some runs and not in others (vLLM's KV cache coming back at the very end of update_weights).
@@ -28,7 +29,7 @@ import yaml
 
 from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import Recipe, get_recipe
-from verl_recipes.rundir import Summary, read_provenance, read_summary
+from verl_recipes.rundir import Summary, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.phases import VERL_PHASES
 
 SCHEMA = "verl-recipes/expected/1"
@@ -44,7 +45,7 @@ def _ordinals(summary: Summary) -> dict[str, str]:
 
 
 def measured(summary: Summary) -> dict[str, Any]:
-    """The quantities bounds are set on: phase peaks per GPU, median step time and throughput."""
+    """The quantities bounds are set on: phase peaks per GPU, median step time and throughput (steps 2+)."""
     mem: dict[str, dict[str, float]] = {}
     pos = _ordinals(summary)
     for phase, peaks in (summary.get("phases") or {}).items():
@@ -54,8 +55,8 @@ def measured(summary: Summary) -> dict[str, Any]:
             if v.get("used_gib") is not None:
                 mem.setdefault(phase, {})[pos.get(str(gpu), str(gpu))] = float(v["used_gib"])
     steps = summary.get("steps") or []
-    times = [t for s in steps if (t := s.get("time_s"))]
-    tput = [x for s in steps if (x := s.get("throughput"))]
+    times = [t for s in steady_steps(steps) if (t := s.get("time_s"))]
+    tput = [x for s in steady_steps(steps) if (x := s.get("throughput"))]
     return {
         "memory_gib": mem,
         "step_time_s": statistics.median(times) if times else None,
@@ -91,7 +92,19 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
 
     def prov(run_dir: Path) -> dict[str, Any]:
         p = read_provenance(run_dir)
-        keys = ("date_utc", "command", "packages", "gpu", "git_commit", "variants", "sets", "cap_gib", "steps")
+        keys = (
+            "date_utc",
+            "command",
+            "packages",
+            "gpu",
+            "git_commit",
+            "variants",
+            "sets",
+            "cap_gib",
+            "steps",
+            "verl_fixes_off",
+            "compile_cache",
+        )
         return {k: p.get(k) for k in keys}
 
     doc = {

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.rundir import METRICS, read_jsonl, read_provenance, read_summary
+from verl_recipes.rundir import METRICS, STEADY_FROM, read_jsonl, read_provenance, read_summary
 
 
 def run_figures(run_dir: Path) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     summary = read_summary(run_dir)
     metrics, _ = read_jsonl(run_dir / METRICS)
     by_step = {m["step"]: m.get("metrics", {}) for m in metrics if isinstance(m.get("step"), int)}
-    steady = [by_step[s] for s in sorted(by_step) if s >= 2]
+    steady = [by_step[s] for s in sorted(by_step) if s >= STEADY_FROM]
     if not steady:
         raise RecipeError(f"{run_dir}: fewer than 2 steps measured; a comparison needs steps after the first")
 
