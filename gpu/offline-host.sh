@@ -44,6 +44,14 @@ case "$cmd" in
     ;;
   install)
     bash "$STAGE/install.sh" --install "$STAGE" --target "$SITE"
+    # The wheels go in without bytecode (--no-compile). On a host that never writes it
+    # (PYTHONDONTWRITEBYTECODE), every new process (verl's workers, vLLM's server, engine core and
+    # GPU worker) would compile each module it imports from source, at every start: write it once.
+    if python3 -c 'import sys; sys.exit(0 if sys.dont_write_bytecode else 1)'; then
+      t0=$(date +%s)
+      python3 -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
+      echo "bytecode written into $SITE in $(( $(date +%s) - t0 )) s (this host sets PYTHONDONTWRITEBYTECODE)"
+    fi
     python3 -m verl_recipes.cli --version
     ;;
   start)

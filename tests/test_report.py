@@ -230,7 +230,7 @@ def test_startup_stages_of_committed_runs_add_up_to_the_first_step() -> None:
         assert abs(sum(st["s"] for st in boot["stages"]) - boot["to_first_step_s"]) < 0.05
         assert boot["stages"][-1]["stage"].startswith("first step begins")
     names = [st["stage"] for st in warm["stages"]]
-    assert names[0].startswith("driver start") and any(n.startswith("vLLM server start") for n in names)
+    assert names[0].startswith("driver start") and any(n.startswith("vLLM server up") for n in names)
     assert warm["to_first_step_s"] == pytest.approx(281.2, abs=0.1)
     assert warm["vllm_s"] == {}  # verl's WARN level hid vLLM's own timings then
     assert cold["vllm_s"]["torch.compile"] == pytest.approx(11.9) and "CUDA graph capture" in cold["vllm_s"]
@@ -240,3 +240,27 @@ def test_a_killed_run_says_in_which_step_and_phase_it_ended() -> None:
     run = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results" / "failed"
     ended = summarize(run / "h200x1-ppo-L4-sync-probe-timeout")["ended"]
     assert (ended["ok"], ended["exit_code"], ended["step"], ended["phase"]) == (False, None, 1, "step")
+
+
+def test_vllms_start_is_cut_at_each_of_its_processes() -> None:
+    """At VLLM_LOGGING_LEVEL=INFO vLLM's own stamps (month-day, no year) split its server start into
+    its processes; they add up to the one stage an older run's log gives, and a run whose log has
+    them not (WARN level) keeps that one stage."""
+    root = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results"
+    boot = summarize(root / "h200x1-ppo-fast")["startup"]
+    by = {st["stage"]: st for st in boot["stages"]}
+    vllm = [st for st in boot["stages"] if st["stage"].startswith("vLLM")]
+    assert [st["stage"] for st in vllm] == [
+        "vLLM server actor start (Ray, imports)",
+        "vLLM model config (architecture inspection)",
+        "vLLM engine core process start",
+        "vLLM worker process start",
+        "vLLM load, compile, KV cache, CUDA graphs, warm-up",
+        "vLLM server up, checkpoint engine",
+    ]
+    # from the reward loop to the checkpoint engine: 327.25 - 149.91 s, the old single stage
+    assert sum(st["s"] for st in vllm) == pytest.approx(177.3, abs=0.1)
+    assert by["vLLM model config (architecture inspection)"]["s"] == pytest.approx(25.0)
+    assert abs(sum(st["s"] for st in boot["stages"]) - boot["to_first_step_s"]) < 0.05
+    old = summarize(root / "h200x1-ppo-3")["startup"]
+    assert [st["stage"] for st in old["stages"] if st["stage"].startswith("vLLM")] == ["vLLM server up, checkpoint engine"]

@@ -29,12 +29,22 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("worker processes, critic load + FSDP", r"critic model engine initialized"),
     ("actor + reference load + FSDP", r"actor and ref model engine initialized"),
     ("reward loop", r"reward loop manager initialized"),
-    ("vLLM server start (compile, CUDA graphs)", r"checkpoint engine manager initialized"),
+    # vLLM's server in its own processes, each a fresh Python that imports torch and vLLM: the
+    # server actor, the model-config inspection, the engine core and the GPU worker; at
+    # VLLM_LOGGING_LEVEL=INFO each logs a stamped line (month-day only), else these drop out.
+    ("vLLM server actor start (Ray, imports)", r"\(vLLMHttpServer pid=\d+\).* INFO \d{2}-\d{2} "),
+    ("vLLM model config (architecture inspection)", r"Resolved architecture:"),
+    ("vLLM engine core process start", r"Initializing a V1 LLM engine"),
+    ("vLLM worker process start", r"Loading model from scratch|Starting to load model"),
+    ("vLLM load, compile, KV cache, CUDA graphs, warm-up", r"init engine \(profile, create kv cache"),
+    ("vLLM server up, checkpoint engine", r"checkpoint engine manager initialized"),
     ("trainer ready", r"all initialize finished"),
 )
 FIRST_STEP = "first step begins (initial weight sync)"
 
 _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})[,.](\d{3})")
+#: vLLM's own stamp: ``INFO 12-01 17:30:25 [model.py:524]``, no year, whole seconds
+_VLLM_STAMP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG) (\d{2})-(\d{2}) (\d{2}:\d{2}:\d{2}) \[")
 #: vLLM's own timing lines: (what, regex with the seconds as group 1)
 VLLM_TIMINGS: tuple[tuple[str, str], ...] = (
     ("model loading", r"Model loading took [\d.]+ Gi?B (?:memory )?and ([\d.]+) s"),
@@ -49,22 +59,32 @@ VLLM_TIMINGS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _stamp(line: str) -> float | None:
+def _stamp(line: str, year: int | None = None) -> float | None:
+    """A line's stamp in epoch seconds: verl's and Ray's full one, else vLLM's in ``year``."""
     m = _STAMP.search(line)
-    if not m:
-        return None
-    when = _dt.datetime.strptime(f"{m[1]} {m[2]}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.timezone.utc)
-    return when.timestamp() + int(m[3]) / 1000
+    if m:
+        when = _dt.datetime.strptime(f"{m[1]} {m[2]}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.timezone.utc)
+        return when.timestamp() + int(m[3]) / 1000
+    v = _VLLM_STAMP.search(line)
+    if v and year is not None:
+        when = _dt.datetime.strptime(f"{year}-{v[1]}-{v[2]} {v[3]}", "%Y-%m-%d %H:%M:%S")
+        return when.replace(tzinfo=_dt.timezone.utc).timestamp()
+    return None
 
 
 def milestones(lines: Iterable[str]) -> dict[str, float]:
-    """The first stamped occurrence of each milestone in a verl log: stage name -> epoch seconds."""
+    """The first stamped occurrence of each milestone in a verl log: stage name -> epoch seconds.
+    vLLM's stamps carry no year: they take the year of the last full stamp above them."""
     found: dict[str, float] = {}
     pats = [(name, re.compile(rx)) for name, rx in MILESTONES]
+    year: int | None = None
     for line in lines:
+        full = _STAMP.search(line)
+        if full:
+            year = int(full[1][:4])
         for name, rx in pats:
             if name not in found and rx.search(line):
-                t = _stamp(line)
+                t = _stamp(line, year)
                 if t is not None:
                     found[name] = t
     return found
