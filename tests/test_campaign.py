@@ -119,3 +119,32 @@ def test_the_campaign_order_names_committed_campaigns_on_disjoint_gpus() -> None
         assert all(not mine & other for other in steps.get(int(step), [])), f"order.txt: step {step} shares GPUs"
         steps.setdefault(int(step), []).append(mine)
     assert sorted(steps) == list(range(1, len(steps) + 1))
+
+
+def test_a_wait_stopped_from_outside_still_packs_the_results(root: Path, tmp_path: Path) -> None:
+    """A GPU host's command limit ends `gpu/offline-host.sh wait` with SIGTERM while a campaign
+    runs; the run folders must come back all the same (a folder left on the host is lost with it)."""
+    import signal
+    import tarfile
+    import time
+
+    camp = tmp_path / "campaign"
+    run = camp / "speed" / "runs" / "ppo-fast"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text("step 1\n")
+    (camp / "speed" / "status.tsv").write_text("")  # no DONE: the campaign is still running
+    out = tmp_path / "out"
+    env = {**os.environ, "CAMPAIGN_DIR": str(camp), "SITE": str(tmp_path / "site")}
+    proc = subprocess.Popen(
+        ["bash", "gpu/offline-host.sh", "wait", "120", str(out)],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=30)
+    assert rc == 143
+    with tarfile.open(out / "results.tgz") as tar:
+        assert "./speed/runs/ppo-fast/train.log" in tar.getnames()

@@ -263,4 +263,5 @@ def test_vllms_start_is_cut_at_each_of_its_processes() -> None:
     assert by["vLLM model config (architecture inspection)"]["s"] == pytest.approx(25.0)
     assert abs(sum(st["s"] for st in boot["stages"]) - boot["to_first_step_s"]) < 0.05
     old = summarize(root / "h200x1-ppo-3")["startup"]
-    assert [st["stage"] for st in old["stages"] if st["stage"].startswith("vLLM")] == ["vLLM server up, checkpoint engine"]
+    old_vllm = [st["stage"] for st in old["stages"] if st["stage"].startswith("vLLM")]
+    assert old_vllm == ["vLLM server up, checkpoint engine"]

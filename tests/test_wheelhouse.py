@@ -356,3 +356,35 @@ def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path,
     check = "import six, antlr4, verl_recipes; print(verl_recipes.__version__)"
     imp = subprocess.run([str(py), "-c", check], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
     assert imp.stdout.strip() == "0.1.0", imp.stderr
+
+
+@pytest.mark.parametrize("never_writes", [True, False], ids=["no-bytecode-host", "bytecode-host"])
+def test_offline_host_install_writes_bytecode_only_where_the_host_never_does(
+    house: Path, tmp_path: Path, never_writes: bool
+) -> None:
+    """The wheels go in with --no-compile. On a host with PYTHONDONTWRITEBYTECODE every new process
+    (vLLM alone starts three per run) would compile its imports from source at each start, so
+    `gpu/offline-host.sh install` writes the bytecode once; elsewhere the first import does."""
+    root = repo_root()
+    bindir = Path(sys.executable).parent
+    env = {
+        "STAGE": str(tmp_path / "wh-stage"),
+        "SITE": str(tmp_path / "site"),
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "PYTHONDONTWRITEBYTECODE": "1" if never_writes else "",
+    }
+    if not never_writes:
+        env.pop("PYTHONDONTWRITEBYTECODE")
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    run = {**base, "PYTHON": sys.executable, **env}
+    for args in (["stage", str(house)], ["install"]):
+        r = subprocess.run(
+            ["bash", str(root / "gpu" / "offline-host.sh"), *args], env=run, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stderr
+    pyc = list((tmp_path / "site").rglob("*.pyc"))
+    if never_writes:
+        assert any(p.name.startswith("tinyone") or p.parent.parent.name == "tinyone" for p in pyc), pyc
+        assert "bytecode written into" in r.stdout
+    else:
+        assert not pyc and "bytecode written" not in r.stdout
