@@ -367,16 +367,11 @@ def test_offline_host_install_writes_bytecode_only_where_the_host_never_does(
     `gpu/offline-host.sh install` writes the bytecode once; elsewhere the first import does."""
     root = repo_root()
     bindir = Path(sys.executable).parent
-    env = {
-        "STAGE": str(tmp_path / "wh-stage"),
-        "SITE": str(tmp_path / "site"),
-        "PATH": f"{bindir}:{os.environ['PATH']}",
-        "PYTHONDONTWRITEBYTECODE": "1" if never_writes else "",
-    }
-    if not never_writes:
-        env.pop("PYTHONDONTWRITEBYTECODE")
-    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    run = {**base, "PYTHON": sys.executable, **env}
+    run = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    run |= {"STAGE": str(tmp_path / "wh-stage"), "SITE": str(tmp_path / "site"), "PYTHON": sys.executable}
+    run["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    if never_writes:
+        run["PYTHONDONTWRITEBYTECODE"] = "1"
     for args in (["stage", str(house)], ["install"]):
         r = subprocess.run(
             ["bash", str(root / "gpu" / "offline-host.sh"), *args], env=run, capture_output=True, text=True, timeout=300
