@@ -75,7 +75,14 @@ case "$cmd" in
     all_done() { local d; for d in "$CAMPAIGN_DIR"/*/; do [[ -e "$d/DONE" ]] || return 1; done; }
     pack() {
       mkdir -p "$out"
-      tar -czf "$out/results.tgz" -C "$CAMPAIGN_DIR" --exclude='checkpoints' --exclude='*.safetensors' . || true
+      local excl=(--exclude='checkpoints' --exclude='*.safetensors')
+      tar -czf "$out/results.tgz" -C "$CAMPAIGN_DIR" "${excl[@]}" . || true
+      # what comes back is also capped in all (64 MiB here): over PACK_MAX_MIB, the profiler's raw
+      # traces stay on the host and their summary (profile/summary.md) travels
+      if [[ -f "$out/results.tgz" && $(stat -c %s "$out/results.tgz") -gt $(( ${PACK_MAX_MIB:-56} * 1024 * 1024 )) ]]; then
+        tar -czf "$out/results.tgz" -C "$CAMPAIGN_DIR" "${excl[@]}" --exclude='profile/*.json.gz' --exclude='profile/*.json' . || true
+        echo "results over ${PACK_MAX_MIB:-56} MiB: profiler traces left in $CAMPAIGN_DIR, their summaries packed"
+      fi
       # what comes back from such a host is often capped per file (16 MiB here): split a larger archive
       if [[ -f "$out/results.tgz" && $(stat -c %s "$out/results.tgz") -gt $((15 * 1024 * 1024)) ]]; then
         split -b 15M -d "$out/results.tgz" "$out/results.tgz.part-" && rm "$out/results.tgz"

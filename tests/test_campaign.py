@@ -148,3 +148,32 @@ def test_a_wait_stopped_from_outside_still_packs_the_results(root: Path, tmp_pat
     assert rc == 143
     with tarfile.open(out / "results.tgz") as tar:
         assert "./speed/runs/ppo-fast/train.log" in tar.getnames()
+
+
+def test_results_over_the_size_limit_leave_the_raw_traces_and_keep_their_summary(root: Path, tmp_path: Path) -> None:
+    """What comes back from a GPU host is capped in all; a profiled 7B run's raw traces can pass
+    that cap and take every run folder of the archive with them. Over PACK_MAX_MIB the archive is
+    packed again without profile/*.json(.gz), and the summary beside them still travels."""
+    import tarfile
+
+    camp = tmp_path / "campaign"
+    prof = camp / "speed" / "runs" / "profile-actor" / "profile"
+    prof.mkdir(parents=True)
+    (prof / "actor_update_step2.json.gz").write_bytes(os.urandom(2 * 1024 * 1024))  # incompressible
+    (prof / "summary.md").write_text("# Trace\n")
+    (camp / "speed" / "DONE").write_text("")
+    out = tmp_path / "out"
+    env = {**os.environ, "CAMPAIGN_DIR": str(camp), "SITE": str(tmp_path / "site")}
+    cmd = ["bash", "gpu/offline-host.sh", "wait", "5", str(out)]
+
+    def names(limit_mib: str) -> list[str]:
+        r = subprocess.run(cmd, cwd=root, env={**env, "PACK_MAX_MIB": limit_mib}, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        with tarfile.open(out / "results.tgz") as tar:
+            return tar.getnames()
+
+    under = names("56")
+    assert "./speed/runs/profile-actor/profile/actor_update_step2.json.gz" in under
+    over = names("1")
+    assert "./speed/runs/profile-actor/profile/summary.md" in over
+    assert not any(n.endswith(".json.gz") for n in over), over

@@ -41,6 +41,7 @@ EXIT_CODE = "exit_code"
 RAY_LOGS = "ray-logs"  # tails of the run's Ray worker logs that carry an error (measure.ending)
 RAY_ERRORS = "ray-logs/errors.json"  # their last error lines: {"session", "errors": [{file, last_error}]}
 PROFILE = "profile"  # verl's torch profiler traces, when global_profiler.tool is set
+PROFILE_SUMMARY = "summary.md"  # in PROFILE: `verl-recipes trace` of every trace there
 CAP_EXCEEDED = "cap_exceeded.txt"  # why a --cap-gib run did not fit its budget
 CHECKPOINTS = "checkpoints"  # verl's trainer.default_local_dir: what a resumed run continues from
 # Derived afterwards (`verl-recipes report`).

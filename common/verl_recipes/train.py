@@ -320,6 +320,10 @@ def run(args: argparse.Namespace) -> int:
     (run_dir / rundir.EXIT_CODE).write_text(f"{rc}\n")
     errors = collect_worker_errors(run_dir)
     _run([*CLI, "report", str(run_dir)], "report", check=False)
+    try:
+        summarize_traces(run_dir)
+    except (OSError, MemoryError) as e:  # the run's own outcome below still has to be said
+        print(f"profile summary not written: {e}", file=sys.stderr)
     if rc != 0:
         why = f"; {errors[0]['file']}: {errors[0]['last_error']}" if errors else ""
         raise RecipeError(f"verl exited {rc}{why}; the log and everything measured up to then are in {run_dir}")
@@ -362,6 +366,22 @@ def collect_worker_errors(run_dir: Path) -> list[dict[str, Any]]:
     except OSError as e:
         print(f"ray logs: not collected: {e}", file=sys.stderr)
         return []
+
+
+def summarize_traces(run_dir: Path) -> Path | None:
+    """RUN_DIR/profile/summary.md from the torch profiler's traces, when the run was profiled: a
+    7B stage's trace is tens of MB of events, and the table is what a reader (or a host whose
+    results travel with a size limit) keeps."""
+    prof = run_dir / rundir.PROFILE
+    summary = prof / rundir.PROFILE_SUMMARY
+    if not prof.is_dir() or summary.exists():
+        return None
+    from verl_recipes.measure import trace
+
+    if not trace.traces_in(prof):
+        return None
+    summary.write_text(trace.folder_markdown(prof))
+    return summary
 
 
 def cap_overrun(run_dir: Path, cap_gib: float) -> str | None:

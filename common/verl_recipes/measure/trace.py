@@ -99,18 +99,44 @@ def markdown(s: dict[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def traces_in(folder: Path) -> list[Path]:
+    """The Chrome traces verl's profiler wrote into FOLDER (one per role, stage and step)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz")))
+
+
+def folder_markdown(folder: Path, top: int = 15) -> str:
+    """One section per trace of FOLDER, so the stages of one step (verl's discrete mode writes the
+    actor's update, the critic's update and each log-prob pass to files of their own) sit side by
+    side; a trace that cannot be read says so in its section instead of hiding the others."""
+    found = traces_in(folder)
+    if not found:
+        raise RecipeError(f"{folder}: no *.json or *.json.gz traces in it")
+    parts = []
+    for path in found:
+        try:
+            parts.append(markdown(summarize(load_events(path), top), f"Trace: {path.name}"))
+        except RecipeError as e:
+            parts.append(f"# Trace: {path.name}\n\nunreadable: {e}\n")
+    return "\n".join(parts)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="where a torch profiler trace spends its time")
-    p.add_argument("trace", type=Path, help="a Chrome trace from torch.profiler (*.json or *.json.gz)")
+    p.add_argument(
+        "trace", type=Path, help="a Chrome trace from torch.profiler (*.json or *.json.gz), or a folder of them"
+    )
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--out", type=Path, help="write the table here (markdown) instead of printing it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.trace.is_file():
-        raise RecipeError(f"{args.trace}: no such trace file")
-    text = markdown(summarize(load_events(args.trace), args.top), f"Trace: {args.trace.name}")
+    if args.trace.is_dir():
+        text = folder_markdown(args.trace, args.top)
+    elif args.trace.is_file():
+        text = markdown(summarize(load_events(args.trace), args.top), f"Trace: {args.trace.name}")
+    else:
+        raise RecipeError(f"{args.trace}: no such trace file or folder")
     if args.out:
         if args.out.exists():
             raise RecipeError(f"{args.out} exists; give a new --out path")
