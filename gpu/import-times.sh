@@ -4,8 +4,10 @@
 # tables); this says how much of that is the imports alone, and whether their bytecode is cached.
 #
 # usage: gpu/import-times.sh OUT_DIR   (a campaign line: `bash gpu/import-times.sh`)
-# OUT_DIR gets import-times.tsv (round, module, wall s), bytecode.txt and the slowest imports of
-# vLLM's second round (python -X importtime, top 40 by cumulative time).
+# IMPORT_MODULES (default: torch transformers ray vllm verl.trainer.main_ppo) and IMPORTTIME_MODULE
+# (default vllm) name what is imported.
+# OUT_DIR gets import-times.tsv (round, bytecode or source, module, wall s), bytecode.txt and the
+# slowest imports of vLLM (python -X importtime, top 40 by cumulative time, with the bytecode).
 set -euo pipefail
 out=${1:?usage: gpu/import-times.sh OUT_DIR}
 mkdir -p "$out"
@@ -17,19 +19,33 @@ mkdir -p "$out"
       echo "$mod: not installed"
       continue
     fi
-    printf '%s %s: %s .py, %s .pyc\n' "$mod" "$dir" "$(find "$dir" -name '*.py' | wc -l)" "$(find "$dir" -name '*.pyc' | wc -l)"
+    cached=0
+    [[ -n "${PYTHONPYCACHEPREFIX:-}" && -d "$PYTHONPYCACHEPREFIX$dir" ]] && cached=$(find "$PYTHONPYCACHEPREFIX$dir" -name '*.pyc' | wc -l)
+    printf '%s %s: %s .py, %s .pyc beside them, %s in PYTHONPYCACHEPREFIX\n' "$mod" "$dir" \
+      "$(find "$dir" -name '*.py' | wc -l)" "$(find "$dir" -name '*.pyc' | wc -l)" "$cached"
   done
 } >"$out/bytecode.txt" 2>&1
-printf 'round\tmodule\twall_s\n' >"$out/import-times.tsv"
+# Side by side: "source" without the bytecode prefix `offline-host.sh install` writes (each module
+# compiled from source, as every process did before it), "bytecode" with it (as the runs start now).
+printf 'round\tbytecode\tmodule\twall_s\n' >"$out/import-times.tsv"
 TIMEFORMAT=%R
+prefix=${PYTHONPYCACHEPREFIX:-}
 for round in 1 2; do
-  for mod in torch transformers ray vllm verl.trainer.main_ppo; do
-    t=$( { time python3 -c "import $mod" >/dev/null 2>&1 || echo "failed"; } 2>&1 | tr '\n' ' ' )
-    printf '%s\t%s\t%s\n' "$round" "$mod" "$t" >>"$out/import-times.tsv"
+  for mode in source bytecode; do
+    for mod in ${IMPORT_MODULES:-torch transformers ray vllm verl.trainer.main_ppo}; do
+      if [[ "$mode" == source ]]; then
+        t=$( { time env -u PYTHONPYCACHEPREFIX python3 -c "import $mod" >/dev/null 2>&1 || echo "failed"; } 2>&1 | tr '\n' ' ' )
+      else
+        t=$( { time python3 -c "import $mod" >/dev/null 2>&1 || echo "failed"; } 2>&1 | tr '\n' ' ' )
+      fi
+      printf '%s\t%s\t%s\t%s\n' "$round" "$mode${prefix:+ ($prefix)}" "$mod" "$t" >>"$out/import-times.tsv"
+    done
   done
 done
-python3 -X importtime -c 'import vllm' 2>"$out/importtime-vllm.raw" || true
-{ head -n 1 "$out/importtime-vllm.raw"; tail -n +2 "$out/importtime-vllm.raw" | sort -t'|' -k2 -n -r | head -n 40; } \
+top=${IMPORTTIME_MODULE:-vllm}
+python3 -X importtime -c "import $top" 2>"$out/importtime-vllm.raw" || true
+# awk, not head: head closing the pipe early ends the script with SIGPIPE (141) under pipefail
+{ head -n 1 "$out/importtime-vllm.raw"; tail -n +2 "$out/importtime-vllm.raw" | sort -t'|' -k2 -n -r | awk 'NR <= 40'; } \
   >"$out/importtime-vllm-top40.txt"
 rm -f "$out/importtime-vllm.raw"
 cat "$out/bytecode.txt" "$out/import-times.tsv"

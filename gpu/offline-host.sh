@@ -13,7 +13,8 @@
 #   gpu/offline-host.sh wait SECONDS [OUT]  wait for every campaign (at most SECONDS), print their status,
 #                                           and pack the results into OUT/results.tgz
 #
-# Environment: STAGE (default /tmp/wh-stage), SITE (default /tmp/site), CAMPAIGN_DIR (default /tmp/campaign).
+# Environment: STAGE (default /tmp/wh-stage), SITE (default /tmp/site), CAMPAIGN_DIR (default /tmp/campaign),
+# PYCACHE (default $SITE-pycache), HOST_SITE (default: the host interpreter's own site-packages).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,6 +22,10 @@ root=$(dirname "$here")
 STAGE=${STAGE:-/tmp/wh-stage}
 SITE=${SITE:-/tmp/site}
 CAMPAIGN_DIR=${CAMPAIGN_DIR:-/tmp/campaign}
+PYCACHE=${PYCACHE:-$SITE-pycache}
+# where `install` wrote the bytecode of a host that never writes it (see install): every process
+# started from here reads it
+if [[ -d "$PYCACHE" ]]; then export PYTHONPYCACHEPREFIX="$PYCACHE"; fi
 
 # The checkout's own code wins over the wheel of this project, so a fix travels with the tree.
 export PYTHONPATH="$root/common:$SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -44,13 +49,16 @@ case "$cmd" in
     ;;
   install)
     bash "$STAGE/install.sh" --install "$STAGE" --target "$SITE"
-    # The wheels go in without bytecode (--no-compile). On a host that never writes it
-    # (PYTHONDONTWRITEBYTECODE), every new process (verl's workers, vLLM's server, engine core and
-    # GPU worker) would compile each module it imports from source, at every start: write it once.
+    # The wheels go in without bytecode (--no-compile), and a host that never writes it
+    # (PYTHONDONTWRITEBYTECODE) may ship its own torch without any: then every new process (verl's
+    # workers, vLLM's server, engine core and GPU worker) compiles each module it imports from
+    # source, at every start. Write it once, for the wheelhouse and the host's own packages, into
+    # PYCACHE (the host's folders stay as they are), which every process started from here reads.
     if python3 -c 'import sys; sys.exit(0 if sys.dont_write_bytecode else 1)'; then
+      host_site=${HOST_SITE:-$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}
       t0=$(date +%s)
-      python3 -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
-      echo "bytecode written into $SITE in $(( $(date +%s) - t0 )) s (this host sets PYTHONDONTWRITEBYTECODE)"
+      PYTHONPYCACHEPREFIX="$PYCACHE" python3 -m compileall -q -j 0 "$SITE" "$host_site" >/dev/null 2>&1 || true
+      echo "bytecode of $SITE and $host_site written into $PYCACHE in $(( $(date +%s) - t0 )) s (this host sets PYTHONDONTWRITEBYTECODE)"
     fi
     python3 -m verl_recipes.cli --version
     ;;

@@ -177,3 +177,26 @@ def test_results_over_the_size_limit_leave_the_raw_traces_and_keep_their_summary
     over = names("1")
     assert "./speed/runs/profile-actor/profile/summary.md" in over
     assert not any(n.endswith(".json.gz") for n in over), over
+
+
+def test_import_times_runs_to_the_end_and_times_both_ways(root: Path, tmp_path: Path) -> None:
+    """gpu/import-times.sh ended with 141 on the H200 (`sort | head` under pipefail: head closed the
+    pipe on a long -X importtime listing), leaving its raw listing behind. It must end with 0 and
+    time each import with the bytecode prefix and without it."""
+    out = tmp_path / "times"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env |= {"IMPORT_MODULES": "json", "IMPORTTIME_MODULE": "torch", "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
+    r = subprocess.run(
+        ["bash", "gpu/import-times.sh", str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in (out / "import-times.tsv").read_text().splitlines()[1:]]
+    assert sorted((row[0], row[1].split()[0]) for row in rows) == [
+        ("1", "bytecode"),
+        ("1", "source"),
+        ("2", "bytecode"),
+        ("2", "source"),
+    ]
+    assert all(row[2] == "json" and float(row[3]) > 0 for row in rows), rows
+    assert len((out / "importtime-vllm-top40.txt").read_text().splitlines()) == 41
+    assert not (out / "importtime-vllm.raw").exists()

@@ -86,7 +86,8 @@ def test_verl_critic_lora_fails(value_model_dir: Path) -> None:
 
 def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path) -> None:
     applied = verl_fixes.apply()
-    assert applied == ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place"]
+    fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
+    assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 
     model = LlamaForTokenClassification.from_pretrained(value_model_dir)
@@ -242,7 +243,65 @@ def test_setup_hook_imports_nothing_heavy_and_fixes_apply_on_import(tmp_path: Pa
         "import verl.utils.model as vm\n"
         "print('patched', hasattr(ti.FSDPEngine._merged_lora_per_tensor_param, '__wrapped__'),"
         " hasattr(ti.FSDPEngine._build_lora_module, '__wrapped__'), vm.load_valuehead_model.__module__)\n"
+        "from verl.utils import torch_functional as tf\n"
+        "print('logprobs', tf.logprobs_from_logits_v2.__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
     assert "heavy []" in out
     assert "patched True True verl_recipes.worker.verl_fixes" in out
+    assert "logprobs logprobs_from_logits_chunked" in out
+
+
+def _logprob_case(dtype: torch.dtype, tokens: int = 300, vocab: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(tokens, vocab, generator=g) * 3).to(dtype).requires_grad_(True)
+    return logits, torch.randint(0, vocab, (tokens,), generator=g)
+
+
+def _autograd_nodes(out: torch.Tensor) -> int:
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        todo += [f for f, _ in fn.next_functions]
+    return len(seen)
+
+
+def test_verl_logprobs_loop_once_per_token() -> None:
+    """verl's fallback (no flash-attn) builds a log_softmax, a gather and a squeeze per token of the
+    2-D logits its FSDP engine hands it: the autograd graph grows with the tokens."""
+    verl_fixes.apply()
+    from verl.utils import torch_functional
+
+    original = verl_fixes.ORIGINALS.get("logprobs_from_logits_v2", torch_functional.logprobs_from_logits_v2)
+    small, large = (_autograd_nodes(original(*_logprob_case(torch.bfloat16, tokens=n))) for n in (100, 300))
+    assert large - small >= 3 * 200, (small, large)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fixed_logprobs_take_chunks_and_give_verls_values_and_gradients(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verl_fixes.apply()
+    from verl.utils import torch_functional
+
+    assert torch_functional.logprobs_from_logits_v2 is verl_fixes.logprobs_from_logits_chunked
+    original = verl_fixes.ORIGINALS["logprobs_from_logits_v2"]
+    # 300 tokens of a 512 vocabulary in chunks of 128 rows: three chunks, the last one short
+    monkeypatch.setattr(verl_fixes, "LOGPROB_CHUNK_ELEMENTS", 128 * 512)
+    theirs_in, labels = _logprob_case(dtype)
+    ours_in = theirs_in.detach().clone().requires_grad_(True)
+    theirs, ours = original(theirs_in, labels), torch_functional.logprobs_from_logits(ours_in, labels)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape == labels.shape
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert _autograd_nodes(ours) < 30
+    weights = torch.linspace(-1, 1, labels.numel())
+    (theirs.float() * weights).sum().backward()
+    (ours.float() * weights).sum().backward()
+    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=0, atol=0)
+    # 3-D logits (verl's other callers) and an empty batch keep their shapes
+    x3, l3 = theirs_in.detach()[:300].reshape(3, 100, 512), labels.reshape(3, 100)
+    torch.testing.assert_close(torch_functional.logprobs_from_logits(x3, l3), original(x3, l3), rtol=0, atol=0)
+    assert torch_functional.logprobs_from_logits(x3[:0], l3[:0]).shape == (0, 100)

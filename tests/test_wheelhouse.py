@@ -362,24 +362,40 @@ def test_cpu_py311_wheelhouse_installs_offline_into_a_fresh_venv(tmp_path: Path,
 def test_offline_host_install_writes_bytecode_only_where_the_host_never_does(
     house: Path, tmp_path: Path, never_writes: bool
 ) -> None:
-    """The wheels go in with --no-compile. On a host with PYTHONDONTWRITEBYTECODE every new process
-    (vLLM alone starts three per run) would compile its imports from source at each start, so
-    `gpu/offline-host.sh install` writes the bytecode once; elsewhere the first import does."""
+    """The wheels go in with --no-compile, and the H200 host's own torch has no bytecode either
+    (0 .pyc for 2141 .py, gpu/hosts/2026-12-01-h200x1-speed-grpo). On a host with
+    PYTHONDONTWRITEBYTECODE every new process (vLLM alone starts three per run) would compile its
+    imports from source at each start, so `gpu/offline-host.sh install` writes the bytecode of the
+    wheelhouse and of the host's packages once, into a prefix the host's folders never see, and every
+    process started from there reads it; elsewhere the first import writes it as usual."""
     root = repo_root()
     bindir = Path(sys.executable).parent
-    run = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    host_site = tmp_path / "host-site"
+    host_site.mkdir()
+    (host_site / "hostmod.py").write_text("X = 1\n")
+    pycache = tmp_path / "site-pycache"
+    run = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     run |= {"STAGE": str(tmp_path / "wh-stage"), "SITE": str(tmp_path / "site"), "PYTHON": sys.executable}
+    run |= {"HOST_SITE": str(host_site)}
     run["PATH"] = f"{bindir}:{os.environ['PATH']}"
     if never_writes:
         run["PYTHONDONTWRITEBYTECODE"] = "1"
+    host = ["bash", str(root / "gpu" / "offline-host.sh")]
     for args in (["stage", str(house)], ["install"]):
-        r = subprocess.run(
-            ["bash", str(root / "gpu" / "offline-host.sh"), *args], env=run, capture_output=True, text=True, timeout=300
-        )
+        r = subprocess.run([*host, *args], env=run, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-    pyc = list((tmp_path / "site").rglob("*.pyc"))
+    pyc = list(pycache.rglob("*.pyc"))
+    assert not list((tmp_path / "site").rglob("*.pyc")) and not list(host_site.rglob("*.pyc"))
+    prefix = subprocess.run(
+        [*host, "exec", sys.executable, "-c", "import sys; print(sys.pycache_prefix)"],
+        env=run,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     if never_writes:
-        assert any(p.name.startswith("tinyone") or p.parent.parent.name == "tinyone" for p in pyc), pyc
-        assert "bytecode written into" in r.stdout
+        assert any(p.name.startswith("tinyone") or p.parent.name == "tinyone" for p in pyc), pyc
+        assert any(p.name.startswith("hostmod.") for p in pyc), pyc
+        assert "written into" in r.stdout and prefix == str(pycache)
     else:
-        assert not pyc and "bytecode written" not in r.stdout
+        assert not pycache.exists() and "written into" not in r.stdout and prefix == "None"
