@@ -5,7 +5,7 @@
 #
 # usage: gpu/import-times.sh OUT_DIR   (a campaign line: `bash gpu/import-times.sh`)
 # IMPORT_MODULES (default: torch transformers ray vllm verl.trainer.main_ppo) and IMPORTTIME_MODULE
-# (default vllm) name what is imported.
+# (default vllm) name what is imported; IMPORT_ROUNDS (default 1) how many times each is timed.
 # OUT_DIR gets import-times.tsv (round, bytecode or source, module, wall s), bytecode.txt and the
 # slowest imports of vLLM (python -X importtime, top 40 by cumulative time, with the bytecode).
 set -euo pipefail
@@ -30,7 +30,7 @@ mkdir -p "$out"
 printf 'round\tbytecode\tmodule\twall_s\n' >"$out/import-times.tsv"
 TIMEFORMAT=%R
 prefix=${PYTHONPYCACHEPREFIX:-}
-for round in 1 2; do
+for round in $(seq "${IMPORT_ROUNDS:-1}"); do
   for mode in source bytecode; do
     for mod in ${IMPORT_MODULES:-torch transformers ray vllm verl.trainer.main_ppo}; do
       if [[ "$mode" == source ]]; then
