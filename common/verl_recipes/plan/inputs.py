@@ -335,11 +335,23 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
     critic = None
     if has_critic:
         c = "critic"
-        cdyn = bool(_sel(cfg, f"{c}.use_dynamic_bsz", dyn))
-        cmicro = _micro(cfg, f"{c}.ppo_micro_batch_size_per_gpu", cdyn)
-        cfwd = _micro(cfg, f"{c}.forward_micro_batch_size_per_gpu", cdyn, fallback=cmicro, required=False)
-        cmax = int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", 32768))
-        cfmax = int(_sel(cfg, f"{c}.forward_max_token_len_per_gpu", cmax, required=False))
+        # verl 0.9.1's engine path (trainer/ppo/v1/trainer_base.py) hands the critic's engine one
+        # token budget, critic.ppo_infer_max_token_len_per_gpu (32768; not a key of verl's YAML), for
+        # training and inference alike, and the engine's own use_dynamic_bsz defaults to true: the
+        # critic's micro-batch sizes, use_dynamic_bsz and ppo_max_token_len_per_gpu never reach it.
+        # So the critic takes its whole mini-batch at once, up to that budget (results/
+        # h200x1-ppo-profile: one micro-batch of 8 sequences where the config says 2).
+        cdyn = True
+        cmicro = cfwd = 1
+        cmax = cfmax = int(_sel(cfg, f"{c}.ppo_infer_max_token_len_per_gpu", 32768, required=False))
+        if (
+            not bool(_sel(cfg, f"{c}.use_dynamic_bsz", dyn))
+            or int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", cmax)) != cmax
+        ):
+            notes.append(
+                f"critic: verl 0.9.1 gives the critic's engine a budget of {cmax} tokens per micro-batch; "
+                "its micro-batch sizes, use_dynamic_bsz and ppo_max_token_len_per_gpu have no effect"
+            )
         if _is_megatron(_sel(cfg, f"{c}.strategy")):
             critic = _mcore_role(
                 cfg,

@@ -232,9 +232,15 @@ def _state(s: Setup, role: Role, critic: bool, weights: bool, grads: bool, optim
 
 
 def _tokens(s: Setup, role: Role, train: bool) -> int:
-    """Tokens in one micro-batch on one GPU (upper bound: every sequence at full length)."""
+    """Tokens in one micro-batch on one GPU (upper bound: every sequence at full length).
+
+    A dynamic micro-batch holds up to its token budget, and never more than the GPU's share of the
+    (mini-)batch it is cut from.
+    """
     if role.dynamic_bsz:
         t = role.max_tokens_train if train else role.max_tokens_infer
+        rows = (s.ppo_mini_batch_size if train else s.train_batch_size) * s.rollout.n
+        t = min(t, max(1, rows // max(s.dp(role), 1)) * s.seq_len)
     else:
         t = (role.micro_train if train else role.micro_infer) * s.seq_len
     div = role.cp if role.backend == "megatron" else role.ulysses_sp
@@ -286,7 +292,10 @@ def _mcore_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -
         layers = a.layers // role.pp
         dp = s.world // (role.tp * role.pp * role.cp)
         rows = s.ppo_mini_batch_size * s.rollout.n // max(dp, 1)
-        n_micro = max(1, rows // max(role.micro_train, 1))
+        if role.dynamic_bsz:  # micro-batches of up to max_tokens_train tokens each
+            n_micro = max(1, -(-rows * s.seq_len // max(role.max_tokens_train, 1)))
+        else:
+            n_micro = max(1, rows // max(role.micro_train, 1))
         in_flight = min(role.pp, n_micro)
         if role.recompute_full:
             stored = layers * (2 * a.hidden // (tp if role.sequence_parallel else 1))
