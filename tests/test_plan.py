@@ -459,18 +459,21 @@ def test_committed_error_table_is_fresh(root: Path) -> None:
             assert worst <= 10 or cells[9], line
 
 
-def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it() -> None:
+def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it_unless_fixed() -> None:
     """verl 0.9.1's engine path gives the critic's engine a token budget only (32768), never its
     micro-batch size: the critic of the 7B profile ran one micro-batch of 8 sequences where the
-    config says 2. The planner counts 8 x 1024 tokens of critic activations whatever that key says,
-    says the key has no effect, and the dynamic budget never counts more than the batch holds."""
-    _, s2, _ = load_setup("7b-lora", [], [])
-    _, s1, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"])
-    assert s2.critic is not None and s2.critic.dynamic_bsz and s2.critic.max_tokens_train == 32768
-    a = s2.arch
+    config said 2. Without the fix critic-engine-batching the planner counts 8 x 1024 tokens of
+    critic activations whatever that key says, and says the key has no effect; with it (the
+    default), the key counts. A dynamic budget never counts more than the batch holds."""
+    fix = "critic-engine-batching"
+    _, ours, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"])
+    _, theirs, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"], fixes_off=[fix])
+    assert theirs.critic is not None and theirs.critic.dynamic_bsz and theirs.critic.max_tokens_train == 32768
+    a = theirs.arch
     per_token = a.layers * a.checkpoint_bytes_per_token_layer() + a.activation_bytes_per_token_layer()
-    for s in (s1, s2):
+    for s, tokens in ((theirs, 8192), (ours, 1024)):
         terms = plan_gpu(s, parse_gpu("h200-141g")).phase("update_critic").terms  # type: ignore[union-attr]
         act = [t for t in terms if t.name.startswith("critic activations")]
-        assert len(act) == 1 and "(8192 tokens" in act[0].name and act[0].bytes == 8192 * per_token, act
-    assert any("critic" in n and "no effect" in n for n in s1.notes), s1.notes
+        assert len(act) == 1 and f"({tokens} tokens" in act[0].name and act[0].bytes == tokens * per_token, act
+    assert any(fix in n and "no effect" in n for n in theirs.notes), theirs.notes
+    assert not any(fix in n for n in ours.notes)

@@ -147,12 +147,18 @@ def test_host_model_against_the_committed_runs(root: Path) -> None:
 
 
 def test_fixes_off_from_provenance(tmp_path: Path) -> None:
-    """Runs made before provenance recorded `verl_fixes_off` had no out-of-place merge."""
+    """Runs made before provenance recorded `verl_fixes_off` had no out-of-place merge, and runs
+    made before it listed the fixes applied (`verl_fixes`: every committed run) had no
+    critic-engine-batching: the planner reads them by verl's own critic batching."""
+    later = "critic-engine-batching"
     (tmp_path / "provenance.json").write_text(json.dumps({"recipe": "7b-lora"}))
-    assert fixes_off(tmp_path) == (MERGE_FIX,)
+    assert fixes_off(tmp_path) == (MERGE_FIX, later)
     (tmp_path / "provenance.json").write_text(json.dumps({"verl_fixes_off": []}))
-    assert fixes_off(tmp_path) == ()
+    assert fixes_off(tmp_path) == (later,)
     (tmp_path / "provenance.json").write_text(json.dumps({"verl_fixes_off": [MERGE_FIX]}))
+    assert fixes_off(tmp_path) == (MERGE_FIX, later)
+    listed = {"verl_fixes_off": [MERGE_FIX], "verl_fixes": [later]}
+    (tmp_path / "provenance.json").write_text(json.dumps(listed))
     assert fixes_off(tmp_path) == (MERGE_FIX,)
 
 

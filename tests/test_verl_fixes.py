@@ -87,6 +87,7 @@ def test_verl_critic_lora_fails(value_model_dir: Path) -> None:
 def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path) -> None:
     applied = verl_fixes.apply()
     fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
+    fixes.append("critic-engine-batching")
     assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 
@@ -305,3 +306,56 @@ def test_fixed_logprobs_take_chunks_and_give_verls_values_and_gradients(
     x3, l3 = theirs_in.detach()[:300].reshape(3, 100, 512), labels.reshape(3, 100)
     torch.testing.assert_close(torch_functional.logprobs_from_logits(x3, l3), original(x3, l3), rtol=0, atol=0)
     assert torch_functional.logprobs_from_logits(x3[:0], l3[:0]).shape == (0, 100)
+
+
+def _critic_engine(sets: list[str], fixed: bool) -> Any:
+    """The critic's engine config as verl 0.9.1's trainer builds it (trainer/ppo/v1/trainer_base.py:
+    the dataclass from the composed config, then both token budgets from ppo_infer_max_token_len)."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import critic as critic_config
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+
+    verl_fixes.apply()
+    cfg = compose_recipe(get_recipe("7b-lora"), None, sets)
+    cls = critic_config.FSDPCriticConfig
+    post = cls.__post_init__
+    if not fixed:
+        cls.__post_init__ = verl_fixes.ORIGINALS["FSDPCriticConfig.__post_init__"]  # type: ignore[method-assign]
+    from omegaconf import OmegaConf
+
+    section = OmegaConf.to_container(cfg.critic, resolve=True)
+    assert isinstance(section, dict)
+    section.pop("model")  # an HF model config loads files; batching does not depend on it
+    try:
+        c = omega_conf_to_dataclass(OmegaConf.create(section))
+    finally:
+        cls.__post_init__ = post  # type: ignore[method-assign]
+    c.engine.infer_max_token_len_per_gpu = c.ppo_infer_max_token_len_per_gpu
+    c.engine.max_token_len_per_gpu = c.ppo_infer_max_token_len_per_gpu
+    return c.engine
+
+
+def test_verl_gives_the_critic_a_token_budget_and_never_its_micro_batch() -> None:
+    engine = _critic_engine(["critic.ppo_micro_batch_size_per_gpu=2"], fixed=False)
+    assert engine.use_dynamic_bsz is True and engine.micro_batch_size_per_gpu is None
+    assert engine.max_token_len_per_gpu == 32768
+
+
+@pytest.mark.parametrize(
+    "sets, dynamic, micro, budget",
+    [
+        (["critic.ppo_micro_batch_size_per_gpu=2"], False, 2, None),
+        (["critic.ppo_micro_batch_size_per_gpu=8"], False, 8, None),
+        (["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=4096"], True, None, 4096),
+    ],
+)
+def test_fixed_critic_engine_takes_the_critics_own_batching(
+    sets: list[str], dynamic: bool, micro: int | None, budget: int | None
+) -> None:
+    engine = _critic_engine(sets, fixed=True)
+    assert engine.use_dynamic_bsz is dynamic
+    if micro is not None:
+        assert engine.micro_batch_size_per_gpu == micro and engine.infer_micro_batch_size_per_gpu == micro
+    if budget is not None:
+        assert engine.max_token_len_per_gpu == engine.infer_max_token_len_per_gpu == budget

@@ -295,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
             "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
             "runtime_env": OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env),
             "verl_fixes_off": args.verl_fix_off,
+            "verl_fixes": applied_fixes(args.verl_fix_off),
             "compile_cache": not args.no_compile_cache,
         },
     )
@@ -366,6 +367,14 @@ def collect_worker_errors(run_dir: Path) -> list[dict[str, Any]]:
     except OSError as e:
         print(f"ray logs: not collected: {e}", file=sys.stderr)
         return []
+
+
+def applied_fixes(off: list[str] | None) -> list[str]:
+    """The verl fixes a run gets (every one of `verl_fixes.FIXES` not turned off), for its
+    provenance: the planner reads a run by what verl did in it."""
+    from verl_recipes.worker.verl_fixes import FIXES
+
+    return [name for name in FIXES if name not in set(off or ())]
 
 
 def summarize_traces(run_dir: Path) -> Path | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ def load_setup(
     config_name: str | None = None,
     layers: int | None = None,
     gpus: int | None = None,
+    fixes_off: Sequence[str] = (),
 ) -> tuple[str, Setup, Any]:
     """(label, Setup, recipe or None) for a recipe id or a deltas file; `gpus` is train's --gpus
     (that many GPUs on one node), `layers` truncates the model."""
@@ -120,12 +122,12 @@ def load_setup(
                     f"{target}: no config.json at actor_rollout_ref.model.path ({model}); pass --arch NAME|config.json"
                 )
             a = Arch.from_file(cand)
-        return str(path), setup_from_config(cfg, _truncated(a, layers)), None
+        return str(path), setup_from_config(cfg, _truncated(a, layers), fixes_off), None
     recipe = get_recipe(target)
     cfg = compose_run(recipe, variants, sets, gpu_layout(recipe, gpus))
     a = _arch_from(arch) if arch else Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json")
     label = recipe.id + "".join(f" +{v}" for v in variants) + (f" at {layers} layer(s)" if layers else "")
-    return label, setup_from_config(cfg, _truncated(a, layers)), recipe
+    return label, setup_from_config(cfg, _truncated(a, layers), fixes_off), recipe
 
 
 def _truncated(a: Arch, layers: int | None) -> Arch:
@@ -354,7 +356,14 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus < 1:
         raise RecipeError(f"--gpus {args.gpus}: give at least 1")
     label, s, recipe = load_setup(
-        args.target, args.variant, args.sets, args.arch, args.config_name, args.layers, gpus=args.gpus
+        args.target,
+        args.variant,
+        args.sets,
+        args.arch,
+        args.config_name,
+        args.layers,
+        gpus=args.gpus,
+        fixes_off=args.verl_fix_off or (),
     )
     if args.from_layers:
         return _from_layers(args, s)

@@ -5,7 +5,8 @@ processes of RSS, read at 2 Hz, and of PSS, read every 10 s in the first runs an
 less since) is compared moment by
 moment with the prediction for the configuration it ran (its verl_config.yaml) and the weight sync
 it ran: its provenance.json's `verl_fixes_off` names the fixes it ran without; a run recorded
-before that key existed had no out-of-place merge, so it ran verl's merged sync with its CPU copy.
+before that key existed had no out-of-place merge, so it ran verl's merged sync with its CPU copy,
+and a run recorded before `verl_fixes` (the fixes applied) had none of the fixes in `LISTED_FROM`.
 
     outside         the report's time outside every step (loading, vLLM start, the first sync,
                     and the run's end after its last step) vs the largest of `load`, `first
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from verl_recipes.plan.gpus import GIB
 from verl_recipes.plan.host import MERGE_FIX, HostPlan, plan_host
+from verl_recipes.plan.inputs import CRITIC_BATCHING_FIX
 from verl_recipes.plan.validate import MeasuredRun, _run_setup, measured_runs, residual_line
 from verl_recipes.rundir import read_provenance
 
@@ -55,12 +57,18 @@ class HostRow:
         return (self.predicted_pss - self.measured_pss) / self.measured_pss
 
 
+#: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such
+#: a run ran without them.
+LISTED_FROM = (CRITIC_BATCHING_FIX,)
+
+
 def fixes_off(run_dir: Path) -> tuple[str, ...]:
     """The fixes a run ran without, from its provenance.json (see the module docstring)."""
     raw = read_provenance(run_dir)
-    if "verl_fixes_off" not in raw:
-        return (MERGE_FIX,)
-    return tuple(str(x) for x in raw["verl_fixes_off"] or ())
+    off = [str(x) for x in raw["verl_fixes_off"] or ()] if "verl_fixes_off" in raw else [MERGE_FIX]
+    if "verl_fixes" not in raw:
+        off += [f for f in LISTED_FROM if f not in off]
+    return tuple(off)
 
 
 def _b(gib: object) -> int | None:

@@ -20,6 +20,7 @@ verl/workers/engine/fsdp/transformer_impl.py):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,8 +292,17 @@ def _mcore_role(
     )
 
 
-def setup_from_config(cfg: Any, arch: Arch) -> Setup:
-    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `validate_layout`."""
+#: `verl_recipes.worker.verl_fixes` fix that hands the critic's batching keys to its engine; a run
+#: without it (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
+CRITIC_BATCHING_FIX = "critic-engine-batching"
+
+
+def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
+    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `validate_layout`.
+
+    `fixes_off`: the verl_fixes the run goes without (`train --verl-fix-off`); they change what
+    verl does with some keys.
+    """
     a, r, m = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
     strategy = _sel(cfg, f"{a}.strategy")
     mega = _is_megatron(strategy)
@@ -335,22 +345,23 @@ def setup_from_config(cfg: Any, arch: Arch) -> Setup:
     critic = None
     if has_critic:
         c = "critic"
-        # verl 0.9.1's engine path (trainer/ppo/v1/trainer_base.py) hands the critic's engine one
-        # token budget, critic.ppo_infer_max_token_len_per_gpu (32768; not a key of verl's YAML), for
-        # training and inference alike, and the engine's own use_dynamic_bsz defaults to true: the
-        # critic's micro-batch sizes, use_dynamic_bsz and ppo_max_token_len_per_gpu never reach it.
-        # So the critic takes its whole mini-batch at once, up to that budget (results/
-        # h200x1-ppo-profile: one micro-batch of 8 sequences where the config says 2).
-        cdyn = True
-        cmicro = cfwd = 1
-        cmax = cfmax = int(_sel(cfg, f"{c}.ppo_infer_max_token_len_per_gpu", 32768, required=False))
-        if (
-            not bool(_sel(cfg, f"{c}.use_dynamic_bsz", dyn))
-            or int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", cmax)) != cmax
-        ):
+        cdyn = bool(_sel(cfg, f"{c}.use_dynamic_bsz", dyn))
+        cmicro = _micro(cfg, f"{c}.ppo_micro_batch_size_per_gpu", cdyn)
+        cfwd = _micro(cfg, f"{c}.forward_micro_batch_size_per_gpu", cdyn, fallback=cmicro, required=False)
+        cmax = int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", 32768))
+        cfmax = int(_sel(cfg, f"{c}.forward_max_token_len_per_gpu", cmax, required=False))
+        if CRITIC_BATCHING_FIX in fixes_off:
+            # verl 0.9.1's own engine path (trainer/ppo/v1/trainer_base.py) hands the critic's engine
+            # one token budget, critic.ppo_infer_max_token_len_per_gpu (32768; not a key of verl's
+            # YAML), and the engine's use_dynamic_bsz defaults to true: the critic's own batching
+            # keys never reach it, and it takes its whole mini-batch at once, up to that budget
+            # (results/h200x1-ppo-profile: one micro-batch of 8 sequences where the config says 2).
+            cdyn, cmicro, cfwd = True, 1, 1
+            cmax = cfmax = int(_sel(cfg, f"{c}.ppo_infer_max_token_len_per_gpu", 32768, required=False))
             notes.append(
-                f"critic: verl 0.9.1 gives the critic's engine a budget of {cmax} tokens per micro-batch; "
-                "its micro-batch sizes, use_dynamic_bsz and ppo_max_token_len_per_gpu have no effect"
+                f"critic: without the fix {CRITIC_BATCHING_FIX}, verl 0.9.1 gives the critic's engine a budget of "
+                f"{cmax} tokens per micro-batch; its micro-batch sizes, use_dynamic_bsz and "
+                "ppo_max_token_len_per_gpu have no effect"
             )
         if _is_megatron(_sel(cfg, f"{c}.strategy")):
             critic = _mcore_role(

@@ -100,6 +100,7 @@ def _run_setup(run: MeasuredRun) -> Any:
     path, else the recipe's bundled architecture)."""
     from omegaconf import OmegaConf
 
+    from verl_recipes.plan.host_runs import fixes_off
     from verl_recipes.plan.inputs import setup_from_config
 
     saved = run.run_dir / CONFIG
@@ -115,7 +116,7 @@ def _run_setup(run: MeasuredRun) -> Any:
         from verl_recipes.recipe.metadata import get_recipe
 
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
-    return setup_from_config(cfg, arch)
+    return setup_from_config(cfg, arch, fixes_off(run.run_dir))
 
 
 def validate_all(

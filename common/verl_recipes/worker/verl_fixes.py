@@ -33,6 +33,14 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    same tokens. The fix takes the same rows a chunk at a time (at most `LOGPROB_CHUNK_ELEMENTS`
    logits at once, so memory stays bounded): the same per-row arithmetic in the same dtype, a few
    dozen kernels instead of tens of thousands.
+5. verl 0.9.1's engine path never hands the critic's engine the critic's batching keys
+   (``critic.use_dynamic_bsz``, ``ppo_micro_batch_size_per_gpu``, ``forward_micro_batch_size_per_gpu``,
+   ``ppo_max_token_len_per_gpu``): `trainer/ppo/v1/trainer_base.py` sets only its token budget,
+   from ``ppo_infer_max_token_len_per_gpu`` (32768, not a key of verl's YAML), and the engine's
+   ``use_dynamic_bsz`` defaults to true. So the critic takes up to 32768 tokens per micro-batch
+   whatever its configuration says (the 7B profile: one micro-batch of 8 where the config says 2),
+   which puts the 70B recipe's critic update over an 80 GB card. The fix copies the critic's own
+   keys into its engine config when the critic's config is built.
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
@@ -302,6 +310,34 @@ def _patch_merged_sync(transformer_impl: ModuleType) -> None:
         )
 
 
+def _make_critic_post_init(original: Any) -> Any:
+    def __post_init__(self: Any) -> None:
+        original(self)
+        engine = self.engine
+        if bool(self.use_dynamic_bsz):
+            object.__setattr__(engine, "use_dynamic_bsz", True)
+            # trainer_base copies ppo_infer_max_token_len_per_gpu into both of the engine's budgets
+            budget = getattr(self, "forward_max_token_len_per_gpu", None) or self.ppo_max_token_len_per_gpu
+            object.__setattr__(self, "ppo_infer_max_token_len_per_gpu", int(budget))
+        elif self.ppo_micro_batch_size_per_gpu:
+            micro = int(self.ppo_micro_batch_size_per_gpu)
+            fwd = getattr(self, "forward_micro_batch_size_per_gpu", None) or self.ppo_infer_micro_batch_size_per_gpu
+            object.__setattr__(engine, "use_dynamic_bsz", False)
+            object.__setattr__(engine, "micro_batch_size_per_gpu", micro)
+            object.__setattr__(engine, "infer_micro_batch_size_per_gpu", int(fwd or micro))
+
+    __post_init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __post_init__
+
+
+def _patch_critic_batching(critic_config: ModuleType) -> None:
+    for name in ("FSDPCriticConfig", "McoreCriticConfig"):
+        cls = getattr(critic_config, name)
+        if not hasattr(cls.__post_init__, "__wrapped__"):
+            ORIGINALS[f"{name}.__post_init__"] = cls.__post_init__
+            cls.__post_init__ = _make_critic_post_init(cls.__post_init__)
+
+
 def _patch_logprobs(torch_functional: ModuleType) -> None:
     # verl's logprobs_from_logits looks the function up in its module at each call
     if getattr(torch_functional.logprobs_from_logits_v2, "__module__", "") != __name__:
@@ -315,6 +351,7 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     "critic-lora-token-cls": ("verl.workers.engine.fsdp.transformer_impl", _patch_critic_lora),
     "lora-merge-out-of-place": ("verl.workers.engine.fsdp.transformer_impl", _patch_merged_sync),
     "logprobs-chunked": ("verl.utils.torch_functional", _patch_logprobs),
+    "critic-engine-batching": ("verl.workers.config.critic", _patch_critic_batching),
 }
 
 
