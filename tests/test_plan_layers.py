@@ -20,6 +20,7 @@ from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.gpus import GIB, GPU, parse_gpu
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
 from verl_recipes.plan.phases import Constants
+from verl_recipes.worker.verl_fixes import FIXES
 from verl_recipes.workload.arch import ARCHS_DIR
 
 H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))
@@ -96,7 +97,9 @@ def _make_run(
         "steps": [],
     }
     (run / "summary.json").write_text(json.dumps(summary))
-    (run / "provenance.json").write_text(json.dumps({"note": "made by tests/test_plan_layers.py"}))
+    # made as a run of today's `train` records itself: every fix applied
+    prov = {"note": "made by tests/test_plan_layers.py", "verl_fixes_off": [], "verl_fixes": list(FIXES)}
+    (run / "provenance.json").write_text(json.dumps(prov))
     return run, measured
 
 
