@@ -38,7 +38,9 @@ for round in $(seq "${IMPORT_ROUNDS:-1}"); do
       else
         t=$( { time python3 -c "import $mod" >/dev/null 2>&1 || echo "failed"; } 2>&1 | tr '\n' ' ' )
       fi
-      printf '%s\t%s\t%s\t%s\n' "$round" "$mode${prefix:+ ($prefix)}" "$mod" "$t" >>"$out/import-times.tsv"
+      label=$mode
+      [[ "$mode" == bytecode && -n "$prefix" ]] && label="bytecode ($prefix)"
+      printf '%s\t%s\t%s\t%s\n' "$round" "$label" "$mod" "$t" >>"$out/import-times.tsv"
     done
   done
 done

@@ -3,6 +3,14 @@
 # Every GPU number in this repository is measured this way (gpu/README.md).
 #
 #   gpu/offline-host.sh stage CHUNK_DIR     add the wheelhouse chunks present in CHUNK_DIR to the staging dir
+#   gpu/offline-host.sh pieces CHUNK_DIR OUT SIZE
+#                                           (where the wheelhouse is built) cut its chunks again into pieces
+#                                           of SIZE (split's units: 47M), for transfers that hold less than
+#                                           a chunk beside the tree; OUT (new) gets piece-NNN, PIECES (their
+#                                           sha256), install.sh and manifest.json
+#   gpu/offline-host.sh gather PIECE_DIR    keep the pieces present in PIECE_DIR (carried with PIECES);
+#                                           once all are here with install.sh and manifest.json, rebuild
+#                                           the chunks and stage them as `stage` does
 #   gpu/offline-host.sh install             verify and install the staged wheelhouse into $SITE
 #   gpu/offline-host.sh start CAMPAIGN [GPUS [NAME]]
 #                                           start gpu/campaign.sh CAMPAIGN in the background (survives
@@ -46,6 +54,83 @@ case "$cmd" in
   stage)
     chunks=${1:?usage: gpu/offline-host.sh stage CHUNK_DIR}
     bash "$chunks/install.sh" --stage "$chunks" --into "$STAGE"
+    ;;
+  pieces)
+    src=${1:?usage: gpu/offline-host.sh pieces CHUNK_DIR OUT SIZE}
+    out=${2:?usage: gpu/offline-host.sh pieces CHUNK_DIR OUT SIZE}
+    size=${3:?usage: gpu/offline-host.sh pieces CHUNK_DIR OUT SIZE (e.g. 47M)}
+    [[ -f "$src/manifest.json" && -f "$src/install.sh" ]] || { echo "pieces: $src has no manifest.json and install.sh: not a wheelhouse" >&2; exit 2; }
+    [[ ! -e "$out" ]] || { echo "pieces: $out exists; name a new folder" >&2; exit 2; }
+    mapfile -t files < <(python3 -c 'import json, sys; [print(c["file"]) for c in json.load(open(sys.argv[1]))["chunks"]]' "$src/manifest.json")
+    for f in "${files[@]}"; do [[ -f "$src/$f" ]] || { echo "pieces: $src/$f is missing" >&2; exit 2; }; done
+    mkdir -p "$out"
+    (cd "$src" && cat "${files[@]}") | split -b "$size" -d -a 3 - "$out/piece-"
+    (cd "$out" && sha256sum piece-* >PIECES)
+    cp "$src/install.sh" "$src/manifest.json" "$out/"
+    echo "$(wc -l <"$out/PIECES") pieces of at most $size in $out: carry each with PIECES (install.sh and manifest.json once), then gpu/offline-host.sh gather on each arrival"
+    ;;
+  gather)
+    src=${1:?usage: gpu/offline-host.sh gather PIECE_DIR}
+    keep="$STAGE-pieces"
+    [[ -f "$src/PIECES" ]] || { echo "gather: no PIECES in $src; carry it with every piece" >&2; exit 2; }
+    mkdir -p "$keep"
+    if [[ -f "$keep/PIECES" ]] && ! cmp -s "$src/PIECES" "$keep/PIECES"; then
+      echo "gather: $src/PIECES lists other pieces than the ones gathered in $keep; remove $keep to start over" >&2
+      exit 2
+    fi
+    cp "$src/PIECES" "$keep/PIECES"
+    for f in "$src"/piece-*; do
+      [[ -e "$f" ]] || continue
+      name=$(basename "$f")
+      want=$(awk -v n="$name" '$2 == n {print $1}' "$keep/PIECES")
+      [[ -n "$want" ]] || { echo "gather: $name is not in PIECES" >&2; exit 2; }
+      [[ "$(sha256sum "$f" | cut -d' ' -f1)" == "$want" ]] || { echo "gather: $f is corrupt (sha256 mismatch); carry it again" >&2; exit 2; }
+      cp "$f" "$keep/$name"
+    done
+    for f in install.sh manifest.json; do [[ -f "$src/$f" ]] && cp "$src/$f" "$keep/$f"; done
+    missing=()
+    have=0
+    while read -r _ name; do
+      if [[ -f "$keep/$name" ]]; then have=$((have + 1)); else missing+=("$name"); fi
+    done <"$keep/PIECES"
+    [[ -f "$keep/install.sh" ]] || missing+=(install.sh)
+    [[ -f "$keep/manifest.json" ]] || missing+=(manifest.json)
+    if ((${#missing[@]})); then
+      echo "gathered $have of $(wc -l <"$keep/PIECES") pieces in $keep; still missing: ${missing[*]}"
+      exit 0
+    fi
+    # every piece is here: cut the stream back into the manifest's chunks, which install.sh checks
+    rm -rf "$keep/chunks"
+    mkdir "$keep/chunks"
+    python3 - "$keep" <<'PY'
+import json, sys
+from pathlib import Path
+
+keep = Path(sys.argv[1])
+names = [line.split()[1] for line in (keep / "PIECES").read_text().splitlines() if line.strip()]
+pieces = iter(names)
+cur = None
+
+def read(n: int) -> bytes:
+    global cur
+    out = b""
+    while len(out) < n:
+        if cur is None:
+            cur = open(keep / next(pieces), "rb")
+        got = cur.read(n - len(out))
+        if not got:
+            cur.close()
+            cur = None
+            continue
+        out += got
+    return out
+
+for c in json.loads((keep / "manifest.json").read_text())["chunks"]:
+    (keep / "chunks" / c["file"]).write_bytes(read(int(c["size"])))
+PY
+    cp "$keep/install.sh" "$keep/manifest.json" "$keep/chunks/"
+    bash "$keep/chunks/install.sh" --stage "$keep/chunks" --into "$STAGE"
+    rm -rf "$keep"
     ;;
   install)
     bash "$STAGE/install.sh" --install "$STAGE" --target "$SITE"

@@ -477,3 +477,23 @@ def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it_unless_fixed() -
         assert len(act) == 1 and f"({tokens} tokens" in act[0].name and act[0].bytes == tokens * per_token, act
     assert any(fix in n and "no effect" in n for n in theirs.notes), theirs.notes
     assert not any(fix in n for n in ours.notes)
+
+
+def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    """The measured rate behind `plan`'s cost line is the committed run that trained the asked-for
+    configuration with every fix on, not any run of the recipe: verl's merged sync
+    (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
+    from verl_recipes.plan.cli import _rate_run, load_setup
+    from verl_recipes.plan.validate import _run_setup
+
+    for variants in ([], ["grpo"]):
+        _, s, _ = load_setup("7b-lora", variants, [])
+        run = _rate_run(s, "7b-lora")
+        assert run is not None and _run_setup(run) == s
+        assert main(["plan", "7b-lora", *[f"--variant={v}" for v in variants], "--gpu", "h200-141g"]) == 0
+        assert f"measured run {run.run_dir.name}:" in capsys.readouterr().out
+    _, ppo, _ = load_setup("7b-lora", [], [])
+    assert "verl-sync" not in _rate_run(ppo, "7b-lora").run_dir.name
+    # no committed run trained the 24 GB-card settings uncapped: no price from another configuration
+    assert main(["plan", "7b-lora", "--variant", "24gib", "--gpu", "h200-141g"]) == 0
+    assert "no committed run of this configuration measured a rate" in capsys.readouterr().out

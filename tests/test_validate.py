@@ -14,7 +14,9 @@ from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import read_summary as load_summary
 
 RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-verl-sync.yaml
-FAST = Path("recipes/7b-lora/results/h200x1-ppo-fast")  # the recipe's default: expected/h200x1.yaml
+DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-mb8")  # the recipe's default: expected/h200x1.yaml
+# the first run on vLLM's empty compile cache, at micro-batches of 2: expected/h200x1-micro2.yaml
+FAST = Path("recipes/7b-lora/results/h200x1-ppo-fast")
 
 
 def test_committed_run_passes_its_bounds(root: Path) -> None:
@@ -40,7 +42,7 @@ def test_doctored_run_fails_naming_phase_and_gpu(
 
 
 def test_a_run_far_under_the_bound_fails_too(root: Path, tmp_path: Path) -> None:
-    run = _doctored(root, tmp_path, "gen", 0.5, FAST)
+    run = _doctored(root, tmp_path, "gen", 0.5, DEFAULT)
     doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
     errors = check(load_summary(run), doc, "x")
     assert any("phase gen GPU 0" in e and "< lower bound" in e for e in errors)
@@ -81,7 +83,7 @@ def test_gpus_are_compared_by_position_not_nvml_index(root: Path) -> None:
 
 
 def _with_throughput(root: Path, factor: float) -> dict:
-    summary = load_summary(root / FAST)
+    summary = load_summary(root / DEFAULT)
     for st in summary["steps"]:
         st["throughput"] = (st.get("throughput") or 0) * factor
     return summary

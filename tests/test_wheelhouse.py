@@ -399,3 +399,46 @@ def test_offline_host_install_writes_bytecode_only_where_the_host_never_does(
         assert "written into" in r.stdout and prefix == str(pycache)
     else:
         assert not pycache.exists() and "written into" not in r.stdout and prefix == "None"
+
+
+def test_offline_host_carries_a_wheelhouse_in_pieces_smaller_than_its_chunks(house: Path, tmp_path: Path) -> None:
+    """When a transfer holds less than one chunk beside the tree, `pieces` cuts the chunks again and
+    `gather` keeps each piece as it arrives, refuses a corrupt one, and once all are there rebuilds
+    the very chunks install.sh checks and stages them: the install then works as from the chunks."""
+    host = ["bash", str(repo_root() / "gpu" / "offline-host.sh")]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    env |= {"STAGE": str(tmp_path / "wh-stage"), "SITE": str(tmp_path / "site"), "PYTHON": sys.executable}
+
+    def sh(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*host, *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+
+    out = tmp_path / "pieces"
+    made = sh("pieces", house, out, "70K")
+    assert made.returncode == 0, made.stderr
+    pieces = sorted(out.glob("piece-*"))
+    total = sum(c.stat().st_size for c in _chunks(house))
+    assert len(pieces) == -(-total // (70 * 1024)) and len(pieces) > len(_chunks(house))
+    assert all(p.stat().st_size <= 70 * 1024 for p in pieces)
+    assert sh("pieces", house, out, "70K").returncode == 2  # an existing folder is never written into
+
+    def carry(names: list[str], n: int) -> Path:
+        d = tmp_path / f"carry-{n}"
+        d.mkdir()
+        for name in [*names, "PIECES"]:
+            shutil.copy2(out / name, d / name)
+        return d
+
+    bad = carry([pieces[0].name], 0)
+    (bad / pieces[0].name).write_bytes(b"x" + (bad / pieces[0].name).read_bytes()[1:])
+    refused = sh("gather", bad)
+    assert refused.returncode == 2 and "corrupt" in refused.stderr
+    first = sh("gather", carry([p.name for p in pieces[:2]], 1))
+    assert first.returncode == 0 and f"gathered 2 of {len(pieces)}" in first.stdout, first.stderr
+    assert "install.sh" in first.stdout and not (tmp_path / "wh-stage").exists()
+    rest = sh("gather", carry([p.name for p in pieces[2:]] + ["install.sh", "manifest.json"], 2))
+    assert rest.returncode == 0 and "all" in rest.stdout, rest.stderr
+    staged = sorted((tmp_path / "wh-stage").glob("wheelhouse.tar*.part-*"))
+    assert [_sha(c.read_bytes()) for c in staged] == [_sha(c.read_bytes()) for c in _chunks(house)]
+    done = sh("install")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "tinyone" / "__init__.py").is_file()

@@ -96,6 +96,8 @@ _GPU_IDS = {"NVIDIA H200": "h200-141g", "NVIDIA H100 80GB HBM3": "h100-80g", "NV
 def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     """One row per bounds file: what ran, where, its memory, speed and cost per million tokens."""
     from verl_recipes.plan.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
+    from verl_recipes.recipe.drift import drift_label
+    from verl_recipes.rundir import CONFIG
 
     recipes = recipes if recipes is not None else discover()
     offers = load_prices(prices_file())
@@ -120,6 +122,11 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             # a configuration measured with one of our verl fixes off is another configuration
             off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
+            # and so is one measured before the recipe's deltas moved on: name the keys that differ
+            runs_here = doc.get("source_runs") or [doc.get("source_run")]
+            if runs_here and runs_here[0] and (r.dir / runs_here[0] / CONFIG).is_file():
+                moved = drift_label(r, r.dir / runs_here[0])
+                cap += f", {moved}" if moved else ""
             peak, tput, step = _figures(doc)
             offer = pick_offer(offers, _GPU_IDS.get(gpu_name, ""))
             cost = compute_cost(offer, n, from_verl_throughput(tput, n)) if offer and tput else None

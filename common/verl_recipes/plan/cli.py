@@ -302,6 +302,28 @@ def plan_json(
     }
 
 
+def _rate_run(s: Setup, recipe_id: str) -> Any:
+    """The committed run whose rate prices `s`: one that trained this very configuration (the same
+    Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
+    on, the newest such. A run of another variant, batch or weight sync would price a job the user
+    did not ask for: verl's own sync runs 2-3x slower than the recipe's."""
+    from verl_recipes.plan.host_runs import fixes_off
+    from verl_recipes.plan.validate import _run_setup, measured_runs
+    from verl_recipes.rundir import read_provenance
+
+    same = []
+    for run in measured_runs():
+        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
+            continue
+        try:
+            if _run_setup(run) != s:
+                continue
+        except RecipeError:
+            continue
+        same.append((str(read_provenance(run.run_dir).get("date_utc") or ""), run.run_dir.name, run))
+    return max(same, key=lambda t: t[:2])[2] if same else None
+
+
 def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -312,16 +334,15 @@ def _costs(
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
     if rate is None and recipe is not None:
         from verl_recipes.plan.cost import from_verl_throughput
-        from verl_recipes.plan.validate import measured_runs
 
-        runs = [r for r in measured_runs() if r.recipe == recipe.id and r.per_gpu_throughput]
-        if runs:
-            run = runs[-1]
-            assert run.per_gpu_throughput is not None
-            rate = from_verl_throughput(run.per_gpu_throughput, s.world)
-            where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
-            devs = read_provenance(run.run_dir).get("gpu", {}).get("gpus") or []
-            measured_on = devs[0]["name"] if devs else None
+        run = _rate_run(s, recipe.id)
+        if run is None:
+            return ["cost: no committed run of this configuration measured a rate; pass --tokens-per-s"], []
+        assert run.per_gpu_throughput is not None
+        rate = from_verl_throughput(run.per_gpu_throughput, s.world)
+        where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
+        devs = read_provenance(run.run_dir).get("gpu", {}).get("gpus") or []
+        measured_on = devs[0]["name"] if devs else None
     if rate is None:
         return [], []
     offers = load_prices(prices_file())

@@ -1,0 +1,74 @@
+"""Where a committed run's configuration differs from its recipe as the recipe stands now.
+
+A run keeps the verl config it trained with (`verl_config.yaml`); the recipe's deltas move on (a
+default micro-batch changes, a key is added). A bounds file or a results row named only by its
+variants would then pass an older configuration off as today's default. This compares the keys the
+recipe itself sets (`config.yaml` and the run's variant files, in the order they compose) with the
+run's saved values and names the ones that differ, except where the difference is no difference in
+what ran: a cap's scaled vLLM fraction (the launcher's, named by `--cap-gib`), critic batching keys
+that verl 0.9.1 ignored (runs without the critic-engine-batching fix), critic keys of a run without
+a critic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.rundir import CONFIG, read_provenance
+
+CAP_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+CRITIC_BATCHING_KEYS = (
+    "critic.ppo_micro_batch_size_per_gpu",
+    "critic.forward_micro_batch_size_per_gpu",
+    "critic.use_dynamic_bsz",
+    "critic.ppo_max_token_len_per_gpu",
+)
+
+
+def _leaves(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def recipe_keys(recipe: Recipe, variants: list[str]) -> dict[str, Any]:
+    """Every leaf key the recipe's deltas set for these variants, with its value (later files win)."""
+    want: dict[str, Any] = {}
+    for name in ["config.yaml", *(recipe.variants[v] for v in variants)]:
+        want.update(_leaves(yaml.safe_load((recipe.dir / name).read_text()) or {}))
+    return want
+
+
+def drift(recipe: Recipe, run_dir: Path) -> list[tuple[str, Any, Any]]:
+    """(key, the recipe's value now, the run's value) for each key that differs in what ran."""
+    from verl_recipes.plan.host_runs import fixes_off
+    from verl_recipes.plan.inputs import CRITIC_BATCHING_FIX
+
+    prov = read_provenance(run_dir)
+    variants = list(prov.get("variants") or [])
+    cfg = OmegaConf.load(run_dir / CONFIG)
+    has_critic = OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
+    ignored_critic = CRITIC_BATCHING_FIX in fixes_off(run_dir)
+    out = []
+    for key, want in recipe_keys(recipe, variants).items():
+        if key == CAP_KEY and prov.get("cap_gib"):
+            continue
+        if key.startswith("critic.") and (not has_critic or (ignored_critic and key in CRITIC_BATCHING_KEYS)):
+            continue
+        got = OmegaConf.select(cfg, key)
+        if got != want:
+            out.append((key, want, got))
+    return out
+
+
+def drift_label(recipe: Recipe, run_dir: Path) -> str:
+    """The differences as `key=value` of the run, the key shortened to its last two parts."""
+    return ", ".join(f"{'.'.join(k.split('.')[-2:])}={got}" for k, _, got in drift(recipe, run_dir))

@@ -1,0 +1,56 @@
+"""Where a committed run differs from its recipe as it stands: the label a bounds file's row gets."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from verl_recipes.docs import results_table
+from verl_recipes.recipe.drift import drift, drift_label
+from verl_recipes.recipe.metadata import get_recipe
+
+RESULTS = Path("recipes/7b-lora/results")
+MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+
+
+def test_the_default_run_matches_the_recipe_and_older_runs_name_what_moved(root: Path) -> None:
+    recipe = get_recipe("7b-lora")
+    assert drift(recipe, root / RESULTS / "h200x1-ppo-mb8") == []
+    moved = {k: (want, got) for k, want, got in drift(recipe, root / RESULTS / "h200x1-ppo-chunked")}
+    assert moved == {
+        MICRO: (8, 2),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": (8, 4),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": (8, 4),
+    }
+    # the GRPO variant keeps what it was measured with, so its run matches
+    assert drift(recipe, root / RESULTS / "h200x1-grpo-chunked") == []
+
+
+def test_what_did_not_change_what_ran_is_not_named(root: Path) -> None:
+    """A cap's scaled vLLM fraction is the cap's; critic keys of a run without a critic, or ones
+    verl 0.9.1 ignored (a run before the critic-engine-batching fix), changed nothing."""
+    recipe = get_recipe("7b-lora")
+    keys = {k for k, _, _ in drift(recipe, root / RESULTS / "h200x1-grpo-24gib-cap32")}
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization" not in keys
+    assert not any(k.startswith("critic.") for k in keys)
+    assert "actor_rollout_ref.rollout.max_model_len" in keys  # that run predates max_model_len: 1024
+    fast = {k for k, _, _ in drift(recipe, root / RESULTS / "h200x1-ppo-fast")}
+    assert MICRO in fast and "critic.ppo_micro_batch_size_per_gpu" not in fast
+
+
+def test_a_changed_key_in_a_copied_run_is_named_with_the_runs_value(root: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(root / RESULTS / "h200x1-ppo-mb8", run)
+    cfg = OmegaConf.load(run / "verl_config.yaml")
+    OmegaConf.update(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization", 0.5)
+    OmegaConf.save(cfg, run / "verl_config.yaml")
+    assert drift_label(get_recipe("7b-lora"), run) == "rollout.gpu_memory_utilization=0.5"
+
+
+def test_the_results_table_labels_each_row_by_what_ran() -> None:
+    rows = {r.split("](")[1].split(")")[0]: r for r in results_table().splitlines() if r.startswith("| 7b-lora")}
+    assert "[default](" in rows["recipes/7b-lora/expected/h200x1.yaml"]
+    micro2 = rows["recipes/7b-lora/expected/h200x1-micro2.yaml"]
+    assert "actor.ppo_micro_batch_size_per_gpu=2" in micro2 and "verl-fix-off" not in micro2
+    assert "--verl-fix-off logprobs-chunked" in rows["recipes/7b-lora/expected/h200x1-micro2-loop.yaml"]
