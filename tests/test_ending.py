@@ -98,3 +98,27 @@ def test_exit_codes_name_their_signals() -> None:
     assert ending.signal_of(-6) == "SIGABRT"
     assert ending.signal_of(137) == "SIGKILL"
     assert ending.signal_of(1) is None and ending.signal_of(0) is None
+
+
+def test_train_keeps_the_ray_logs_of_a_run_that_did_not_exit_0_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same Ray session (the run's driver pid in its samples) gives a failed run its worker's
+    last error and leaves a clean run's folder without Ray's teardown lines."""
+    from verl_recipes.train import worker_errors
+
+    logs = tmp_path / "tmp" / "ray" / "session_x" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "python-core-driver-01000000_4242.log").write_text("")
+    (logs / "worker-abc-01000000-77.err").write_text("RuntimeError: CUDA error: an illegal memory access\n")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "tmp"))
+    for rc in (0, -6):
+        run = tmp_path / f"run{rc}"
+        run.mkdir()
+        (run / rundir.SAMPLES).write_text(json.dumps({"kind": "start", "pid": 4242}) + "\n")
+        found = worker_errors(run, rc)
+        if rc == 0:
+            assert found == [] and not (run / rundir.RAY_LOGS).exists()
+        else:
+            assert [e["file"] for e in found] == ["ray-logs/worker-abc-01000000-77.err"]
+            assert "illegal memory access" in found[0]["last_error"]
