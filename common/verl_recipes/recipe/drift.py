@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.rundir import CONFIG, read_provenance
@@ -49,6 +48,8 @@ def recipe_keys(recipe: Recipe, variants: list[str]) -> dict[str, Any]:
 
 def drift(recipe: Recipe, run_dir: Path) -> list[tuple[str, Any, Any]]:
     """(key, the recipe's value now, the run's value) for each key that differs in what ran."""
+    from omegaconf import OmegaConf  # verl's config library: not at import (the recipe wing's rule)
+
     from verl_recipes.plan.host_runs import fixes_off
     from verl_recipes.plan.inputs import CRITIC_BATCHING_FIX
 
