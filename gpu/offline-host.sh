@@ -61,6 +61,7 @@ case "$cmd" in
     size=${3:?usage: gpu/offline-host.sh pieces CHUNK_DIR OUT SIZE (e.g. 47M)}
     [[ -f "$src/manifest.json" && -f "$src/install.sh" ]] || { echo "pieces: $src has no manifest.json and install.sh: not a wheelhouse" >&2; exit 2; }
     [[ ! -e "$out" ]] || { echo "pieces: $out exists; name a new folder" >&2; exit 2; }
+    [[ "$size" =~ ^[1-9][0-9]*[KMG]?$ ]] || { echo "pieces: size $size: give bytes or K, M, G (47M)" >&2; exit 2; }
     mapfile -t files < <(python3 -c 'import json, sys; [print(c["file"]) for c in json.load(open(sys.argv[1]))["chunks"]]' "$src/manifest.json")
     for f in "${files[@]}"; do [[ -f "$src/$f" ]] || { echo "pieces: $src/$f is missing" >&2; exit 2; }; done
     mkdir -p "$out"

@@ -420,6 +420,8 @@ def test_offline_host_carries_a_wheelhouse_in_pieces_smaller_than_its_chunks(hou
     assert len(pieces) == -(-total // (70 * 1024)) and len(pieces) > len(_chunks(house))
     assert all(p.stat().st_size <= 70 * 1024 for p in pieces)
     assert sh("pieces", house, out, "70K").returncode == 2  # an existing folder is never written into
+    typo = sh("pieces", house, tmp_path / "typo", "lots")
+    assert typo.returncode == 2 and "size lots" in typo.stderr and not (tmp_path / "typo").exists()
 
     def carry(names: list[str], n: int) -> Path:
         d = tmp_path / f"carry-{n}"
