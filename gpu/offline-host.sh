@@ -100,35 +100,13 @@ case "$cmd" in
       echo "gathered $have of $(wc -l <"$keep/PIECES") pieces in $keep; still missing: ${missing[*]}"
       exit 0
     fi
-    # every piece is here: cut the stream back into the manifest's chunks, which install.sh checks
+    # every piece is here: cut the stream back at the manifest's chunk size (every chunk but the
+    # last has it) under the chunks' own names; install.sh checks each one's sha256
+    read -r csize cprefix < <(python3 -c 'import json, sys; c = json.load(open(sys.argv[1]))["chunks"][0]; print(c["size"], c["file"].rsplit("-", 1)[0] + "-")' "$keep/manifest.json")
     rm -rf "$keep/chunks"
     mkdir "$keep/chunks"
-    python3 - "$keep" <<'PY'
-import json, sys
-from pathlib import Path
-
-keep = Path(sys.argv[1])
-names = [line.split()[1] for line in (keep / "PIECES").read_text().splitlines() if line.strip()]
-pieces = iter(names)
-cur = None
-
-def read(n: int) -> bytes:
-    global cur
-    out = b""
-    while len(out) < n:
-        if cur is None:
-            cur = open(keep / next(pieces), "rb")
-        got = cur.read(n - len(out))
-        if not got:
-            cur.close()
-            cur = None
-            continue
-        out += got
-    return out
-
-for c in json.loads((keep / "manifest.json").read_text())["chunks"]:
-    (keep / "chunks" / c["file"]).write_bytes(read(int(c["size"])))
-PY
+    mapfile -t names < <(awk '{print $2}' "$keep/PIECES")
+    (cd "$keep" && cat "${names[@]}") | split -b "$csize" -d -a 3 - "$keep/chunks/$cprefix"
     cp "$keep/install.sh" "$keep/manifest.json" "$keep/chunks/"
     bash "$keep/chunks/install.sh" --stage "$keep/chunks" --into "$STAGE"
     rm -rf "$keep"

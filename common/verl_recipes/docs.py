@@ -123,14 +123,13 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
             # and so is one measured before the recipe's deltas moved on: name the keys that differ
-            runs_here = doc.get("source_runs") or [doc.get("source_run")]
-            if runs_here and runs_here[0] and (r.dir / runs_here[0] / CONFIG).is_file():
-                moved = drift_label(r, r.dir / runs_here[0])
+            runs = doc.get("source_runs") or [doc.get("source_run")]
+            if runs[0] and (r.dir / runs[0] / CONFIG).is_file():
+                moved = drift_label(r, r.dir / runs[0])
                 cap += f", {moved}" if moved else ""
             peak, tput, step = _figures(doc)
             offer = pick_offer(offers, _GPU_IDS.get(gpu_name, ""))
             cost = compute_cost(offer, n, from_verl_throughput(tput, n)) if offer and tput else None
-            runs = doc.get("source_runs") or [doc.get("source_run")]
             rows.append(
                 f"| {r.id} | [{variants}{cap}](recipes/{r.id}/{name}) | {n}x {gpu_name} "
                 f"| {peak:.1f} | {tput:,.0f} | {step:.1f} "

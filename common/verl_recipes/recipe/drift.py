@@ -12,11 +12,8 @@ a critic.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.rundir import CONFIG, read_provenance
@@ -30,19 +27,14 @@ CRITIC_BATCHING_KEYS = (
 )
 
 
-def _leaves(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            yield from _leaves(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
-
-
 def recipe_keys(recipe: Recipe, variants: list[str]) -> dict[str, Any]:
     """Every leaf key the recipe's deltas set for these variants, with its value (later files win)."""
+    from verl_recipes.recipe.compose import load_delta
+    from verl_recipes.recipe.verl_schema import _leaves
+
     want: dict[str, Any] = {}
     for name in ["config.yaml", *(recipe.variants[v] for v in variants)]:
-        want.update(_leaves(yaml.safe_load((recipe.dir / name).read_text()) or {}))
+        want.update((key, value) for key, value, section in _leaves(load_delta(recipe.dir / name)) if not section)
     return want
 
 
