@@ -494,6 +494,12 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
         assert f"measured run {run.run_dir.name}:" in capsys.readouterr().out
     _, ppo, _ = load_setup("7b-lora", [], [])
     assert "verl-sync" not in _rate_run(ppo, "7b-lora").run_dir.name
-    # no committed run trained the 24 GB-card settings uncapped: no price from another configuration
-    assert main(["plan", "7b-lora", "--variant", "24gib", "--gpu", "h200-141g"]) == 0
+    # the 24 GB-card settings ran only under --cap-gib: their runs are named, and price nothing
+    # (an H200's compute behind a 22.5 GiB slice is no card's rate)
+    assert main(["plan", "7b-lora", "--variant", "24gib", "--gpu", "h200-141g", "--gpu", "a10g-24g"]) == 0
+    out = capsys.readouterr().out
+    assert "h200x1-ppo-24gib-cap22.5" in out and "under 22.5 GiB" in out and "pass --tokens-per-s" in out
+    assert "$" not in out.split("cost:", 1)[1]
+    # a configuration no run trained at all says so
+    assert main(["plan", "7b-lora", "--set", "data.train_batch_size=16", "--gpu", "h200-141g"]) == 0
     assert "no committed run of this configuration measured a rate" in capsys.readouterr().out

@@ -107,3 +107,62 @@ def test_step_time_is_the_median_of_steps_two_on(root: Path) -> None:
     assert measured(summary)["step_time_s"] == pytest.approx(later[len(later) // 2])
     one = {**summary, "steps": summary["steps"][:1]}  # a one-step run keeps its one step
     assert measured(one)["step_time_s"] == pytest.approx(times[1])
+
+
+CAPPED = Path("recipes/7b-lora/results/h200x1-ppo-24gib-cap22.5")  # expected/h200x1-24gib-cap22.5.yaml
+CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-24gib-cap22.5.yaml"
+
+
+def _host_doctored(root: Path, tmp_path: Path, factor: float) -> Path:
+    run = tmp_path / "host-doctored"
+    shutil.copytree(root / CAPPED, run)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["peak"]["host"]["rss_gib"] *= factor
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+@pytest.mark.parametrize(("factor", "words"), [(1.2, "> upper bound"), (0.5, "< lower bound")])
+def test_host_ram_of_a_doctored_capped_run_fails(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], factor: float, words: str
+) -> None:
+    """The offloaded recipe's host RAM is bounded on both sides: far more is a leak or a host
+    unlike the bounds' one, far less means the weights did not go to the host."""
+    run = _host_doctored(root, tmp_path, factor)
+    expected = str(Path(CAPPED_BOUNDS).relative_to("recipes/7b-lora"))
+    assert main(["validate", "7b-lora", "--run", str(run), "--expected", expected]) == 1
+    out = capsys.readouterr().out
+    assert "host RSS peak" in out and words in out
+    assert main(["validate", "7b-lora", "--run", str(root / CAPPED), "--expected", expected]) == 0
+
+
+def test_host_bounds_are_rss_only_and_a_run_without_host_data_fails(root: Path, tmp_path: Path) -> None:
+    """PSS is read once a minute, so only the 2 Hz RSS peak is bounded; a run whose monitor read
+    no host memory cannot pass a file that bounds it."""
+    doc = write_bounds([root / CAPPED], tmp_path / "b.yaml", get_recipe("7b-lora"))
+    m = measured(load_summary(root / CAPPED))
+    assert set(doc["bounds"]["host_gib"]) == {"rss"}
+    rss = m["host_gib"]["rss"]
+    assert doc["bounds"]["host_gib"]["rss"] == pytest.approx([rss * 0.8, rss * 1.05], abs=1e-3)
+    assert m["host_gib"]["pss"] < m["host_gib"]["rss"]
+    summary = load_summary(root / CAPPED)
+    del summary["peak"]["host"]
+    assert any("host RSS: not measured" in e for e in check(summary, doc, "x"))
+
+
+def test_every_capped_bounds_run_fits_under_its_cap_for_three_steps(root: Path) -> None:
+    """The 24 GB card verdict in numbers: each capped run behind a bounds file finished 3+ steps
+    with the whole device's NVML peak (every process, not one allocator) under its cap."""
+    recipe = get_recipe("7b-lora")
+    capped = 0
+    for name in recipe.expected:
+        doc = yaml.safe_load((recipe.dir / name).read_text())
+        for src, prov in doc["provenance"].items():
+            if prov.get("cap_gib") is None:
+                continue
+            capped += 1
+            summary = load_summary(recipe.dir / src)
+            peak = max(float(v["used_gib"]) for v in summary["peak"]["gpu"].values())
+            assert peak < float(prov["cap_gib"]), (name, src, peak)
+            assert measured(summary)["steps"] >= 3 and summary["ended"]["ok"], (name, src)
+    assert capped >= 5

@@ -16,6 +16,15 @@ to refresh the bounds.
 
 GPUs are compared by their position in the run (0 = the run's first GPU), not by NVML index, so a
 run on CUDA_VISIBLE_DEVICES=1 is checked against bounds measured on GPU 0.
+
+Host RAM is bounded too, where a run measured it: the peak RSS of the run's process tree, read at
+2 Hz, with the same two-sided margins (an offloaded recipe that holds far less RAM than its bounds
+did not offload). PSS is kept in `measured` but never bounded: the monitor reads it once a minute
+(`--full-mem-interval`), so its largest read lands anywhere below the true peak and a rerun's read
+can be half the bounds run's without anything having changed. RSS counts shared pages once per
+process, so the true PSS peak lies between the largest PSS read and the RSS peak. Both grow with the
+host's cores (Ray starts more worker processes), so a host bound holds for hosts like the one its
+runs had; the file's note names it.
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ def _ordinals(summary: Summary) -> dict[str, str]:
 
 
 def measured(summary: Summary) -> dict[str, Any]:
-    """The quantities bounds are set on: phase peaks per GPU, median step time and throughput (steps 2+)."""
+    """The quantities bounds are set on: phase peaks per GPU, the host RAM peaks, median step time and
+    throughput (steps 2+)."""
     mem: dict[str, dict[str, float]] = {}
     pos = _ordinals(summary)
     for phase, peaks in (summary.get("phases") or {}).items():
@@ -57,8 +67,12 @@ def measured(summary: Summary) -> dict[str, Any]:
     steps = summary.get("steps") or []
     times = [t for s in steady_steps(steps) if (t := s.get("time_s"))]
     tput = [x for s in steady_steps(steps) if (x := s.get("throughput"))]
+    peak = summary.get("peak")
+    host = peak.get("host") if peak else None
+    reads = (("rss", host.get("rss_gib") if host else None), ("pss", host.get("pss_gib") if host else None))
     return {
         "memory_gib": mem,
+        "host_gib": {k: float(v) for k, v in reads if v is not None},
         "step_time_s": statistics.median(times) if times else None,
         "throughput_tok_s": statistics.median(tput) if tput else None,
         "steps": len(steps),
@@ -116,6 +130,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
         "measured": {source(r): m for r, m in zip(run_dirs, ms, strict=True)},
         "bounds": {
             "memory_gib": mem_bounds,
+            **({"host_gib": {"rss": rss}} if (rss := lo_hi([m["host_gib"].get("rss") for m in ms])) else {}),
             "step_time_s": lo_hi([m["step_time_s"] for m in ms]),
             "throughput_tok_s": lo_hi([m["throughput_tok_s"] for m in ms]),
             "min_steps": min(m["steps"] for m in ms),
@@ -145,6 +160,15 @@ def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]
                 errors.append(f"{label}: phase {phase} GPU {gpu}: {got:.2f} GiB > upper bound {band[1]:.2f} GiB")
             elif got < band[0]:
                 errors.append(f"{label}: phase {phase} GPU {gpu}: {got:.2f} GiB < lower bound {band[0]:.2f} GiB")
+    rss_band = (b.get("host_gib") or {}).get("rss")
+    if rss_band is not None:
+        rss = m["host_gib"].get("rss")
+        if rss is None:
+            errors.append(f"{label}: host RSS: not measured (bound {rss_band[0]}-{rss_band[1]} GiB)")
+        elif rss > rss_band[1]:
+            errors.append(f"{label}: host RSS peak {rss:.2f} GiB > upper bound {rss_band[1]:.2f} GiB")
+        elif rss < rss_band[0]:
+            errors.append(f"{label}: host RSS peak {rss:.2f} GiB < lower bound {rss_band[0]:.2f} GiB")
     # Time is one-sided: slower fails, faster only notes that the bounds could be refreshed.
     for key, unit, slower_is_high in (("step_time_s", "s", True), ("throughput_tok_s", "tokens/s", False)):
         band = b.get(key)

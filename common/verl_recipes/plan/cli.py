@@ -324,6 +324,33 @@ def _rate_run(s: Setup, recipe_id: str) -> Any:
     return max(same, key=lambda t: t[:2])[2] if same else None
 
 
+def _capped_runs(s: Setup, recipe_id: str) -> list[Any]:
+    """Committed runs of this configuration made under `train --cap-gib`: the same Setup but for
+    vLLM's gpu_memory_utilization, which the cap rescales to a fraction of the larger GPU. They
+    measure a card of the cap's size in memory only: their rate is the larger GPU's compute
+    behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
+    from dataclasses import replace
+
+    from verl_recipes.plan.host_runs import fixes_off
+    from verl_recipes.plan.validate import _run_setup, measured_runs
+    from verl_recipes.rundir import read_provenance
+
+    out = []
+    for run in measured_runs():
+        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
+            continue
+        if read_provenance(run.run_dir).get("cap_gib") is None:
+            continue
+        try:
+            rs = _run_setup(run)
+        except RecipeError:
+            continue
+        util = s.rollout.gpu_memory_utilization
+        if replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s:
+            out.append(run)
+    return sorted(out, key=lambda r: r.run_dir.name)
+
+
 def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -337,6 +364,17 @@ def _costs(
 
         run = _rate_run(s, recipe.id)
         if run is None:
+            capped = _capped_runs(s, recipe.id)
+            if capped:
+                caps = ", ".join(
+                    f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under "
+                    f"{read_provenance(r.run_dir).get('cap_gib')} GiB"
+                    for r in capped
+                )
+                return [
+                    f"cost: this configuration's committed runs ran on a larger GPU under --cap-gib ({caps}): "
+                    "that measures a card of the cap's size in memory, not in speed; pass --tokens-per-s"
+                ], []
             return ["cost: no committed run of this configuration measured a rate; pass --tokens-per-s"], []
         assert run.per_gpu_throughput is not None
         rate = from_verl_throughput(run.per_gpu_throughput, s.world)
