@@ -575,3 +575,36 @@ def test_sigterm_is_forwarded_and_recorded(tmp_path: Path) -> None:
     assert mon.wait(timeout=30) == 128 + signal.SIGTERM  # the child's exit: killed by the forwarded SIGTERM
     recs, bad = read_jsonl(tmp_path / SAMPLES_FILE)
     assert bad == 0 and recs[-1]["kind"] == "exit" and recs[-1]["rc"] == -signal.SIGTERM
+
+
+# A child that waits, then holds 400 MiB of touched memory for 2.5 s, frees it and lives on: a host
+# peak between two periodic USS/PSS reads.
+_SPIKE = textwrap.dedent(
+    """
+    import sys, time
+    time.sleep(1.5)
+    x = bytearray(b'\\x01') * (400 << 20)
+    time.sleep(2.5)
+    del x
+    time.sleep(1.5)
+    """
+)
+
+
+def test_pss_is_read_at_a_host_peak_between_periodic_reads(tmp_path: Path) -> None:
+    """Periodic USS/PSS reads are minutes apart on a real run; a peak of seconds (the offloaded
+    recipe's load copy) still gets one, taken at the RSS high, not after it is gone."""
+    child = subprocess.Popen([sys.executable, "-c", _SPIKE])
+    with Monitor(tmp_path, root_pid=child.pid, full_mem_s=600.0, peak_gap_s=0.3) as mon:
+        child.wait(timeout=30)
+    host = [s["host"] for s in _samples(tmp_path) if "host" in s]
+    periodic = [h for h in host if h["pss"] is not None and h.get("read") != "peak"]
+    peaks = [h for h in host if h.get("read") == "peak"]
+    assert len(periodic) == 1  # the first reading only: the next periodic one is 600 s away
+    assert max(h["rss"] for h in host) >= 400 * MiB
+    assert peaks and max(h["pss"] for h in peaks) >= 390 * MiB, [h["pss"] / MiB for h in peaks]
+    assert max(h["uss"] for h in peaks) >= 390 * MiB
+    # each read raises the mark by 10% or more: a few reads, not one per sample
+    assert mon.peak_reads == len(peaks) <= 4
+    recs, _ = read_jsonl(tmp_path / SAMPLES_FILE)
+    assert recs[-1]["kind"] == "exit" and recs[-1]["peak_reads"] == len(peaks)

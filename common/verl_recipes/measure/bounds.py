@@ -19,9 +19,10 @@ run on CUDA_VISIBLE_DEVICES=1 is checked against bounds measured on GPU 0.
 
 Host RAM is bounded too, where a run measured it: the peak RSS of the run's process tree, read at
 2 Hz, with the same two-sided margins (an offloaded recipe that holds far less RAM than its bounds
-did not offload). PSS is kept in `measured` but never bounded: the monitor reads it once a minute
-(`--full-mem-interval`), so its largest read lands anywhere below the true peak and a rerun's read
-can be half the bounds run's without anything having changed. RSS counts shared pages once per
+did not offload). PSS is kept in `measured` but never bounded: the monitor reads it minutes apart
+and at RSS highs, not at 2 Hz, so its largest read can fall below the true peak; in the committed
+runs, read once a minute (`--full-mem-interval`), the same configuration's largest read was 32.16
+GiB in h200x1-ppo and 20.27 GiB in h200x1-ppo-3. RSS counts shared pages once per
 process, so the true PSS peak lies between the largest PSS read and the RSS peak. Both grow with the
 host's cores (Ray starts more worker processes), so a host bound holds for hosts like the one its
 runs had; the file's note names it.

@@ -14,7 +14,9 @@ What is sampled:
   memory (which process holds what; it changes at phase boundaries, not within 100 ms);
 - every `host_s` (default 0.5 s), host memory of the monitored process set: RSS of every member;
   USS and PSS (from /proc/PID/smaps_rollup, slower) every `full_mem_s` at most, and no more often
-  than keeps their cost under `full_mem_share` of one core (see Overhead).
+  than keeps their cost under `full_mem_share` of one core (see Overhead), and besides at each new
+  RSS high more than 10% above the RSS of the highest USS/PSS read so far (`PEAK_RISE`, at most
+  every `PEAK_GAP_S`), so that a host peak of seconds has its PSS read.
 
 The monitored process set is the command's process tree, refreshed every `tree_s`, plus any process
 whose environment carries VERL_RECIPES_RUN_DIR=<this run dir> (scanned every `env_scan_s`). verl's
@@ -31,8 +33,10 @@ line on a full disk; readers skip it). Records (`kind`):
   total_bytes, driver}], nvml_error (why there are no GPU fields, e.g. on a CPU host);
 - proc: t, pid, class, name, cmdline (a process joined the set or changed its title);
 - sample: t, gpus [{index, used, and every `procs_s`: util, mem_util, procs [{pid, used, class}]}],
-  and every `host_s`: host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss}};
-- exit: t, rc, samples, sampler_cpu_s (and per part, sampler_cpu_parts_s), members_max, wall_s
+  and every `host_s`: host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss},
+  and read: "peak" on a USS/PSS read taken at an RSS high};
+- exit: t, rc, samples, sampler_cpu_s (and per part, sampler_cpu_parts_s), members_max,
+  full_reads and peak_reads (USS/PSS reads in all, and those taken at RSS highs), wall_s
   (absent when the monitor itself was killed).
 
 Overhead: the sampler runs in a thread and accounts its own CPU time (time.thread_time) per part;
@@ -46,7 +50,8 @@ NVML on an H200 (2026-11-30, test_sampler_overhead_with_nvml). USS and PSS (smap
 walks every mapping of the CUDA processes) cost 0.32-0.37 s a read for the 51-68 processes of a 7B
 verl run on the H200 (three runs, 2026-11-30): read every 60 s they add 0.59-0.64% of a core to the
 rest's 0.64-0.70%, so after each read the next one waits that read's cost / `full_mem_share`
-(default 0.1% of a core: ~6 minutes there), never less than `full_mem_s`. The tree refresh
+(default 0.1% of a core: ~6 minutes there), never less than `full_mem_s`. The reads at RSS highs
+come on top, a few per run (each raises the mark by 10%; tests/test_monitor.py counts them). The tree refresh
 (0.27-0.34% of a core in those runs) keeps every member's cmdline open and re-reads it with pread,
 like statm; the `tree` part that test_sampler_overhead prints shows its cost.
 """
@@ -76,6 +81,14 @@ from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 # USS/PSS reads may take at most this share of one core: on the H200 one read of 51-68 verl
 # processes cost 0.32-0.37 s of CPU (smaps_rollup walks every mapping of the CUDA processes).
 FULL_MEM_SHARE = 0.001
+# A USS/PSS read is also taken when the host RSS climbs more than PEAK_RISE above the RSS of the
+# highest USS/PSS read so far, at most every PEAK_GAP_S: the periodic reads, minutes apart, miss a
+# host peak that lasts seconds (the load copy of an offloaded 7B recipe: 12 GiB for about 6 s,
+# freed at once, so a read after the turn would see it gone). Each read raises the mark, so a run
+# whose RSS climbs from 20 to 72 GiB takes at most 14 of them, about 5 s of CPU at the 0.35 s a
+# read of a 7B run's processes costs (a bound, not a measurement).
+PEAK_RISE = 0.10
+PEAK_GAP_S = 5.0
 GIB = 1024**3
 
 # Process classes, in the order reports list them.
@@ -409,6 +422,7 @@ class Monitor:
         env_scan_s: float = 5.0,
         host_s: float = 0.5,
         procs_s: float = 0.5,
+        peak_gap_s: float = PEAK_GAP_S,
     ) -> None:
         if interval <= 0:
             raise RecipeError(f"--interval must be > 0 seconds, got {interval}")
@@ -421,6 +435,10 @@ class Monitor:
         self.full_mem_share = full_mem_share
         self._full_gap = full_mem_s  # grows with the measured cost of a USS/PSS read
         self.full_reads = 0
+        self.peak_reads = 0  # USS/PSS reads taken at an RSS peak (PEAK_*), counted in full_reads too
+        self._rss_read_high = 0  # the highest RSS at which USS/PSS was read
+        self._last_peak_read = -1e18
+        self.peak_gap_s = peak_gap_s
         self.host_s, self.procs_s = host_s, procs_s
         self._host_due = self._procs_due = -1e18
         marker = run_marker(self.out_dir)
@@ -488,13 +506,25 @@ class Monitor:
             full = mono - self._last_full >= self._full_gap
             if full:
                 self._last_full = mono
-            rec["host"] = self.procs.host(full)
+            host = self.procs.host(full)
             c3 = time.thread_time()
             self._charge("host_full" if full else "host_rss", c3 - c2)
             if full:
                 self.full_reads += 1
                 # space the next USS/PSS read so that these reads stay within their share of a core
                 self._full_gap = max(self.full_mem_s, (c3 - c2) / self.full_mem_share)
+            elif self._at_peak(host["rss"], mono):
+                host = self.procs.host(True)
+                host["read"] = "peak"
+                self._last_peak_read = mono
+                self.full_reads += 1
+                self.peak_reads += 1
+                c3b = time.thread_time()
+                self._charge("host_full", c3b - c3)
+                c3 = c3b
+            if host["pss"] is not None:
+                self._rss_read_high = max(self._rss_read_high, host["rss"])
+            rec["host"] = host
             c2 = c3
         self.writer.write(rec)
         self.samples += 1
@@ -502,6 +532,11 @@ class Monitor:
         self._charge("write", c4 - c2)
         self.sampler_cpu_s += c4 - c0
         return rec
+
+    def _at_peak(self, rss: int, mono: float) -> bool:
+        """Whether this RSS reading is a new high that no USS/PSS read has seen: more than
+        PEAK_RISE above the RSS of the highest USS/PSS read so far, PEAK_GAP_S after the last such read."""
+        return mono - self._last_peak_read >= self.peak_gap_s and rss > self._rss_read_high * (1 + PEAK_RISE)
 
     def _charge(self, part: str, cpu_s: float) -> None:
         """Account the sampler's CPU time per part, so an overhead above budget names its cause
@@ -546,6 +581,7 @@ class Monitor:
                 "sampler_cpu_parts_s": {k: round(v, 6) for k, v in sorted(self.sampler_cpu_parts_s.items())},
                 "members_max": self.members_max,
                 "full_reads": self.full_reads,
+                "peak_reads": self.peak_reads,
                 "wall_s": round(time.time() - self._t0, 6),
             }
         )
