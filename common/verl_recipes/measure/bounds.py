@@ -143,6 +143,19 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
     return doc
 
 
+def _two_sided(what: str, got: float | None, band: list[float] | None) -> list[str]:
+    """A memory figure against its band: over or far under it is one line naming it."""
+    if band is None:
+        return []
+    if got is None:
+        return [f"{what} not measured (bound {band[0]}-{band[1]} GiB)"]
+    if got > band[1]:
+        return [f"{what} {got:.2f} GiB > upper bound {band[1]:.2f} GiB"]
+    if got < band[0]:
+        return [f"{what} {got:.2f} GiB < lower bound {band[0]:.2f} GiB"]
+    return []
+
+
 def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]:
     """Every violated bound as one line naming the phase and GPU; empty when the run passes."""
     m = measured(summary)
@@ -152,24 +165,10 @@ def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]
         errors.append(f"{label}: {m['steps']} steps measured, the bounds need at least {b['min_steps']}")
     for phase, gpus in (b.get("memory_gib") or {}).items():
         for gpu, band in gpus.items():
-            if band is None:
-                continue
             got = m["memory_gib"].get(phase, {}).get(str(gpu))
-            if got is None:
-                errors.append(f"{label}: phase {phase} GPU {gpu}: not measured (bound {band[0]}-{band[1]} GiB)")
-            elif got > band[1]:
-                errors.append(f"{label}: phase {phase} GPU {gpu}: {got:.2f} GiB > upper bound {band[1]:.2f} GiB")
-            elif got < band[0]:
-                errors.append(f"{label}: phase {phase} GPU {gpu}: {got:.2f} GiB < lower bound {band[0]:.2f} GiB")
+            errors += _two_sided(f"{label}: phase {phase} GPU {gpu}:", got, band)
     rss_band = (b.get("host_gib") or {}).get("rss")
-    if rss_band is not None:
-        rss = m["host_gib"].get("rss")
-        if rss is None:
-            errors.append(f"{label}: host RSS: not measured (bound {rss_band[0]}-{rss_band[1]} GiB)")
-        elif rss > rss_band[1]:
-            errors.append(f"{label}: host RSS peak {rss:.2f} GiB > upper bound {rss_band[1]:.2f} GiB")
-        elif rss < rss_band[0]:
-            errors.append(f"{label}: host RSS peak {rss:.2f} GiB < lower bound {rss_band[0]:.2f} GiB")
+    errors += _two_sided(f"{label}: host RSS peak", m["host_gib"].get("rss"), rss_band)
     # Time is one-sided: slower fails, faster only notes that the bounds could be refreshed.
     for key, unit, slower_is_high in (("step_time_s", "s", True), ("throughput_tok_s", "tokens/s", False)):
         band = b.get(key)
