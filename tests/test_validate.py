@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,21 @@ def test_committed_run_passes_its_bounds(root: Path) -> None:
     assert main(["validate", "7b-lora"]) == 0
 
 
-def _doctored(root: Path, tmp_path: Path, phase: str, factor: float, src: Path = RUN) -> Path:
+def _edited(root: Path, tmp_path: Path, src: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of a committed run folder whose summary.json `edit` has changed."""
     run = tmp_path / "doctored"
     shutil.copytree(root / src, run)
     summary = json.loads((run / "summary.json").read_text())
-    summary["phases"][phase]["gpu"]["0"]["used_gib"] *= factor
+    edit(summary)
     (run / "summary.json").write_text(json.dumps(summary))
     return run
+
+
+def _doctored(root: Path, tmp_path: Path, phase: str, factor: float, src: Path = RUN) -> Path:
+    def edit(summary: dict) -> None:
+        summary["phases"][phase]["gpu"]["0"]["used_gib"] *= factor
+
+    return _edited(root, tmp_path, src, edit)
 
 
 def test_doctored_run_fails_naming_phase_and_gpu(
@@ -114,12 +123,10 @@ CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-24gib-cap22.5.yaml"
 
 
 def _host_doctored(root: Path, tmp_path: Path, factor: float) -> Path:
-    run = tmp_path / "host-doctored"
-    shutil.copytree(root / CAPPED, run)
-    summary = json.loads((run / "summary.json").read_text())
-    summary["peak"]["host"]["rss_gib"] *= factor
-    (run / "summary.json").write_text(json.dumps(summary))
-    return run
+    def edit(summary: dict) -> None:
+        summary["peak"]["host"]["rss_gib"] *= factor
+
+    return _edited(root, tmp_path, CAPPED, edit)
 
 
 @pytest.mark.parametrize(("factor", "words"), [(1.2, "> upper bound"), (0.5, "< lower bound")])

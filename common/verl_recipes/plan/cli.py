@@ -302,25 +302,35 @@ def plan_json(
     }
 
 
+def _fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
+    """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
+    verl's code with every fix of the recipe on."""
+    from verl_recipes.plan.host_runs import fixes_off
+    from verl_recipes.plan.validate import _run_setup, measured_runs
+
+    out = []
+    for run in measured_runs():
+        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
+            continue
+        try:
+            out.append((run, _run_setup(run)))
+        except RecipeError:
+            continue
+    return out
+
+
 def _rate_run(s: Setup, recipe_id: str) -> Any:
     """The committed run whose rate prices `s`: one that trained this very configuration (the same
     Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
     on, the newest such. A run of another variant, batch or weight sync would price a job the user
     did not ask for: verl's own sync runs 2-3x slower than the recipe's."""
-    from verl_recipes.plan.host_runs import fixes_off
-    from verl_recipes.plan.validate import _run_setup, measured_runs
     from verl_recipes.rundir import read_provenance
 
-    same = []
-    for run in measured_runs():
-        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
-            continue
-        try:
-            if _run_setup(run) != s:
-                continue
-        except RecipeError:
-            continue
-        same.append((str(read_provenance(run.run_dir).get("date_utc") or ""), run.run_dir.name, run))
+    same = [
+        (str(read_provenance(run.run_dir).get("date_utc") or ""), run.run_dir.name, run)
+        for run, rs in _fixed_runs(recipe_id)
+        if rs == s
+    ]
     return max(same, key=lambda t: t[:2])[2] if same else None
 
 
@@ -331,23 +341,15 @@ def _capped_runs(s: Setup, recipe_id: str) -> list[Any]:
     behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
     from dataclasses import replace
 
-    from verl_recipes.plan.host_runs import fixes_off
-    from verl_recipes.plan.validate import _run_setup, measured_runs
     from verl_recipes.rundir import read_provenance
 
-    out = []
-    for run in measured_runs():
-        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
-            continue
-        if read_provenance(run.run_dir).get("cap_gib") is None:
-            continue
-        try:
-            rs = _run_setup(run)
-        except RecipeError:
-            continue
-        util = s.rollout.gpu_memory_utilization
-        if replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s:
-            out.append(run)
+    util = s.rollout.gpu_memory_utilization
+    out = [
+        run
+        for run, rs in _fixed_runs(recipe_id)
+        if read_provenance(run.run_dir).get("cap_gib") is not None
+        and replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s
+    ]
     return sorted(out, key=lambda r: r.run_dir.name)
 
 
