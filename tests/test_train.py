@@ -45,7 +45,7 @@ def test_rehearsal_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> No
     assert "parameters loaded in transformers" in out
     assert "rows in verl's RLHFDataset" in out
     assert "training needs an NVIDIA GPU" in out
-    assert "verl.trainer.main_ppo --config-path" in out
+    assert "verl_recipes.worker.driver --config-path" in out
     cfg = (tmp_path / "run" / "verl_config.yaml").read_text()
     assert "worker_process_setup_hook: verl_recipes.worker.hooks.setup" in cfg
     assert "lora_rank: 64" in cfg

@@ -87,7 +87,7 @@ def test_verl_critic_lora_fails(value_model_dir: Path) -> None:
 def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path) -> None:
     applied = verl_fixes.apply()
     fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
-    fixes.append("critic-engine-batching")
+    fixes += ["critic-engine-batching", "ray-local-start"]
     assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 

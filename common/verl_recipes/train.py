@@ -6,9 +6,10 @@ would refuse, the rehearsal refuses, with the same line. The user's `--model` an
 read, never written (`verl_recipes.workload.userpaths`), and a `--run-dir` is new, empty, or
 resumed.
 
-With a GPU it then makes (or takes) the model and dataset, and starts
-``python -m verl.trainer.main_ppo`` on the saved, fully composed config under the NVML monitor,
-with provenance, phase attribution and a report in one run folder.
+With a GPU it then makes (or takes) the model and dataset, and starts verl's own ``main_ppo``
+(through `verl_recipes.worker.driver`, which applies the driver-side fixes first) on the saved,
+fully composed config under the NVML monitor, with provenance, phase attribution and a report in
+one run folder.
 
 Without a GPU it rehearses everything a CPU can check: install verification, the pre-flight, the
 model (a tiny synthetic one unless `--model`) loading in transformers, the dataset loading in
@@ -40,6 +41,8 @@ from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF, FIXES
 
 GIB = 1024**3
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
+#: the trainer's entry point: verl's main_ppo behind the driver-side fixes
+DRIVER = "verl_recipes.worker.driver"
 
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -210,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     cfg_path = run_dir / rundir.CONFIG
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(run_dir), "--config-name", cfg_path.stem]
+    cmd = [sys.executable, "-m", DRIVER, "--config-path", str(run_dir), "--config-name", cfg_path.stem]
 
     def write_run(cfg: Any) -> None:
         """The run folder's command and config, once the model and data exist (a resumed run keeps its own)."""

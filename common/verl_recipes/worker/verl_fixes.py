@@ -41,6 +41,14 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    whatever its configuration says (the 7B profile: one micro-batch of 8 where the config says 2),
    which puts the 70B recipe's critic update over an 80 GB card. The fix copies the critic's own
    keys into its engine config when the critic's config is built.
+6. `verl.trainer.main_ppo.run_ppo` starts the one-host Ray cluster with everything it sets as the
+   job's runtime_env, so none of the workers Ray prestarts (one per CPU) can serve the job and each
+   of the trainer's first actors waits about 2 s for a worker of its own; Ray's dashboard also
+   starts, and ``ray.init`` waits for it. The fix (`verl_recipes.worker.ray_start`) puts the
+   runtime_env's variables and setup hook in the driver's environment, which the raylet and every
+   worker inherit, and starts Ray with no job runtime_env and without the dashboard. It applies in
+   the driver only (`verl_recipes.worker.driver`, the launcher's entry point), and only where verl
+   starts a local cluster; a cluster elsewhere (Slurm, ``RAY_ADDRESS``) keeps verl's runtime_env.
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
@@ -345,6 +353,14 @@ def _patch_logprobs(torch_functional: ModuleType) -> None:
         torch_functional.logprobs_from_logits_v2 = logprobs_from_logits_chunked  # type: ignore[attr-defined]
 
 
+def _patch_ray_start(main_ppo: ModuleType) -> None:
+    from verl_recipes.worker.ray_start import RayLocalStart
+
+    if not isinstance(main_ppo.ray, RayLocalStart):
+        ORIGINALS["main_ppo.ray"] = main_ppo.ray
+        main_ppo.ray = RayLocalStart(main_ppo.ray)  # type: ignore[attr-defined]
+
+
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     "critic-attn-implementation": ("verl.utils.model", _patch_model_loader),
@@ -352,6 +368,7 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     "lora-merge-out-of-place": ("verl.workers.engine.fsdp.transformer_impl", _patch_merged_sync),
     "logprobs-chunked": ("verl.utils.torch_functional", _patch_logprobs),
     "critic-engine-batching": ("verl.workers.config.critic", _patch_critic_batching),
+    "ray-local-start": ("verl.trainer.main_ppo", _patch_ray_start),
 }
 
 
