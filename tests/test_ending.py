@@ -119,3 +119,17 @@ def _train_keeps_the_ray_logs_of_a_run_that_did_not_exit_0_only(base: Path, driv
             assert found == [] and not (run / rundir.RAY_LOGS).exists()
         else:
             assert any("illegal memory access" in e["last_error"] or "Aborted" in e["last_error"] for e in found)
+
+
+def test_rays_teardown_is_not_taken_for_the_cause(tmp_path: Path) -> None:
+    """A committed H200 run that died of a Python import error: every Ray core log's last line is
+    the teardown that followed (intended exits, SIGTERM), and the cause is in the driver's log."""
+    src = Path(__file__).resolve().parents[1] / "recipes/70b-3d/results/failed/h200x1-tp1-l2-no-energon"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    errors = json.loads((run / rundir.RAY_ERRORS).read_text())["errors"]
+    assert errors and all(ending._TEARDOWN.search(e["last_error"]) for e in errors if "core-worker" in e["file"])
+    ended = ending.describe(run, 1, [])
+    assert ended["error_file"] == rundir.LOG
+    assert ended["last_error"] == "ModuleNotFoundError: No module named 'megatron.energon'"
+    assert "exit 1" in ending.one_line(ended)

@@ -38,6 +38,15 @@ _NOISE = re.compile(
 )
 
 
+#: Ray's own teardown, which every process writes once the driver gives up: an intended exit, a
+#: shutdown, a SIGTERM or SIGKILL the cluster sends its own processes. It follows the error that
+#: ended the run; it never is it.
+_TEARDOWN = re.compile(
+    r"exit_type=INTENDED_|Shutdown by ray\.shutdown|received SIGTERM|Exiting with SIGTERM|"
+    r"Failed to disconnect from the local raylet|Stop: sending SIGKILL"
+)
+
+
 def ray_temp_root() -> Path:
     return Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray"
 
@@ -141,11 +150,14 @@ def describe(run_dir: Path, exit_code: int | None, phases: list[dict[str, Any]],
         except ValueError:
             errors = []
     log_err = last_error(_tail(run_dir / log_name)) if (run_dir / log_name).is_file() else None
-    # a worker's own stderr says why; Ray's core log of it, then the driver's log, say less
+    # a worker's own stderr says why; Ray's core log of it, then the driver's log, say less; Ray's
+    # teardown says nothing (a Python exception ends the run with every core log's last line an
+    # intended exit, and the exception in the driver's log)
+    causes = [e for e in errors if not _TEARDOWN.search(str(e.get("last_error") or ""))]
     worker = next(
-        (e for e in errors if Path(e["file"]).name.startswith("worker-") and e["file"].endswith(".err")), None
+        (e for e in causes if Path(e["file"]).name.startswith("worker-") and e["file"].endswith(".err")), None
     )
-    worker = worker or next((e for e in errors if "core-worker" in e["file"]), None)
+    worker = worker or next((e for e in causes if "core-worker" in e["file"]), None)
     driver = {"file": log_name, "last_error": log_err} if log_err else None
     source = worker or driver or (errors[0] if errors else None)
     ok = exit_code == 0
