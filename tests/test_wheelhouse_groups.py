@@ -26,9 +26,9 @@ from verl_recipes.stack.wheelhouse.groups import (
     check_separate_calls,
     load_groups,
     pick_local_wheel,
-    wheel_top_levels,
+    wheel_files,
 )
-from verl_recipes.stack.wheelhouse.pack import render_install_sh
+from verl_recipes.stack.wheelhouse.pack import pack, render_install_sh
 
 ROOT = repo_root()
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -121,14 +121,21 @@ def _args(inputs: dict[str, Path], out: Path, python: str = PY, platform: str | 
 def test_megatron_group_pins_the_three_te_packages_together() -> None:
     """images/versions.toml [megatron]: the set of gpu/megatron-notes.md, TE all at one version."""
     groups = {q.name: q for q in load_groups(ROOT / "images" / "versions.toml", ["megatron"])}
-    assert {n: q.version for n, q in groups.items()} == {
+    core = {
         "megatron-core": "0.19.2",
         "megatron-bridge": "0.6.2",
         "transformer-engine": "2.20.2",
         "transformer-engine-cu13": "2.20.2",
         "transformer-engine-torch": "2.20.2",
+        "megatron-energon": "7.4.1",
     }
+    assert {n: groups[n].version for n in core} == core
     assert [n for n, q in groups.items() if q.local_build] == ["transformer-engine-torch"]
+    # the group adds only what the lock lacks: a package in both would be installed twice, at two
+    # versions, the group's (merged in last, --no-deps) silently winning
+    lock = (ROOT / "images" / "lock" / "gpu-py312.txt").read_text().splitlines()
+    locked = {ln.split("==")[0].lower() for ln in lock if "==" in ln and not ln.startswith(" ")}
+    assert not set(groups) & locked
     assert "megatron" not in load_pins(ROOT / "images" / "versions.toml")["gpu"]
 
 
@@ -180,15 +187,15 @@ def test_local_wheel_renamed_or_missing_is_refused(tmp_path: Path) -> None:
         pick_local_wheel(gp, [older], target)
 
 
-def test_group_and_rest_may_not_share_a_top_level_folder(tmp_path: Path) -> None:
-    """Two `pip install --target --upgrade` calls: the second would delete the first's folder."""
+def test_group_and_rest_may_not_share_a_file(tmp_path: Path) -> None:
+    """Two pip calls merged into one target: the second would overwrite the first's file."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     one = fake_wheel(tmp_path / "a", "pkg", "1.0", "py3-none-any")
     two = fake_wheel(tmp_path / "b", "pkg", "1.0", "py3-none-any")
-    assert wheel_top_levels(one) == {"pkg"}
+    assert wheel_files(one) == {"pkg/__init__.py"}
     check_separate_calls({"the rest": [one], "--with g": [fake_wheel(tmp_path / "b", "other", "1", "py3-none-any")]})
-    with pytest.raises(RecipeError, match=r"both install pkg/, but in separate pip calls"):
+    with pytest.raises(RecipeError, match=r"both install pkg/__init__.py, but in separate pip calls"):
         check_separate_calls({"the rest": [one], "--with g": [two]})
 
 
@@ -272,3 +279,61 @@ def test_group_with_a_local_platform_wheel_installs_offline_into_a_fresh_venv(
         version, answer, where = imp.stdout.split()
         assert (version, answer) == ("1.17.0", "7"), imp.stderr
         assert where.startswith(str(tmp_path / "site" if pypath else venv))
+
+
+def _ns_wheel(src: Path, out: Path, name: str, sub: str, script: str) -> Path:
+    """A real wheel (`pip wheel`) with a part of the namespace package `ns` and a console script."""
+    (src / "ns" / sub).mkdir(parents=True)
+    (src / "ns" / sub / "__init__.py").write_text(f"WHO = {name!r}\ndef main():\n    print(WHO)\n")
+    (src / "setup.py").write_text(
+        "from setuptools import setup\n"
+        f"setup(name={name!r}, version='1.0', packages=['ns.{sub}'],\n"
+        f"      entry_points={{'console_scripts': ['{script} = ns.{sub}:main']}})\n"
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
+        check=True,
+        timeout=300,
+    )
+    return next(out.glob(f"{name}-1.0-*.whl"))
+
+
+def test_a_group_sharing_folders_with_the_rest_is_merged_not_replaced(tmp_path: Path) -> None:
+    """The rest and a group both put files under ns/ and bin/ (as the 7B set and Megatron-Energon do).
+
+    `pip install --target --upgrade` of the group after the rest replaced ns/ and bin/ whole, and
+    without --upgrade skipped them; install.sh now merges the group in, and refuses only a shared file.
+    """
+    stage = tmp_path / "stage"
+    (stage / "wheels" / "g").mkdir(parents=True)
+    rest = _ns_wheel(tmp_path / "src-a", stage / "wheels", "nsa", "a", "a-cli")
+    grp = _ns_wheel(tmp_path / "src-b", stage / "wheels" / "g", "nsb", "b", "b-cli")
+    assert {"ns/a/__init__.py", "bin/a-cli"} <= wheel_files(rest)
+    check_separate_calls({"the rest": [rest], "--with g": [grp]})  # folders shared, no file
+    (tmp_path / "house").mkdir()
+    chunks = pack(stage, tmp_path / "house", 1 << 20, xz_level=None)
+    wheels = [
+        {"file": rest.name, "sha256": _sha(rest.read_bytes())},
+        {"file": f"g/{grp.name}", "sha256": _sha(grp.read_bytes()), "group": "g"},
+    ]
+    script = tmp_path / "house" / "install.sh"
+    script.write_text(render_install_sh(chunks, wheels))
+    script.chmod(0o755)
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHON": sys.executable, "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
+    inst = subprocess.run([str(script), "--target", str(site)], capture_output=True, text=True, env=env, timeout=300)
+    assert inst.returncode == 0, inst.stderr
+    assert "installed 2 wheels (g: 1 in one pip call)" in inst.stdout
+    assert (site / "ns" / "a" / "__init__.py").is_file() and (site / "ns" / "b" / "__init__.py").is_file()
+    assert (site / "bin" / "a-cli").is_file() and (site / "bin" / "b-cli").is_file()
+    assert not list(tmp_path.glob("site.*.part"))
+    imp = subprocess.run(
+        [sys.executable, "-c", "import ns.a, ns.b; print(ns.a.WHO, ns.b.WHO)"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site)},
+    )
+    assert imp.stdout.split() == ["nsa", "nsb"], imp.stderr
+    # a file both would install is still refused
+    with pytest.raises(RecipeError, match=r"both install bin/a-cli, but in separate pip calls"):
+        check_separate_calls({"the rest": [rest], "--with g": [rest]})

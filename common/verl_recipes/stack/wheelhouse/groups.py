@@ -183,42 +183,49 @@ def group_pypi_file(gp: GroupPin, tags: list[str]) -> dict[str, Any]:
     return f
 
 
-def wheel_top_levels(path: Path) -> set[str]:
-    """What a wheel puts at the top of a `pip install --target` folder, .dist-info aside.
+def wheel_files(path: Path) -> set[str]:
+    """The paths a wheel puts into a `pip install --target` folder, its .dist-info aside.
 
-    `pip install --target DIR --upgrade` replaces each such entry of DIR whole, so two pip calls
-    into one DIR must not share any (the second would delete the first's files).
+    A console script is ``bin/NAME`` (from entry_points.txt or the wheel's .data/scripts).
+    `install.sh` installs each group into a folder of its own and merges it into the target, so
+    the rest and a group may share folders (``bin/``, a namespace package such as ``megatron/``),
+    but not a file: the merge would overwrite one with the other.
     """
-    tops: set[str] = set()
+    files: set[str] = set()
     with zipfile.ZipFile(path) as z:
         for n in z.namelist():
             parts = n.split("/")
+            if n.endswith("/"):
+                continue
             if parts[0].endswith(".dist-info"):
-                if parts[-1] == "entry_points.txt" and re.search(
-                    r"^\[(console|gui)_scripts\]", z.read(n).decode(), re.M
-                ):
-                    tops.add("bin")
+                if parts[-1] == "entry_points.txt":
+                    section = ""
+                    for line in z.read(n).decode().splitlines():
+                        line = line.strip()
+                        if line.startswith("["):
+                            section = line
+                        elif section in ("[console_scripts]", "[gui_scripts]") and "=" in line:
+                            files.add("bin/" + line.split("=", 1)[0].strip())
                 continue
             if parts[0].endswith(".data") and len(parts) > 2:
-                kind = parts[1]
-                tops.add({"scripts": "bin", "headers": "include"}.get(kind, parts[2]))
+                kind = {"scripts": "bin", "headers": "include"}.get(parts[1])
+                files.add("/".join([kind, *parts[2:]]) if kind else "/".join(parts[2:]))
                 continue
-            if len(parts) > 1 or parts[0]:
-                tops.add(parts[0])
-    return tops
+            files.add(n)
+    return files
 
 
 def check_separate_calls(sets: dict[str, list[Path]]) -> None:
-    """Refuse when wheels installed in separate pip calls (the rest, each group) share a top entry."""
+    """Refuse when wheels installed in separate pip calls (the rest, each group) share a file."""
     owner: dict[str, tuple[str, str]] = {}
     for label, wheels in sets.items():
         for w in wheels:
-            for top in sorted(wheel_top_levels(w)):
-                if top in owner and owner[top][0] != label:
-                    other_label, other = owner[top]
+            for f in sorted(wheel_files(w)):
+                if f in owner and owner[f][0] != label:
+                    other_label, other = owner[f]
                     raise RecipeError(
-                        f"{w.name} ({label}) and {other} ({other_label}) both install {top}/, but in separate "
-                        f"pip calls: `install.sh --target` would let the second delete the first's; "
+                        f"{w.name} ({label}) and {other} ({other_label}) both install {f}, but in separate "
+                        "pip calls: merging the second into the target would overwrite the first's; "
                         "put both in one group"
                     )
-                owner.setdefault(top, (label, w.name))
+                owner.setdefault(f, (label, w.name))

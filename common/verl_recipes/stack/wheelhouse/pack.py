@@ -190,11 +190,23 @@ main=("$work"/wheels/*.whl)
 if ((${#main[@]} > 0)); then
   "$PYTHON" "${args[@]}" "${main[@]}" || die "pip install failed (see above); is $PYTHON the target interpreter?"
 fi
-# A group's wheels only work together (a split install can drop files), so all in one call.
+# A group's wheels only work together (a split install can drop files), so all in one call. Into a
+# --target folder, each group goes to a folder of its own first and is merged in after: `pip
+# install --target --upgrade` replaces a folder the target already has (bin/, a namespace package)
+# whole, and without --upgrade it skips it. The wheelhouse refused any file two calls share.
 note=""
 for group in ${EXTRA_GROUPS[@]+"${EXTRA_GROUPS[@]}"}; do  # (bash < 4.4 and set -u: an empty array)
   wheels=("$work/wheels/$group"/*.whl)
-  "$PYTHON" "${args[@]}" "${wheels[@]}" || die "pip install of the $group wheels failed (see above)"
+  if ((system == 1)); then
+    "$PYTHON" "${args[@]}" "${wheels[@]}" || die "pip install of the $group wheels failed (see above)"
+  else
+    part="$dest.$group.part"
+    rm -rf "$part"
+    "$PYTHON" -m pip install --no-index --no-deps --no-compile --disable-pip-version-check -q --target "$part" \
+      "${wheels[@]}" || die "pip install of the $group wheels failed (see above)"
+    cp -a "$part"/. "$dest"/ || die "could not merge the $group wheels from $part into $dest"
+    rm -rf "$part"
+  fi
   note+=" ($group: ${#wheels[@]} in one pip call)"
 done
 if ((system == 1)); then
