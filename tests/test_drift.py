@@ -12,19 +12,24 @@ from verl_recipes.recipe.metadata import get_recipe
 
 RESULTS = Path("recipes/7b-lora/results")
 MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+EXECUTOR = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
 
 
 def test_the_default_run_matches_the_recipe_and_older_runs_name_what_moved(root: Path) -> None:
     recipe = get_recipe("7b-lora")
-    assert drift(recipe, root / RESULTS / "h200x1-ppo-mb8") == []
+    assert drift(recipe, root / RESULTS / "h200x1-ppo-start") == []
+    # the previous default, before vLLM's worker moved into its engine process (verl's "mp")
+    assert drift(recipe, root / RESULTS / "h200x1-ppo-mb8") == [(EXECUTOR, "uni", None)]
+    assert drift(recipe, root / RESULTS / "h200x1-ppo-start-base") == [(EXECUTOR, "uni", "mp")]
     moved = {k: (want, got) for k, want, got in drift(recipe, root / RESULTS / "h200x1-ppo-chunked")}
     assert moved == {
         MICRO: (8, 2),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": (8, 4),
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": (8, 4),
+        EXECUTOR: ("uni", None),
     }
-    # the GRPO variant keeps what it was measured with, so its run matches
-    assert drift(recipe, root / RESULTS / "h200x1-grpo-chunked") == []
+    # the GRPO variant keeps the micro-batches it was measured with: only the executor moved since
+    assert drift(recipe, root / RESULTS / "h200x1-grpo-chunked") == [(EXECUTOR, "uni", None)]
 
 
 def test_what_did_not_change_what_ran_is_not_named(root: Path) -> None:
@@ -41,7 +46,7 @@ def test_what_did_not_change_what_ran_is_not_named(root: Path) -> None:
 
 def test_a_changed_key_in_a_copied_run_is_named_with_the_runs_value(root: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    shutil.copytree(root / RESULTS / "h200x1-ppo-mb8", run)
+    shutil.copytree(root / RESULTS / "h200x1-ppo-start", run)
     cfg = OmegaConf.load(run / "verl_config.yaml")
     OmegaConf.update(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization", 0.5)
     OmegaConf.save(cfg, run / "verl_config.yaml")

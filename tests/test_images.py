@@ -450,6 +450,7 @@ def test_the_readme_deepspeed_and_recipe_image_figures_come_from_the_kept_logs()
     # verify --json --recipe ID: 70b-3d lacks the Megatron stack, and the README says so
     report = json.loads((kept / "gpu-all-70b-3d-verify-recipe.json").read_text())
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
-    megatron = sorted(pins["megatron"])
-    assert sorted(set(failed) - {"driver", "gpu", "shm"}) == megatron
-    assert all(f"`{n}`" in readme for n in megatron) and "The 70b-3d image therefore cannot run its recipe" in readme
+    # (the log predates Megatron-Energon's closure in the group: every name it failed is a pin still)
+    missing = sorted(set(failed) - {"driver", "gpu", "shm"})
+    assert {"megatron-core", "megatron-bridge", "transformer-engine-torch"} <= set(missing) <= set(pins["megatron"])
+    assert all(f"`{n}`" in readme for n in missing) and "The 70b-3d image therefore cannot run its recipe" in readme
