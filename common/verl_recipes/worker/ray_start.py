@@ -21,7 +21,7 @@ their own workers, as before.
 The cluster also starts without Ray's dashboard. ``ray.init`` waits for the dashboard process before
 it starts the raylet; without it that process loads one module and no web frontend, and comes up
 sooner. Nothing of a run reads the dashboard: the monitor reads the processes, and ``ray-logs/``
-Ray's log files. On the 2-core CI machine ``ray.init`` took 6.0-6.6 s without it, 8.8-8.9 s with it.
+Ray's log files.
 
 A runtime_env with anything but variables and a setup hook by module name (pip, a working_dir,
 py_executable, nsight) is left to Ray, and so is a cluster that runs elsewhere: their workers do

@@ -177,7 +177,8 @@ count=$(printf '%s\n' "$WHEEL_SUMS" | awk 'NF' | wc -l)
 [[ $(find "$work/wheels" -name '*.whl' | wc -l) -eq $count ]] \
   || die "the chunks hold wheels not in the list; rebuild the wheelhouse"
 
-args=(-m pip install --no-index --no-deps --no-compile --disable-pip-version-check -q)
+pip=(-m pip install --no-index --no-deps --no-compile --disable-pip-version-check -q)
+args=("${pip[@]}")
 if ((system == 1)); then
   dest="$("$PYTHON" -c 'import sys; print(sys.prefix)')"
 else
@@ -202,8 +203,7 @@ for group in ${EXTRA_GROUPS[@]+"${EXTRA_GROUPS[@]}"}; do  # (bash < 4.4 and set 
   else
     part="$dest.$group.part"
     rm -rf "$part"
-    "$PYTHON" -m pip install --no-index --no-deps --no-compile --disable-pip-version-check -q --target "$part" \
-      "${wheels[@]}" || die "pip install of the $group wheels failed (see above)"
+    "$PYTHON" "${pip[@]}" --target "$part" "${wheels[@]}" || die "pip install of the $group wheels failed (see above)"
     cp -a "$part"/. "$dest"/ || die "could not merge the $group wheels from $part into $dest"
     rm -rf "$part"
   fi
