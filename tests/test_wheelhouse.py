@@ -444,3 +444,29 @@ def test_offline_host_carries_a_wheelhouse_in_pieces_smaller_than_its_chunks(hou
     done = sh("install")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "site" / "tinyone" / "__init__.py").is_file()
+
+
+def test_sdist_build_without_build_tools_says_how_to_get_them(tmp_path: Path) -> None:
+    """An interpreter without setuptools and wheel (a bare venv, as the host's python3 can be)
+    cannot build an sdist without isolation; the build says so in one line, naming both and the
+    nox session that installs them, instead of setuptools' metadata failure."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    deps = tmp_path / "deps"
+    import packaging
+
+    shutil.copytree(Path(packaging.__file__).parent, deps / "packaging")
+    sdist = tmp_path / "demo-1.0.tar.gz"
+    sdist.write_bytes(b"not read: the check comes first")
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom verl_recipes import RecipeError\n"
+        "from verl_recipes.stack.wheelhouse.fetch import build_sdist\n"
+        "try:\n    build_sdist(Path(sys.argv[1]), 'f' * 64)\nexcept RecipeError as e:\n    print(e)\n"
+    )
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{ROOT / 'common'}:{deps}"}
+    env["VERL_RECIPES_CACHE"] = str(tmp_path / "cache")
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code, str(sdist)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip()
+    assert line.startswith("building demo-1.0.tar.gz needs setuptools and wheel"), line
+    assert "nox -s wheelhouse" in line and "\n" not in line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -135,6 +136,15 @@ def _pip_wheel(src: Path, dest: Path, env: dict[str, str]) -> subprocess.Complet
     return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
 
 
+def missing_build_tools() -> list[str]:
+    """The build backends an sdist build without isolation imports that this interpreter lacks.
+
+    Without isolation pip does not install a package's build requirements, so a bare interpreter
+    fails inside setuptools' metadata step with a message that names neither.
+    """
+    return [name for name in ("setuptools", "wheel") if importlib.util.find_spec(name) is None]
+
+
 def build_sdist(sdist: Path, sha: str, hint: str = "") -> Path:
     """Build a pure-Python wheel from an sdist with this interpreter (DS_BUILD_OPS=0 for deepspeed).
 
@@ -144,6 +154,12 @@ def build_sdist(sdist: Path, sha: str, hint: str = "") -> Path:
     out = CACHE / "built" / sha[:16]
     found = list(out.glob("*.whl"))
     if not found:
+        missing = missing_build_tools()
+        if missing:
+            raise RecipeError(
+                f"building {sdist.name} needs {' and '.join(missing)} in this interpreter ({sys.executable}; "
+                "sdists build without isolation): run `nox -s wheelhouse -- ARGS`, which installs them"
+            )
         out.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "DS_BUILD_OPS": "0"}
         proc = _pip_wheel(sdist, out, env)
