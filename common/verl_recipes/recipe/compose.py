@@ -45,8 +45,14 @@ def compose_verl(config_name: str) -> Any:
         return compose(config_name=config_name)
 
 
+#: Mappings verl hands whole to another library, so their keys are that library's, not verl's:
+#: Megatron's TransformerConfig fields (verl fills in a few recompute and attention defaults).
+PASSED_THROUGH = frozenset({"override_transformer_config"})
+
+
 def _open_empty_nodes(node: Any) -> None:
-    """Let empty mappings take new keys: verl leaves them empty for free-form kwargs."""
+    """Let empty mappings take new keys (verl leaves them empty for free-form kwargs), and the
+    mappings verl passes through to another library (PASSED_THROUGH)."""
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(node, DictConfig):
@@ -55,6 +61,9 @@ def _open_empty_nodes(node: Any) -> None:
             return
         for key in node:
             child = node._get_node(key)
+            if str(key) in PASSED_THROUGH and isinstance(child, DictConfig):
+                OmegaConf.set_struct(child, False)
+                continue
             if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
                 _open_empty_nodes(child)
 
