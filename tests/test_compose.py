@@ -53,6 +53,21 @@ def test_misspelt_key_in_a_copied_config_fails_with_suggestion(root: Path, tmp_p
     assert "\n" not in msg
 
 
+def test_megatron_transformer_keys_pass_through_and_verl_keys_stay_checked() -> None:
+    """verl hands `override_transformer_config` whole to Megatron's TransformerConfig, so a field
+    verl's defaults do not list (here the recipe's `gradient_accumulation_fusion: false`, which
+    megatron-core needs without APEX) composes; a misspelt key beside it still fails."""
+    cfg = compose_recipe(get_recipe("70b-3d"), ["tp1pp1"])
+    for model in (cfg.actor_rollout_ref.actor, cfg.critic, cfg.actor_rollout_ref.ref):
+        assert model.megatron.override_transformer_config.gradient_accumulation_fusion is False
+        assert model.megatron.override_transformer_config.attention_backend == "fused"
+    extra = ["actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=false"]
+    tweaked = compose_recipe(get_recipe("70b-3d"), ["tp1pp1"], extra)
+    assert tweaked.actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion is False
+    with pytest.raises(RecipeError, match=r"actor_rollout_ref\.actor\.megatron\.param_ofload"):
+        compose_recipe(get_recipe("70b-3d"), ["tp1pp1"], ["actor_rollout_ref.actor.megatron.param_ofload=true"])
+
+
 def test_set_overrides_are_checked_too(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "7b-lora", "--set", "trainer.totl_epochs=2"]) == 2
     err = capsys.readouterr().err

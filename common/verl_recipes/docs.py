@@ -18,6 +18,7 @@ the H200's, not those of the smaller card the cap stands for.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -119,11 +120,16 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             n = len(used) or r.gpus.count
             variants = " + ".join(first.get("variants") or []) or "default"
             cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
+            # a model truncated in depth is not the recipe's model: say so where the figures are
+            runs = doc.get("source_runs") or [doc.get("source_run")]
+            run_prov = r.dir / runs[0] / "provenance.json" if runs[0] else None
+            argv = json.loads(run_prov.read_text()).get("argv") or [] if run_prov and run_prov.is_file() else []
+            if "--layers" in argv[:-1]:
+                cap += f", --layers {argv[argv.index('--layers') + 1]}"
             # a configuration measured with one of our verl fixes off is another configuration
             off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
             # and so is one measured before the recipe's deltas moved on: name the keys that differ
-            runs = doc.get("source_runs") or [doc.get("source_run")]
             if runs[0] and (r.dir / runs[0] / CONFIG).is_file():
                 moved = drift_label(r, r.dir / runs[0])
                 cap += f", {moved}" if moved else ""

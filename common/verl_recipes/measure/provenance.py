@@ -27,6 +27,12 @@ PACKAGES = (
     "deepspeed",
     "nvidia-ml-py",
     "verl-recipes",
+    # verl's Megatron backend: None where the [megatron] group is not installed
+    "megatron-core",
+    "megatron-bridge",
+    "megatron-energon",
+    "transformer-engine",
+    "transformer-engine-torch",
 )
 
 
