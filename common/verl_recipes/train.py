@@ -322,14 +322,14 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         rc = proc.wait()
     (run_dir / rundir.EXIT_CODE).write_text(f"{rc}\n")
-    errors = worker_errors(run_dir, rc)
+    worker_errors(run_dir, rc)
     _run([*CLI, "report", str(run_dir)], "report", check=False)
     try:
         summarize_traces(run_dir)
     except (OSError, MemoryError) as e:  # the run's own outcome below still has to be said
         print(f"profile summary not written: {e}", file=sys.stderr)
     if rc != 0:
-        why = f"; {errors[0]['file']}: {errors[0]['last_error']}" if errors else ""
+        why = failure_reason(run_dir, rc)
         raise RecipeError(f"verl exited {rc}{why}; the log and everything measured up to then are in {run_dir}")
     if args.cap_gib:
         over = cap_overrun(run_dir, args.cap_gib)
@@ -356,6 +356,16 @@ def run_env(env: dict[str, str], compile_cache: bool = True) -> dict[str, str]:
     if compile_cache:
         want["VLLM_DISABLE_COMPILE_CACHE"] = "0"
     return {k: v for k, v in want.items() if k not in env}
+
+
+def failure_reason(run_dir: Path, rc: int) -> str:
+    """`; FILE: LAST ERROR` for the line a failed run ends with: the same cause the report's
+    `ended` names (`ending.describe`), so Ray's teardown lines are never given as the reason."""
+    from verl_recipes.measure import ending
+
+    phases, _ = rundir.read_jsonl(run_dir / rundir.PHASES)
+    ended = ending.describe(run_dir, rc, phases)
+    return f"; {ended['error_file']}: {ended['last_error']}" if ended.get("last_error") else ""
 
 
 def worker_errors(run_dir: Path, rc: int) -> list[dict[str, Any]]:
