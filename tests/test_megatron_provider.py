@@ -136,19 +136,19 @@ def _named_modules(root: Path) -> dict[str, str]:
     that mention Megatron or TE, with one place it is named: what the engine may import at run time."""
     import ast
 
+    from verl_recipes.stack.mcore_api import _absolute
+
     named: dict[str, str] = {}
     for f in sorted(root.rglob("*.py")):
         text = f.read_text(errors="replace")
         if "megatron" not in text and "transformer_engine" not in text:
             continue
         mod = f.relative_to(root.parent).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
-        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-                target = ".".join([*base, node.module] if node.module else base)
+                target = _absolute(mod, f.name == "__init__.py", node.module, node.level)
                 names = [target, *(f"{target}.{a.name}" for a in node.names)]
             else:
                 continue

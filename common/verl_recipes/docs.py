@@ -18,7 +18,6 @@ the H200's, not those of the smaller card the cap stands for.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import yaml
 from verl_recipes import RecipeError
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe, discover
-from verl_recipes.rundir import measured_runs
+from verl_recipes.rundir import measured_runs, read_provenance
 
 BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
 RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"
@@ -122,8 +121,7 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
             # a model truncated in depth is not the recipe's model: say so where the figures are
             runs = doc.get("source_runs") or [doc.get("source_run")]
-            run_prov = r.dir / runs[0] / "provenance.json" if runs[0] else None
-            argv = json.loads(run_prov.read_text()).get("argv") or [] if run_prov and run_prov.is_file() else []
+            argv = (read_provenance(r.dir / runs[0]).get("argv") or []) if runs[0] else []
             if "--layers" in argv[:-1]:
                 cap += f", --layers {argv[argv.index('--layers') + 1]}"
             # a configuration measured with one of our verl fixes off is another configuration
