@@ -160,6 +160,28 @@ def test_the_one_gpu_campaign_gives_three_depths_and_a_residual(tmp_path: Path) 
         assert result["predicted_gib"][ph] == pytest.approx(want, rel=1e-3), ph
 
 
+def test_three_depths_give_an_error_band_from_the_pairs_of_depths(tmp_path: Path) -> None:
+    """One GPU, depths 1, 2 and 3 as gpu/campaigns/70b-tp1-l3.txt adds them: 1 and 2 exactly the
+    planner's, 3 with 0.6 GiB more. The line through 1 and 2 then predicts the planner's own
+    80-layer figure, the band's low end; the lines through 3 predict more, and the full fit's
+    prediction lies inside. Two depths give no band (the file says so)."""
+    variants, gpus, sets = _one_gpu_runs()[2]
+    made = [_make_run(tmp_path, n, sets, off, 1.0, variants, gpus)[0] for n, off in ((1, 0.0), (2, 0.0), (3, 0.6))]
+    _, target, _ = load_setup("70b-3d", [], [])
+    gpu = parse_gpu("h100-80g")
+    result, fits = predict(target, gpu, made)
+    assert fits[0].depths == [1, 2, 3]
+    band = result["band_gib"]
+    for ph in ("update_actor", "update_critic", "values"):
+        assert fits[0].residual_gib[ph] == pytest.approx(0.2, abs=0.01), ph  # 0.6 GiB off at depth 3: 0.1, 0.2, 0.1
+        lo, hi = band[ph]
+        assert lo == pytest.approx(result["planner_gib"][ph], abs=0.02), ph
+        assert lo < result["predicted_gib"][ph] < hi, ph
+    assert result["fits_across_band"] == (band[result["peak_phase"]][1] * GIB <= gpu.visible_bytes)
+    two, _ = predict(target, gpu, made[:2])
+    assert two["band_gib"] is None and "fits_across_band" not in two
+
+
 def test_plan_takes_the_launchers_gpus_and_layers(capsys: pytest.CaptureFixture[str]) -> None:
     """`plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2` plans the run `train` makes with the same
     flags: one GPU, two layers (the campaign header quotes these predictions)."""

@@ -20,9 +20,12 @@ Method, per phase (the per-GPU peak: the heaviest GPU of each run):
 
 With several layouts (TP2, PP2) each gives a prediction; the file keeps each and the largest as
 the one to plan with. With exactly two depths the fit has no residual: the file says so, and a
-third depth is what would measure the fit's own error. The output is a prediction and is marked
-`status: predicted` (schema verl-recipes/predicted/1): `verl-recipes validate` refuses it as
-bounds, and the measured tables of the README never show it.
+third depth is what would measure the fit's own error. With three or more, the error band of a
+phase is the range of its prediction over the lines through every two of the measured depths and
+through all of them: a decoder whose memory is exactly linear in depth gives a band of zero width,
+and what a residual at the measured depths does to the 80-layer figure is what the band shows.
+The output is a prediction and is marked `status: predicted` (schema verl-recipes/predicted/1):
+`verl-recipes validate` refuses it as bounds, and the measured tables of the README never show it.
 """
 
 from __future__ import annotations
@@ -97,6 +100,18 @@ class LayoutFit:
     measured: dict[str, Line]
     planned: dict[str, Line]
     residual_gib: dict[str, float | None]  # largest |measured - fit| per phase; None with two depths
+    points: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)  # (layers, bytes)
+
+    def lines(self, ph: str) -> list[Line]:
+        """The measured line of `ph` through all depths, then through each two distinct depths
+        (three or more depths only): what the error band carries to the target."""
+        depths = sorted({x for x, _ in self.points.get(ph, [])})
+        out = [self.measured[ph]]
+        if len(depths) > 2:
+            for i, a in enumerate(depths):
+                for b in depths[i + 1 :]:
+                    out.append(fit_line([pt for pt in self.points[ph] if pt[0] in (a, b)]))
+        return out
 
 
 def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
@@ -122,7 +137,8 @@ def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
         pts = measured_pts[ph]
         residual[ph] = max(abs(y - line.at(x)) for x, y in pts) / GIB if len({x for x, _ in pts}) > 2 else None
     names = [str(r.run_dir) for r in runs]
-    return LayoutFit(_layout(setups[0]), names, sorted(set(depths)), measured, planned, residual)
+    points = {ph: measured_pts[ph] for ph in measured}
+    return LayoutFit(_layout(setups[0]), names, sorted(set(depths)), measured, planned, residual, points)
 
 
 def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
@@ -151,29 +167,52 @@ def predict(
     half = n_full // 2 - (n_full // 2) % max(1, target.actor.pp)
     full = _planned_peaks(target, gpu, c)
     at_half = _planned_peaks(_with_layers(target, half), gpu, c)
+
+    def carry(m: Line, p: Line, ph: str) -> float:
+        slope_full = (full[ph] - at_half[ph]) / (n_full - half)
+        fixed_full = full[ph] - slope_full * n_full
+        k = m.slope / p.slope if p.slope else 1.0
+        d = m.intercept - p.intercept
+        return (fixed_full + d + k * slope_full * n_full) / GIB
+
     per_layout: dict[str, dict[str, float]] = {}
+    bands: dict[str, dict[str, tuple[float, float]]] = {}  # layouts with three or more depths
     for f in fits:
         out: dict[str, float] = {}
+        band: dict[str, tuple[float, float]] = {}
         for ph, m in f.measured.items():
             if ph not in full:
                 continue
-            p = f.planned[ph]
-            slope_full = (full[ph] - at_half[ph]) / (n_full - half)
-            fixed_full = full[ph] - slope_full * n_full
-            k = m.slope / p.slope if p.slope else 1.0
-            d = m.intercept - p.intercept
-            out[ph] = (fixed_full + d + k * slope_full * n_full) / GIB
+            out[ph] = carry(m, f.planned[ph], ph)
+            each = [carry(line, f.planned[ph], ph) for line in f.lines(ph)]
+            if len(each) > 1:
+                band[ph] = (min(each), max(each))
         per_layout[f.layout] = out
+        if band:
+            bands[f.layout] = band
     phases = [ph for ph in PHASES if any(ph in v for v in per_layout.values())]
     predicted = {ph: max(v[ph] for v in per_layout.values() if ph in v) for ph in phases}
     peak_phase = max(predicted, key=lambda ph: predicted[ph])
-    result = {
+    result: dict[str, Any] = {
         "planner_gib": {ph: round(full[ph] / GIB, 2) for ph in phases},
         "predicted_gib": {ph: round(v, 2) for ph, v in predicted.items()},
         "per_layout_gib": {k: {ph: round(v, 2) for ph, v in d.items()} for k, d in per_layout.items()},
         "peak_phase": peak_phase,
         "fits": predicted[peak_phase] * GIB <= gpu.visible_bytes,
     }
+    # The prediction is the largest layout's, so its band is the range of that maximum: a band
+    # only where every layout that predicts the phase has one.
+    band_gib: dict[str, list[float]] = {}
+    for ph in phases:
+        lays = [lay for lay, v in per_layout.items() if ph in v]
+        if lays and all(ph in bands.get(lay, {}) for lay in lays):
+            band_gib[ph] = [round(max(bands[lay][ph][i] for lay in lays), 2) for i in (0, 1)]
+    if band_gib:
+        result["band_gib"] = band_gib
+        if peak_phase in band_gib:
+            result["fits_across_band"] = band_gib[peak_phase][1] * GIB <= gpu.visible_bytes
+    else:
+        result["band_gib"] = None
     return result, fits
 
 
@@ -245,10 +284,22 @@ def render(result: dict[str, Any], fits: list[LayoutFit], gpu: GPU) -> str:
                 f"planner {p.intercept / GIB:6.2f} + {p.slope / GIB:6.3f}/layer   "
                 + (f"residual {res:.2f} GiB" if res is not None else "two depths: no residual")
             )
-    lines.append(f"predicted per-GPU peak on {gpu.id} ({gpu.visible_gib:.1f} GiB), GiB: predicted (planner alone)")
+    band = result.get("band_gib") or {}
+    head = "predicted [error band]" if band else "predicted"
+    lines.append(f"predicted per-GPU peak on {gpu.id} ({gpu.visible_gib:.1f} GiB), GiB: {head} (planner alone)")
     for ph, v in result["predicted_gib"].items():
-        lines.append(f"  {ph:15s} {v:7.1f} ({result['planner_gib'][ph]:.1f})")
+        rng = f" [{band[ph][0]:.1f}, {band[ph][1]:.1f}]" if ph in band else ""
+        lines.append(f"  {ph:15s} {v:7.1f}{rng} ({result['planner_gib'][ph]:.1f})")
     verdict = "fits" if result["fits"] else "does NOT fit"
     peak = result["peak_phase"]
-    lines.append(f"{gpu.id}: {verdict}; peak {peak} {result['predicted_gib'][peak]:.1f} GiB")
+    tail = "" if band else "; no error band (two depths)"
+    if peak in band:
+        lo, hi = band[peak]
+        if hi <= gpu.visible_gib:
+            tail = f"; fits across its error band [{lo:.1f}, {hi:.1f}]"
+        elif lo > gpu.visible_gib:
+            tail = f"; its whole error band [{lo:.1f}, {hi:.1f}] is over {gpu.visible_gib:.1f}"
+        else:
+            tail = f"; its error band [{lo:.1f}, {hi:.1f}] straddles {gpu.visible_gib:.1f}: no verdict"
+    lines.append(f"{gpu.id}: {verdict}; peak {peak} {result['predicted_gib'][peak]:.1f} GiB{tail}")
     return "\n".join(lines)
