@@ -68,6 +68,28 @@ def test_megatron_transformer_keys_pass_through_and_verl_keys_stay_checked() -> 
         compose_recipe(get_recipe("70b-3d"), ["tp1pp1"], ["actor_rollout_ref.actor.megatron.param_ofload=true"])
 
 
+def test_a_transformer_key_that_megatron_bridge_lacks_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl sets every `override_transformer_config` key on Megatron-Bridge's GPT provider inside
+    the training worker (AttributeError there, minutes in). The pinned provider's committed fields
+    refuse a typo at composition, in one line with the field meant; a recipe file is checked the
+    same way as --set."""
+    bad = "critic.megatron.override_transformer_config.recompute_granularty=full"
+    assert main(["show", "70b-3d", "--variant", "tp1pp1", "--set", bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "critic.megatron.override_transformer_config.recompute_granularty" in err[0], err
+    assert "'recompute_granularity'" in err[0] and "megatron-provider-fields.txt" in err[0], err
+    copy = tmp_path / "70b-3d"
+    shutil.copytree(get_recipe("70b-3d").dir, copy)
+    text = (copy / "config.yaml").read_text()
+    assert text.count("attention_backend: fused") == 2
+    (copy / "config.yaml").write_text(text.replace("attention_backend: fused", "attention_backnd: fused", 1))
+    want = r"config\.yaml: '.*override_transformer_config\.attention_backnd'.*'attention_backend'"
+    with pytest.raises(RecipeError, match=want):
+        compose_file(copy / "config.yaml", "ppo_megatron_trainer")
+
+
 def test_set_overrides_are_checked_too(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "7b-lora", "--set", "trainer.totl_epochs=2"]) == 2
     err = capsys.readouterr().err

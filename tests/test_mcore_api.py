@@ -110,17 +110,40 @@ KNOWN = {
 PINNED = ("megatron-core==0.19.2", "megatron-bridge==0.6.2", "transformer-engine==2.20.2")
 
 
-def test_verl_091_against_the_pinned_wheels(tmp_path: Path, pypi: None) -> None:
+@pytest.fixture(scope="module")
+def pinned_wheels(tmp_path_factory: pytest.TempPathFactory, pypi: None) -> list[Path]:
+    """The pinned Megatron wheels from PyPI, downloaded once for this module's tests."""
+    where = tmp_path_factory.mktemp("pinned")
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(where)]
+    target = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64"]
+    subprocess.run([*pip, *target, "--platform", "any", *PINNED], check=True, timeout=600)
+    return sorted(where.glob("*.whl"))
+
+
+def test_the_committed_provider_fields_are_the_pinned_wheels(pinned_wheels: list[Path], root: Path) -> None:
+    """images/megatron-provider-fields.txt, which the composition check reads, is what the pinned
+    megatron-core and Megatron-Bridge give; and a field the recipe sets and a typo of it fall on
+    either side of it."""
+    from verl_recipes.stack.mcore_api import PROVIDER_FIELDS, provider_fields_text, read_provider_fields
+
+    mine = [w for w in pinned_wheels if w.name.startswith(("megatron_core-", "megatron_bridge-"))]
+    assert len(mine) == 2, pinned_wheels
+    assert (root / PROVIDER_FIELDS).read_text() == provider_fields_text(mine), (
+        f"{PROVIDER_FIELDS} is stale: rewrite it with python -m verl_recipes.stack.mcore_api --provider-fields"
+    )
+    fields = read_provider_fields(root)
+    assert {"gradient_accumulation_fusion", "recompute_granularity", "attention_backend"} <= fields
+    assert "recompute_granularty" not in fields and len(fields) > 200
+
+
+def test_verl_091_against_the_pinned_wheels(pinned_wheels: list[Path]) -> None:
     from importlib.metadata import version
 
     if version("verl") != "0.9.1":
         pytest.skip(f"KNOWN is for verl 0.9.1; verl {version('verl')} is installed")
-    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(tmp_path)]
-    target = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64"]
-    subprocess.run([*pip, *target, "--platform", "any", *PINNED], check=True, timeout=600)
     from verl_recipes.stack.mcore_api import _verl_root
 
-    rep = check(_verl_root(), Sources(sorted(tmp_path.glob("*.whl"))))
+    rep = check(_verl_root(), Sources(pinned_wheels))
     assert rep.files >= 30 and rep.uses >= 500
     found = [f"{f.file}:{f.line}: {f.what}" for f in rep.findings]
     assert {(f.file, f.line) for f in rep.findings} == set(KNOWN), found

@@ -46,7 +46,8 @@ def compose_verl(config_name: str) -> Any:
 
 
 #: Mappings verl hands whole to another library, so their keys are that library's, not verl's:
-#: Megatron's TransformerConfig fields (verl fills in a few recompute and attention defaults).
+#: the fields of Megatron-Bridge's GPT provider (verl fills in a few recompute and attention
+#: defaults), checked against the pinned provider's committed fields (check_passed_through).
 PASSED_THROUGH = frozenset({"override_transformer_config"})
 
 
@@ -118,7 +119,48 @@ def merge_strict(base: Any, delta: Any, source: str) -> Any:
         where = getattr(e, "full_key", "") or "(top)"
         raise RecipeError(f"{source}: {where}: {str(e).splitlines()[0]}") from None
     check_layer(base, merged, delta, source)
+    check_passed_through(delta, source)
     return merged
+
+
+def check_passed_through(delta: Any, source: str) -> None:
+    """A key under `override_transformer_config` must be a field of Megatron-Bridge's GPT provider.
+
+    verl 0.9.1 sets each one on the provider inside the training worker, after Ray, the workers and
+    the checkpoint load have started; a typo would surface there as an AttributeError. The pinned
+    provider's fields are committed (verl_recipes.stack.mcore_api.PROVIDER_FIELDS), so the check
+    runs here, on any machine, before anything starts."""
+    from omegaconf import DictConfig
+
+    from verl_recipes.paths import repo_root
+    from verl_recipes.stack.mcore_api import PROVIDER_FIELDS, read_provider_fields
+
+    found: list[tuple[str, str]] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, DictConfig) or node._is_missing() or node._is_none():
+            return
+        for key in node:
+            full = f"{prefix}.{key!s}" if prefix else str(key)
+            child = node._get_node(key)
+            if str(key) in PASSED_THROUGH and isinstance(child, DictConfig) and not child._is_none():
+                found.extend((full, str(k)) for k in child)
+            else:
+                walk(child, full)
+
+    walk(delta, "")
+    if not found:
+        return
+    fields = read_provider_fields(repo_root())
+    if not fields:
+        return
+    for where, key in found:
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
+            did = f"; did you mean '{close[0]}'?" if close else ""
+            raise RecipeError(
+                f"{source}: '{where}.{key}' is not a field of Megatron-Bridge's GPT provider ({PROVIDER_FIELDS}){did}"
+            )
 
 
 def load_delta(path: Path) -> Any:

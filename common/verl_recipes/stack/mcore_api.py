@@ -327,12 +327,57 @@ def _verl_root() -> Path:
     return Path(verl.__file__).resolve().parent.parent
 
 
+#: The class verl 0.9.1's Megatron-Bridge path sets every `override_transformer_config` key on
+#: (`provider.apply_overrides_and_finalize`, which raises AttributeError for a name it lacks).
+PROVIDER = ("megatron.bridge.models.gpt_provider", "GPTModelProvider")
+#: Where its fields are committed for the pinned versions, so a key can be checked on any machine
+#: before Ray starts (megatron-core 0.19 and Megatron-Bridge 0.6 do not install on Python 3.11).
+PROVIDER_FIELDS = Path("images") / "megatron-provider-fields.txt"
+
+
+def provider_fields(src: Sources) -> list[str]:
+    """The dataclass fields of Megatron-Bridge's GPT provider, its bases' included, sorted."""
+    fields = src.keywords(*PROVIDER)
+    if not fields:
+        raise SystemExit(f"{'.'.join(PROVIDER)}: not a dataclass in these sources")
+    return sorted(fields)
+
+
+def provider_fields_text(wheels: list[Path]) -> str:
+    """The committed file's text: a header naming the versions and the command, then one field a line."""
+    versions = ", ".join(" ".join(w.name.split("-")[:2]) for w in sorted(wheels))
+    head = (
+        f"# Fields of {'.'.join(PROVIDER)}, its bases' included,\n"
+        f"# in {versions}: the keys override_transformer_config takes. Written by\n"
+        "#   python -m verl_recipes.stack.mcore_api --provider-fields OUT WHEEL...\n"
+        "# from the pinned wheels (images/versions.toml [megatron]); tests/test_mcore_api.py checks it is fresh.\n"
+    )
+    return head + "".join(f"{f}\n" for f in provider_fields(Sources(wheels)))
+
+
+def read_provider_fields(root: Path) -> frozenset[str]:
+    """The committed field list (empty where the checkout has none: then nothing is checked)."""
+    path = root / PROVIDER_FIELDS
+    if not path.is_file():
+        return frozenset()
+    return frozenset(ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_recipes.stack.mcore_api", description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="+", type=Path, help="wheels or unpacked folders of the versions to check")
     p.add_argument("--base", nargs="+", type=Path, default=[], help="the same for the versions verl was built with")
     p.add_argument("--verl", type=Path, help="the folder holding the `verl` package (default: the installed one)")
+    p.add_argument("--provider-fields", type=Path, metavar="OUT", help="write the GPT provider's fields to OUT (new)")
     args = p.parse_args(argv)
+    if args.provider_fields:
+        if args.provider_fields.exists():
+            raise SystemExit(f"{args.provider_fields} exists; give a new path (it is not overwritten)")
+        if any(w.suffix != ".whl" for w in args.sources):
+            raise SystemExit("--provider-fields reads wheels (their names give the versions in the header)")
+        args.provider_fields.write_text(provider_fields_text(args.sources))
+        print(f"wrote {args.provider_fields}")
+        return 0
     root = args.verl or _verl_root()
     target = Sources(args.sources)
     rep = check(root, target)
