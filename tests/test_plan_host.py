@@ -27,6 +27,7 @@ from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.worker.verl_fixes import FIXES
+from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB, KIB = 1024**2, 1024
 LLAMA7B = 6_738_415_616
@@ -59,6 +60,8 @@ BASE = [
     "trainer.n_gpus_per_node=1",
     "trainer.nnodes=1",
 ]
+
+_70B = json.loads((ARCHS_DIR / "llama-2-70b" / "config.json").read_text())
 
 
 def _term(hp: object, moment: str, prefix: str) -> int:
@@ -93,6 +96,22 @@ def test_offload_policy_pins_power_of_two_blocks_by_hand() -> None:
         setup_from_config(merge_strict(compose_verl("ppo_trainer"), parse_sets(BASE), "t"), Arch.from_config(TINY))
     )
     assert plain.moment("train").state == 0 and _term(plain, "load", "actor checkpoint copy") == exact
+
+
+def test_megatron_optimizer_states_take_power_of_two_pinned_blocks() -> None:
+    """Recipe 70b-3d on one GPU (TP1 x PP1): one Llama-2-70B layer adds, per model, three fp32
+    states of qkv (320 MiB -> 512), o (256), fc1 (1792 -> 2048), fc2 (896 -> 1024) and two norms
+    (32 KiB), the sizes gpu/probes/pinned_rounding.py measured on the H200 host; bf16 weights stay
+    exact (a layer's 855.6 M parameters x 2 B per model)."""
+    mib = 2**20
+    per_model = 3 * ((512 + 256 + 2048 + 1024) * mib + 2 * 32 * 1024)
+    plans = {n: plan_host(load_setup("70b-3d", ["tp1pp1"], [], gpus=1, layers=n)[1]) for n in (1, 2)}
+    for who in ("actor", "critic"):
+        grew = [_term(plans[n], "train", f"{who} optimizer offloaded (Megatron") for n in (1, 2)]
+        assert grew[1] - grew[0] == per_model, who
+        weights = [_term(plans[n], "train" if who == "actor" else "load", f"{who} weights offloaded") for n in (1, 2)]
+        assert weights[1] - weights[0] == 2 * Arch.from_config(_70B).layer_params(), who
+    assert "power-of-two pinned blocks" in " ".join(plans[1].notes)
 
 
 def test_llama7b_pinned_actor_by_hand_and_the_sync_fix() -> None:

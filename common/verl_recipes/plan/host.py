@@ -48,7 +48,8 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
 RSS counts each process's shared library pages again; PSS divides them among the processes that
 share them, so PSS is what the node really spends and the figure to compare with its RAM. Every
 term is private memory (PSS = RSS), so the two figures differ by the base alone. Megatron's offload
-is counted at exact sizes, and checked against no run. Everything here is a prediction;
+keeps each model's bf16 weights at exact size and each fp32 master and moment in its own pinned
+block (checked against the one-GPU 70B runs at 1-3 layers). Everything here is a prediction;
 `verl-recipes plan --validate` compares it with the committed runs (validation/planner-errors.md).
 """
 
@@ -226,6 +227,18 @@ def _exact(shapes: list[tuple[int, int]], nbytes: int, n: int) -> int:
     return sum(_shard(sh, n) * nbytes for sh in shapes)
 
 
+def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int) -> list[tuple[int, int]]:
+    """megatron-core's weights on one rank of the heaviest pipeline stage: qkv and gate_up fused
+    and split on dim 0 by TP, o and down split on their input; the embedding (first stage) or the
+    output layer (last stage), both where PP is 1."""
+    h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
+    layer = [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
+    embed = (-(-a.vocab // tp), h)
+    head = [(1, h)] if critic else ([] if a.tie_embeddings else [embed])
+    ends = [embed, (h, 1), *head] if pp == 1 else [embed]
+    return layer * -(-a.layers // pp) + ends
+
+
 def _vllm_tensors(a: Arch, tp: int) -> list[tuple[int, int]]:
     """vLLM's fused weights on one TP rank (qkv and gate_up fused, column-parallel split on dim 0,
     row-parallel o and down split on the input)."""
@@ -276,8 +289,14 @@ def _optimizer(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
         if not role.optimizer_offload:
             return []
         dp = max(1, s.world // (role.tp * role.pp * role.cp))
-        elems = sum(r * c for r, c in train) // (role.tp * role.pp)
-        return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments)", elems * 12 // dp)]
+        if role.lora_rank:
+            elems = sum(r * c for r, c in train) // (role.tp * role.pp)
+            return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments)", elems * 12 // dp)]
+        # verl moves each fp32 master and Adam moment with `.to("cpu", non_blocking=True)`: one
+        # pinned block per tensor and state, rounded up to a power of two (measured on torch 2.11:
+        # gpu/probes/pinned_rounding.py, gpu/megatron-notes.md section 11)
+        blocks = sum(_pow2(-(-r * c // dp) * 4) for r, c in _megatron_stage_tensors(a, critic, role.tp, role.pp))
+        return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments, pinned)", 3 * blocks)]
     if _cpu_policy(role):
         return [
             HostTerm(f"{who} Adam moments (CPU)", 2 * _exact(train, pb, n)),
@@ -354,7 +373,7 @@ def plan_host(s: Setup, fixes_off: Iterable[str] = (), c: HostConstants | None =
     fused = cpu_backup_sync(s, fixes_off)
     backup = [HostTerm("verl's merged sync: CPU copy of the base weights", size)] if fused else []
     if s.backend == "megatron":
-        notes.append("Megatron: offloaded state counted at exact sizes; no Megatron run checks the host figure")
+        notes.append("Megatron: weights offloaded at exact size, optimizer states in power-of-two pinned blocks")
     more = max(0, per_node - 1)
     train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)
     load_extra = more * c.extra_trainer_bytes

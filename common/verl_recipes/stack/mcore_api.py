@@ -17,8 +17,10 @@ Checked in every verl file that names one of the packages (wheels or unpacked fo
     include its bases'; a ``**kwargs`` parameter accepts anything).
 With ``--base`` (the versions verl was built with) each finding says whether the base has it too,
 and the names verl uses whose signature differs between base and target are listed.
-Not checked: attributes of objects (a provider's fields, a model's methods), positional
-arguments, behaviour. gpu/megatron-notes.md has what this found for verl 0.9.1 and the pins.
+Not checked: attributes of objects (a model's methods), positional arguments, behaviour.
+`--provider-fields OUT` writes the GPT provider's fields instead (images/megatron-provider-fields.txt),
+which the recipe composition checks `override_transformer_config` keys against.
+gpu/megatron-notes.md has what this found for verl 0.9.1 and the pins.
 """
 
 from __future__ import annotations
