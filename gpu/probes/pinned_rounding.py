@@ -1,6 +1,6 @@
 """How much host memory a pinned CPU copy of a GPU tensor takes, by size (torch's host allocator).
 
-    python3 gpu/probes/pinned_rounding.py OUT.json     (on a GPU host; a few seconds)
+    python3 gpu/probes/pinned_rounding.py OUT.json     (on a GPU host, OUT.json new; about 30 s)
 
 Why: verl's Megatron offload keeps each model's parameter buffers and optimizer states in pinned
 host memory, and recipe 70b-3d on one GPU is limited by the host, not the GPU. torch's caching host
@@ -83,6 +83,12 @@ def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(one(sys.argv[2])))
         return 0
+    if len(sys.argv) != 2:
+        print("usage: python3 gpu/probes/pinned_rounding.py OUT.json (a new file)", file=sys.stderr)
+        return 2
+    if os.path.exists(sys.argv[1]):
+        print(f"{sys.argv[1]} exists; give a new path (it is not overwritten)", file=sys.stderr)
+        return 2
     results = []
     modes = (
         ("to_nonblocking", None),
@@ -100,14 +106,22 @@ def main() -> int:
             continue
         results.append(json.loads(p.stdout.strip().splitlines()[-1]))
     for r in results:
-        print(r.get("mode"), r.get("conf"), r.get("error", ""))
+        if "error" in r:
+            continue
+        print(r.get("mode"), r.get("conf"))
         for row in r.get("rows", []):
             print(
                 f"  {row['tensor']:5s} {row['bytes'] / MIB:8.1f} MiB  RSS +{row['rss_growth_bytes'] / MIB:8.1f} MiB"
                 f"  allocator reserved {(row['reserved_bytes'] or 0) / MIB:8.1f} MiB  pinned {row['pinned']}"
             )
-    with open(sys.argv[1], "w") as f:
+    with open(sys.argv[1], "x") as f:
         json.dump(results, f, indent=1)
+    errors = [r for r in results if "error" in r]
+    if errors:
+        last = errors[0]["error"].strip().splitlines() or ["?"]
+        modes = ", ".join(r["mode"] for r in errors)
+        print(f"{modes} failed (needs a CUDA GPU and torch with CUDA): {last[-1]}", file=sys.stderr)
+        return 1
     return 0
 
 
