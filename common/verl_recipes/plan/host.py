@@ -227,12 +227,17 @@ def _exact(shapes: list[tuple[int, int]], nbytes: int, n: int) -> int:
     return sum(_shard(sh, n) * nbytes for sh in shapes)
 
 
-def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int) -> list[tuple[int, int]]:
-    """megatron-core's weights on one rank of the heaviest pipeline stage: qkv and gate_up fused
-    and split on dim 0 by TP, o and down split on their input; the embedding (first stage) or the
-    output layer (last stage), both where PP is 1."""
+def _fused_layer(a: Arch, tp: int) -> list[tuple[int, int]]:
+    """One decoder layer on one TP rank as vLLM and megatron-core hold it: qkv and gate_up fused and
+    split on dim 0 (column-parallel), o and down split on their input (row-parallel), two norms."""
     h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
-    layer = [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
+    return [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
+
+
+def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int) -> list[tuple[int, int]]:
+    """megatron-core's weights on one rank of the heaviest pipeline stage: its layers, and the
+    embedding (first stage) or the output layer (last stage), both where PP is 1."""
+    h, layer = a.hidden, _fused_layer(a, tp)
     embed = (-(-a.vocab // tp), h)
     head = [(1, h)] if critic else ([] if a.tie_embeddings else [embed])
     ends = [embed, (h, 1), *head] if pp == 1 else [embed]
@@ -240,10 +245,8 @@ def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int) -> list[tup
 
 
 def _vllm_tensors(a: Arch, tp: int) -> list[tuple[int, int]]:
-    """vLLM's fused weights on one TP rank (qkv and gate_up fused, column-parallel split on dim 0,
-    row-parallel o and down split on the input)."""
-    h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
-    layer = [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
+    """vLLM's fused weights on one TP rank (_fused_layer), with its embedding and LM head."""
+    h, layer = a.hidden, _fused_layer(a, tp)
     head = [] if a.tie_embeddings else [(-(-a.vocab // tp), h)]
     return layer * a.layers + [(-(-a.vocab // tp), h), (h, 1), *head]
 

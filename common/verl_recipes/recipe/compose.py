@@ -130,25 +130,10 @@ def check_passed_through(delta: Any, source: str) -> None:
     the checkpoint load have started; a typo would surface there as an AttributeError. The pinned
     provider's fields are committed (verl_recipes.stack.mcore_api.PROVIDER_FIELDS), so the check
     runs here, on any machine, before anything starts."""
-    from omegaconf import DictConfig
-
     from verl_recipes.paths import repo_root
     from verl_recipes.stack.mcore_api import PROVIDER_FIELDS, read_provider_fields
 
-    found: list[tuple[str, str]] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        if not isinstance(node, DictConfig) or node._is_missing() or node._is_none():
-            return
-        for key in node:
-            full = f"{prefix}.{key!s}" if prefix else str(key)
-            child = node._get_node(key)
-            if str(key) in PASSED_THROUGH and isinstance(child, DictConfig) and not child._is_none():
-                found.extend((full, str(k)) for k in child)
-            else:
-                walk(child, full)
-
-    walk(delta, "")
+    found = [k.rsplit(".", 1) for k in _all_keys(delta) if k.count(".") and k.split(".")[-2] in PASSED_THROUGH]
     if not found:
         return
     fields = read_provider_fields(repo_root())
