@@ -64,7 +64,8 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
     """A typo in a committed GPU campaign costs GPU time on the host, so each line is checked here:
     unique names, `requires` naming an earlier line, existing scripts and test files, and every
     `train` line parsed by the real `train` parser and composed against verl's config schema with
-    the GPU layout the launcher would give it (no model or dataset is made)."""
+    the GPU layout the launcher would give it (no model or dataset is made), and a rank rehearsal's
+    share of the job split from it."""
     import argparse
     import shlex
 
@@ -104,6 +105,12 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
             steps=args.steps,
         )
         assert cfg.trainer.total_training_steps == args.steps
+        if args.rank is not None:  # the share of the job one GPU runs must exist
+            from verl_recipes.preflight import model_config
+            from verl_recipes.worker.rank_rehearsal import RankSpec, localize
+
+            arch, _ = model_config(None, args.arch or recipe.model.arch, args.layers, "full-width")
+            localize(cfg, RankSpec(args.rank, layout.per_node * layout.nnodes), arch)
 
 
 def test_the_campaign_order_names_committed_campaigns_on_disjoint_gpus() -> None:

@@ -37,6 +37,7 @@ from verl_recipes.measure.provenance import record
 from verl_recipes.paths import cache_dir
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import compose_run, default_data_dir, gpu_layout
+from verl_recipes.worker.rank_rehearsal import ENV_RANK, RankSpec
 from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF, FIXES
 
 GIB = 1024**3
@@ -155,7 +156,10 @@ def run(args: argparse.Namespace) -> int:
     if bad_fix:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    layout = gpu_layout(recipe, args.gpus, args.smoke)
+    rank = RankSpec(args.rank, layout.per_node * layout.nnodes) if args.rank is not None else None
     name = "-".join([recipe.id, *variants]) + ("-smoke" if args.smoke else "")
+    name += f"-rank{rank.rank}of{rank.world}" if rank else ""
     run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
     # What the user gives is read, never written; what this writes is new, empty or its own.
     if args.data:
@@ -163,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
     resume = userpaths.check_run_dir(run_dir, args.resume)
 
     n_gpus, gpu_gib = _gpu_info()
-    layout = gpu_layout(recipe, args.gpus, args.smoke)
-    gpu_ok = 0 < layout.per_node <= n_gpus
+    # a rank rehearsal runs one rank of the job on one local GPU
+    gpu_ok = 0 < (1 if rank else layout.per_node) <= n_gpus
     rehearsal = args.rehearse or not gpu_ok
     if args.gpu and not rehearsal:
         raise RecipeError(
@@ -242,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     # A GPU host: check the install and the host first (driver, CUDA, NCCL, versions, /dev/shm),
     # then make what is missing, then train under the monitor.
     if not args.skip_verify:
-        gpus_arg = ["--gpus", str(args.gpus)] if args.gpus else []
+        gpus_arg = ["--gpus", "1" if rank else str(args.gpus)] if (args.gpus or rank) else []
         _run(
             [*CLI, "verify", "--recipe", recipe.id, *gpus_arg, *_run_args(args)],
             "verify (pass --skip-verify to run anyway)",
@@ -284,6 +288,9 @@ def run(args: argparse.Namespace) -> int:
     env.update(run_env(env, compile_cache=not args.no_compile_cache))
     if args.verl_fix_off:
         env[ENV_FIXES_OFF] = ",".join(args.verl_fix_off)
+    if rank:
+        env[ENV_RANK] = rank.env_value
+        print(f"{rank.label}: this GPU runs rank {rank.rank} of the job's {rank.world} GPUs")
     prov = record(
         cmd,
         {
@@ -300,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
             "verl_fixes_off": args.verl_fix_off,
             "verl_fixes": applied_fixes(args.verl_fix_off),
             "compile_cache": not args.no_compile_cache,
+            "rank_rehearsal": {"rank": rank.rank, "world": rank.world} if rank else None,
         },
     )
     rundir.write_provenance(run_dir, prov)
@@ -470,6 +478,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--gpus", type=int, help="GPUs per node to use (default: the recipe's)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        metavar="R",
+        help="rank rehearsal: run rank R of the job's GPUs on one local GPU (PyTorch's fake process group)",
+    )
     p.add_argument(
         "--gpu",
         metavar="ID|NGiB",

@@ -5,7 +5,8 @@ verl 0.9.1's own Hydra ``main`` on the same arguments ``python -m verl.trainer.m
 The Ray worker hook (`verl_recipes.worker.hooks`) reaches every process Ray starts, but not the
 driver, where verl calls ``ray.init``; this module registers the same fixes there first
 (`verl_fixes.apply`, with ``VERL_RECIPES_NO_FIXES`` and ``VERL_RECIPES_FIXES_OFF`` read as in the
-workers), so the one that patches ``main_ppo`` (``ray-local-start``) applies when it is imported.
+workers), so the one that patches ``main_ppo`` (``ray-local-start``) applies when it is imported; a rank
+rehearsal (`verl_recipes.worker.rank_rehearsal`) gives the driver the rank's share of the job.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import os
 
 
 def main() -> None:
+    from verl_recipes.worker import rank_rehearsal
     from verl_recipes.worker.hooks import ENV_NO_FIXES
 
+    rank_rehearsal.apply()
     if os.environ.get(ENV_NO_FIXES) != "1":
         from verl_recipes.worker import verl_fixes
 

@@ -5,12 +5,14 @@ anything we add must be installed in those processes. The launcher puts
 ``worker_process_setup_hook: verl_recipes.worker.hooks.setup`` into verl's own
 ``ray_kwargs.ray_init.runtime_env``; Ray calls it in each worker process at start.
 
-It does three things, each controlled by an environment variable the launcher sets:
+It does four things, each controlled by an environment variable the launcher sets:
 - registers the verl 0.9.1 fixes (`verl_recipes.worker.verl_fixes`), unless VERL_RECIPES_NO_FIXES=1
   (VERL_RECIPES_FIXES_OFF leaves out single ones); each is applied when verl imports the module
   it patches, so a worker that never loads verl's FSDP engine does not import it for us;
 - caps the process's torch allocator to VERL_RECIPES_TORCH_MEM_FRACTION of the GPU (the
   24 GiB rehearsal on a larger GPU), when the process sees a GPU;
+- stands in for one rank of a larger job when VERL_RECIPES_RANK_REHEARSAL=R/N is set
+  (`verl_recipes.worker.rank_rehearsal`);
 - installs phase attribution (`verl_recipes.worker.phases`) when VERL_RECIPES_RUN_DIR is set.
 """
 
@@ -47,7 +49,14 @@ def _cap_memory() -> None:
 
 
 def setup() -> None:
-    """Ray's worker_process_setup_hook: never raises, so a hook problem cannot kill a worker."""
+    """Ray's worker_process_setup_hook: never raises, so a hook problem cannot kill a worker.
+
+    The one exception is a rank rehearsal asked for and not understood (`rank_rehearsal.ENV_RANK`):
+    a worker that went on without it would measure a different job and say nothing.
+    """
+    from verl_recipes.worker import rank_rehearsal
+
+    rank_rehearsal.apply()
     if os.environ.get(ENV_NO_FIXES) != "1":
         try:
             from verl_recipes.worker import verl_fixes

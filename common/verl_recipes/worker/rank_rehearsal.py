@@ -12,10 +12,16 @@ communication time, no imbalance between ranks; its step time is a compute-only 
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from verl_recipes import RecipeError
+from verl_recipes.worker.import_hooks import after_import
 
 #: set by the launcher for every process of a rehearsed run: ``R/N`` (rank R of a world of N).
 ENV_RANK = "VERL_RECIPES_RANK_REHEARSAL"
@@ -32,7 +38,9 @@ class RankSpec:
         if self.world < 1:
             raise RecipeError(f"a rank rehearsal needs a world of at least 1 GPU, not {self.world}")
         if not 0 <= self.rank < self.world:
-            raise RecipeError(f"--rank {self.rank} is not a rank of this job's {self.world} GPU(s): use 0 to {self.world - 1}")
+            raise RecipeError(
+                f"--rank {self.rank} is not a rank of this job's {self.world} GPU(s): use 0 to {self.world - 1}"
+            )
 
     @property
     def env_value(self) -> str:
@@ -55,3 +63,196 @@ class RankSpec:
     def from_env(cls) -> RankSpec | None:
         value = os.environ.get(ENV_RANK)
         return cls.parse(value) if value else None
+
+
+# --- the worker side: the fake process group -------------------------------------------------
+
+
+def init_fake_group(spec: RankSpec) -> None:
+    """verl's process group as rank `spec.rank` of `spec.world`, through PyTorch's fake backend.
+
+    verl 0.9.1 starts its training workers' group in
+    ``verl.utils.distributed.initialize_global_process_group_ray`` (``cpu:gloo,cuda:nccl``, rank and
+    world size from the ``RANK``/``WORLD_SIZE`` Ray sets for a worker group of one). Here the same
+    call makes a fake group instead: FSDP shards to 1/N, gathers allocate full-size buffers, and no
+    peer is waited for. DeviceMesh skips its device set-up under ``fake``, so the device is set
+    here (Ray gives the worker one GPU, local index 0).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("fake", store=FakeStore(), rank=spec.rank, world_size=spec.world)
+
+
+def _make_initialize(original: Any, spec: RankSpec) -> Any:
+    def initialize_global_process_group_ray(timeout_second: Any = None, backend: Any = None) -> None:
+        # Only the training workers' own call (no backend named) stands in for the rank; a call
+        # that names a backend (the checkpoint engine's gloo group for sglang / TRT-LLM) is verl's.
+        if backend is None:
+            init_fake_group(spec)
+            return None
+        return original(timeout_second=timeout_second, backend=backend)
+
+    initialize_global_process_group_ray.__wrapped__ = original  # type: ignore[attr-defined]
+    return initialize_global_process_group_ray
+
+
+def _patch_process_group(spec: RankSpec) -> Any:
+    def patch(mod: ModuleType) -> None:
+        current = mod.initialize_global_process_group_ray
+        if not hasattr(current, "__wrapped__"):
+            mod.initialize_global_process_group_ray = _make_initialize(current, spec)  # type: ignore[attr-defined]
+
+    return patch
+
+
+def _rebind_process_group(mod: ModuleType) -> None:
+    """Modules that imported verl's function by name before the patch hold the original."""
+    import verl.utils.distributed as vdist
+
+    if getattr(mod, "initialize_global_process_group_ray", None) is not vdist.initialize_global_process_group_ray:
+        mod.initialize_global_process_group_ray = vdist.initialize_global_process_group_ray  # type: ignore[attr-defined]
+
+
+# --- the driver side: the rank's share of the job ---------------------------------------------
+
+
+def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
+    """The HF config overrides that make a TP1 vLLM model hold what one rank of TP=`tp` holds.
+
+    vLLM shards attention by heads (KV heads replicated once there are fewer than ranks), the MLP
+    by its intermediate size, and keeps the hidden size and norms whole on every rank
+    (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``). A TP1 model with
+    heads/tp, max(1, KV heads/tp), intermediate/tp and the same explicit head size has the same
+    weights and the same KV cache per token as such a rank; its loaders take the first rank's
+    slice of each full tensor the weight sync sends. The vocabulary stays whole (the embedding and
+    output layer hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones
+    every rank gathers), so every prompt token has a row. What the stand-in leaves out is labelled
+    where its numbers are shown: vLLM's custom all-reduce buffers and NCCL communicators.
+    """
+    heads = int(arch["num_attention_heads"])
+    kv = int(arch.get("num_key_value_heads") or heads)
+    inter = int(arch["intermediate_size"])
+    head_dim = int(arch.get("head_dim") or int(arch["hidden_size"]) // heads)
+    for name, size in (("attention heads", heads), ("intermediate size", inter)):
+        if size % tp:
+            raise RecipeError(f"the model's {name} ({size}) do not split over rollout TP={tp}: vLLM refuses it too")
+    return {
+        "num_attention_heads": heads // tp,
+        "num_key_value_heads": max(1, kv // tp),
+        "intermediate_size": inter // tp,
+        "head_dim": head_dim,
+    }
+
+
+def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
+    """Turn verl's composed job config into what the driver of rank `spec.rank` alone runs.
+
+    Called after verl's own ``validate_config`` checked the whole job. The driver then asks Ray for
+    one GPU (a worker group of one) and reads 1/N of the prompts each step; the worker's fake
+    group of N keeps every per-rank division verl makes from the process group (FSDP shards, the
+    mini-batch per data-parallel rank in ``TrainingWorker.train_mini_batch``) as in the real job.
+    A rollout of TP=k becomes one TP1 replica of the per-rank stand-in (`rollout_stand_in`, from
+    `arch`, else the model folder's config.json). Returns {key: (job value, rank value)}.
+    """
+    from omegaconf import open_dict
+
+    n = spec.world
+    changed: dict[str, tuple[Any, Any]] = {}
+    trainer, data = config.trainer, config.data
+    rollout = config.actor_rollout_ref.rollout
+    tp = int(rollout.get("tensor_model_parallel_size", 1) or 1)
+    pp = int(rollout.get("pipeline_model_parallel_size", 1) or 1)
+    if pp != 1 or int(rollout.get("data_parallel_size", 1) or 1) != 1:
+        raise RecipeError(
+            "a rank rehearsal stands in for a tensor-parallel rollout only; set the rollout's PP and DP to 1"
+        )
+    if tp > n:
+        raise RecipeError(f"rollout TP={tp} spans more than the job's {n} GPUs")
+    batch = int(data.train_batch_size)
+    if batch % n:
+        raise RecipeError(f"data.train_batch_size={batch} does not split over {n} ranks: use a multiple of {n}")
+    overrides: dict[str, int] = {}
+    if tp > 1:
+        if arch is None:
+            arch = json.loads((Path(config.actor_rollout_ref.model.path) / "config.json").read_text())
+        overrides = rollout_stand_in(arch, tp)
+    with open_dict(config):
+        for key, section, name, value in (
+            ("trainer.n_gpus_per_node", trainer, "n_gpus_per_node", 1),
+            ("trainer.nnodes", trainer, "nnodes", 1),
+            ("data.train_batch_size", data, "train_batch_size", batch // n),
+            ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout, "tensor_model_parallel_size", 1),
+        ):
+            if section[name] != value:
+                changed[key] = (section[name], value)
+                section[name] = value
+        gen = data.get("gen_batch_size")
+        if gen:
+            changed["data.gen_batch_size"] = (gen, int(gen) // n)
+            data.gen_batch_size = int(gen) // n
+        if overrides:
+            vllm_kwargs = rollout.engine_kwargs.get("vllm") or {}
+            merged = {**(vllm_kwargs.get("hf_overrides") or {}), **overrides}
+            rollout.engine_kwargs.vllm = {**vllm_kwargs, "hf_overrides": merged}
+            changed["actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"] = (None, overrides)
+    return changed
+
+
+def _make_run_ppo(original: Any, spec: RankSpec) -> Any:
+    def run_ppo(config: Any, *args: Any, **kwargs: Any) -> Any:
+        changed = localize(config, spec)
+        print(
+            f"verl_recipes: {spec.label}: the driver runs this rank's share: "
+            + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+            file=sys.stderr,
+            flush=True,
+        )
+        return original(config, *args, **kwargs)
+
+    run_ppo.__wrapped__ = original  # type: ignore[attr-defined]
+    return run_ppo
+
+
+def _patch_run_ppo(spec: RankSpec) -> Any:
+    def patch(mod: ModuleType) -> None:
+        if not hasattr(mod.run_ppo, "__wrapped__"):
+            mod.run_ppo = _make_run_ppo(mod.run_ppo, spec)  # type: ignore[attr-defined]
+
+    return patch
+
+
+def _make_batch_multiple(original: Any, spec: RankSpec) -> Any:
+    def _get_required_batch_multiple(self: Any, dp_size: int) -> int:
+        # The real job pads its global batch to lcm(DP, PPO mini-batches); this rank's share of
+        # that multiple is 1/N of it (verl would pad the rank's batch back up to the global one).
+        return int(original(self, dp_size * spec.world)) // spec.world
+
+    _get_required_batch_multiple.__wrapped__ = original  # type: ignore[attr-defined]
+    return _get_required_batch_multiple
+
+
+def _patch_batch_multiple(spec: RankSpec) -> Any:
+    def patch(mod: ModuleType) -> None:
+        trainer = mod.PPOTrainer
+        if not hasattr(trainer._get_required_batch_multiple, "__wrapped__"):
+            trainer._get_required_batch_multiple = _make_batch_multiple(trainer._get_required_batch_multiple, spec)
+
+    return patch
+
+
+def apply() -> RankSpec | None:
+    """Register the rehearsal's patches in this process when `ENV_RANK` is set (driver and workers)."""
+    spec = RankSpec.from_env()
+    if spec is None:
+        return None
+    after_import("verl.utils.distributed", _patch_process_group(spec))
+    after_import("verl.workers.engine_workers", _rebind_process_group)
+    after_import("verl.trainer.main_ppo", _patch_run_ppo(spec))
+    after_import("verl.trainer.ppo.v1.trainer_base", _patch_batch_multiple(spec))
+    return spec

@@ -1,0 +1,159 @@
+"""Rank rehearsal (`verl_recipes.worker.rank_rehearsal`): one GPU stands in for rank R of N.
+
+The worker side runs for real here: Ray on this CPU, verl's own process-group call inside a Ray
+worker that starts through the project's setup hook, FSDP2 sharding a small Llama over the group
+it got. The driver side is checked on verl's real composed config and verl's own validation and
+batch-multiple code. What only a GPU can show (vLLM, verl's whole step) is the GPU campaign's.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from verl_recipes import RecipeError
+from verl_recipes.worker import rank_rehearsal
+from verl_recipes.worker.rank_rehearsal import ENV_RANK, RankSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rank_spec_reads_r_of_n_and_refuses_a_rank_outside_the_job() -> None:
+    assert RankSpec.parse("1/4") == RankSpec(1, 4)
+    assert RankSpec(0, 2).env_value == "0/2" and RankSpec(0, 2).label == "rank rehearsal (0 of 2)"
+    with pytest.raises(RecipeError, match="--rank 2 is not a rank of this job's 2 GPU"):
+        RankSpec(2, 2)
+    with pytest.raises(RecipeError, match="expected R/N"):
+        RankSpec.parse("0")
+
+
+def test_a_ray_worker_asked_for_a_rank_holds_that_ranks_shards() -> None:
+    pytest.importorskip("verl")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "common"), "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    env.pop(ENV_RANK, None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "fixtures" / "rank_rehearsal_probe.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    views = {v["mode"]: v for v in (json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{"))}
+    plain, rank = views["plain"], views["rank1of4"]
+    # without the variable: verl's own group of one, whole weights (the control)
+    assert (plain["backend"], plain["world"], plain["patched"]) == ("cpu:gloo", 1, False)
+    assert plain["local_shape"] == plain["full_shape"] == [64, 64]
+    # with it: rank 1 of a fake world of 4 holds a quarter of each weight and of its gradient,
+    # and the weight sync's gather still gives the whole tensor
+    assert (rank["backend"], rank["world"], rank["rank"], rank["patched"]) == ("fake", 4, 1, True)
+    assert rank["local_shape"] == rank["grad_local_shape"] == [16, 64]
+    assert rank["full_shape"] == [64, 64]
+
+
+def _job(recipe_id: str = "13b-fsdp", variants: list[str] | None = None, sets: list[str] | None = None) -> Any:
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
+
+    recipe = get_recipe(recipe_id)
+    return compose_run(recipe, variants or [], sets or [], gpu_layout(recipe, None))
+
+
+def _verls_batch_multiple() -> Any:
+    """verl's own ``PPOTrainer._get_required_batch_multiple``, read from its source: the module
+    that defines it imports TransferQueue, which a CPU host lacks."""
+    import verl
+
+    path = Path(inspect.getfile(verl)).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_get_required_batch_multiple")
+    ns: dict[str, Any] = {"math": math}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), ns)
+    return ns["_get_required_batch_multiple"]
+
+
+def test_the_driver_runs_the_ranks_share_of_a_job_verl_accepts() -> None:
+    pytest.importorskip("verl")
+    from verl_recipes import preflight
+
+    cfg = _job()
+    shape, _ = preflight.model_config(None, "llama-2-13b", None, "full-width")
+    preflight.verl_validate(cfg, shape)  # verl's own start-up checks pass on the whole job
+    assert (cfg.trainer.n_gpus_per_node, cfg.data.train_batch_size) == (2, 8)
+    spec = RankSpec(0, 2)
+    changed = rank_rehearsal.localize(cfg, spec)
+    assert changed == {
+        "trainer.n_gpus_per_node": (2, 1),
+        "data.train_batch_size": (8, 4),
+    }
+    # the driver pads a batch to lcm(DP, PPO mini-batches): verl's own arithmetic on the rank's
+    # share would pad its 4 prompts back to the job's mini-batch of 8; the rank's share of the
+    # job's multiple is 4
+    verl_multiple = _verls_batch_multiple()
+    me = SimpleNamespace(config=cfg, use_critic=True, global_steps=1)
+    assert verl_multiple(me, 1) == 8
+    assert rank_rehearsal._make_batch_multiple(verl_multiple, spec)(me, 1) == 4
+
+
+def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:
+    pytest.importorskip("verl")
+    from verl_recipes import preflight
+
+    arch, _ = preflight.model_config(None, "llama-2-13b", None, "full-width")
+    cfg = _job(variants=["40gib"])
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    changed = rank_rehearsal.localize(cfg, RankSpec(0, 2), arch)
+    assert changed["actor_rollout_ref.rollout.tensor_model_parallel_size"] == (2, 1)
+    # Llama-2-13B: 40 heads of 128, 40 KV heads, MLP 13824; a TP2 rank holds half of each
+    stand_in = {"num_attention_heads": 20, "num_key_value_heads": 20, "intermediate_size": 6912, "head_dim": 128}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides == stand_in
+    # KV heads are replicated, never below one a rank, once there are fewer than ranks (GQA)
+    gqa = {"num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "hidden_size": 8192}
+    assert rank_rehearsal.rollout_stand_in(gqa, 16)["num_key_value_heads"] == 1
+
+
+def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:
+    pytest.importorskip("verl")
+    with pytest.raises(RecipeError, match="does not split over 2 ranks"):
+        rank_rehearsal.localize(_job(sets=["data.train_batch_size=7"]), RankSpec(0, 2))
+    with pytest.raises(RecipeError, match="do not split over rollout TP=3"):
+        rank_rehearsal.rollout_stand_in({"num_attention_heads": 40, "intermediate_size": 13824, "hidden_size": 5120}, 3)
+
+
+def _patched_in_a_fresh_process(rank: str | None) -> dict[str, Any]:
+    """What the driver's entry point patches before verl's main runs, in a process of its own."""
+    code = (
+        "import json, verl_recipes.worker.driver as d, verl_recipes.worker.rank_rehearsal as r\n"
+        "spec = r.apply()\n"
+        "import verl.utils.distributed as vd, verl.trainer.main_ppo as mp\n"
+        "print(json.dumps({'spec': spec and spec.env_value,"
+        " 'group': hasattr(vd.initialize_global_process_group_ray, '__wrapped__'),"
+        " 'driver': hasattr(mp.run_ppo, '__wrapped__')}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "common")}
+    env.pop(ENV_RANK, None)
+    if rank:
+        env[ENV_RANK] = rank
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    return {"rc": proc.returncode, "err": proc.stderr, **(json.loads(proc.stdout) if proc.returncode == 0 else {})}
+
+
+def test_the_rehearsal_patches_verl_only_where_it_is_asked_for() -> None:
+    pytest.importorskip("verl")
+    plain = _patched_in_a_fresh_process(None)
+    assert (plain["rc"], plain["spec"], plain["group"], plain["driver"]) == (0, None, False, False)
+    asked = _patched_in_a_fresh_process("0/2")
+    assert (asked["spec"], asked["group"], asked["driver"]) == ("0/2", True, True)
+    wrong = _patched_in_a_fresh_process("2/2")
+    assert wrong["rc"] != 0 and "--rank 2 is not a rank of this job's 2 GPU(s)" in wrong["err"]
