@@ -22,22 +22,58 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
+from verl_recipes.job import Budget, Job
 
-GIB = 1024**3
+__all__ = ["Budget", "check", "fit", "model_config", "preflight", "verl_validate"]
 
 
-@dataclass(frozen=True)
-class Budget:
-    """The GPU a job is judged against (`plan.gpus.parse_gpu`: a catalogue id or a size like
-    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
+def preflight(job: Job) -> tuple[Any, list[str]]:
+    """The job composed against verl's config, once, as it will run, and judged (module doc):
+    returns the config and the lines to print, raises the one line a refusal is."""
+    from verl_recipes.recipe.run_config import compose_run, default_data_dir
+    from verl_recipes.rundir import PROFILE
 
-    gpu: str
-    label: str
+    model = job.model
+    cfg = compose_run(
+        job.recipe,
+        list(job.variants),
+        list(job.sets),
+        job.layout,
+        model=model.path,
+        data=job.data,
+        run_dir=job.run_dir,
+        steps=job.steps,
+    )
+    if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in job.sets):
+        # verl's default is a relative outputs/profile under whatever folder the workers run in
+        cfg.global_profiler.save_path = str(job.run_dir / PROFILE)
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if job.rank is not None and world != job.rank.world:
+        raise RecipeError(
+            f"--rank {job.rank.rank}: the composed job has {world} GPU(s), its layout {job.rank.world}; "
+            "set the GPUs per node with --gpus, not --set trainer.*"
+        )
+    # The job as it will run: the user's checkpoint, else the shape a GPU host makes, never the
+    # tiny stand-in a CPU loads.
+    arch, source = model_config(model.path if model.theirs else None, model.arch, *model.trained)
+    here = job.rehearsal is None
+    verdict = check(
+        cfg,
+        arch,
+        source,
+        default_data_dir(),
+        list(job.budgets) if job.budgets is not None else None,
+        job.force,
+        model.theirs,
+        (job.label, list(job.fixes_off), here),
+    )
+    if job.rank is not None:
+        verdict.insert(0, f"rank: {job.rank.label}; the plan below is one GPU's share of the job")
+    return cfg, verdict
 
 
 def model_config(model: Path | None, arch: str, layers: int | None, scale: str) -> tuple[dict[str, Any], str]:
