@@ -218,7 +218,10 @@ def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path:
     budget = [Budget("24.00GiB", "the --cap-gib budget")]
     lines = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], True))
     rehearsed = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], False))
-    assert f"host RAM: about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in rehearsed
+    assert (
+        f"host RAM: 7b-lora --variant 24gib needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)"
+        in rehearsed
+    )
     out = "\n".join(lines)
     total = psutil.virtual_memory().total
     warned = [x for x in out.splitlines() if x.startswith("WARN host-ram")]
@@ -334,17 +337,17 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
     from verl_recipes.recipe.run_config import default_data_dir
 
     job = _job("7b-lora", "--variant", "grpo", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
-    assert job.label == "7b-lora --variant grpo --variant 24gib"
+    label = "7b-lora --variant grpo --variant 24gib"
     cfg, verdict = preflight(job)
     arch, source = model_config(None, job.model.arch, *job.model.trained)
     need = plan_host(setup_from_config(cfg, Arch.from_config(arch, source))).peak.pss
-    assert f"host RAM: about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in verdict
-    here = check(cfg, arch, source, default_data_dir(), None, False, False, (job.label, [], True))
+    assert f"host RAM: {label} needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in verdict
+    here = check(cfg, arch, source, default_data_dir(), None, False, False, (label, [], True))
     warned = [x for x in here if x.startswith("WARN host-ram")]
     total = psutil.virtual_memory().total
     if total < need:
         assert warned == [
-            f"WARN host-ram {total / 2**30:.1f} GiB total; 7b-lora --variant grpo --variant 24gib needs about "
+            f"WARN host-ram {total / 2**30:.1f} GiB total; {label} needs about "
             f"{need / 2**30:.0f} GiB (planner, PSS peak; see verl-recipes plan)"
         ]
     else:

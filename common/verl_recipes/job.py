@@ -104,13 +104,6 @@ class Job:
     rank: RankSpec | None
 
     @property
-    def label(self) -> str:
-        """How the planner names the run (`7b-lora --variant 24gib`)."""
-        from verl_recipes.plan.host import run_label
-
-        return run_label(self.recipe.id, list(self.variants), list(self.sets))
-
-    @property
     def fixes(self) -> list[str]:
         """The verl fixes the run gets (every one of `verl_fixes.FIXES` not turned off), for its
         provenance: the planner reads a run by what verl did in it."""

@@ -34,6 +34,7 @@ __all__ = ["Budget", "check", "fit", "model_config", "preflight", "verl_validate
 def preflight(job: Job) -> tuple[Any, list[str]]:
     """The job composed against verl's config, once, as it will run, and judged (module doc):
     returns the config and the lines to print, raises the one line a refusal is."""
+    from verl_recipes.plan.host import run_label
     from verl_recipes.recipe.run_config import compose_run, default_data_dir
     from verl_recipes.rundir import PROFILE
 
@@ -69,7 +70,7 @@ def preflight(job: Job) -> tuple[Any, list[str]]:
         list(job.budgets) if job.budgets is not None else None,
         job.force,
         model.theirs,
-        (job.label, list(job.fixes_off), here),
+        (run_label(job.recipe.id, job.variants, job.sets), list(job.fixes_off), here),
     )
     if job.rank is not None:
         verdict.insert(0, f"rank: {job.rank.label}; the plan below is one GPU's share of the job")
@@ -231,5 +232,5 @@ def check(
         if warn:
             lines.append(f"WARN host-ram {warn}")
         elif not here:
-            lines.append(f"host RAM: about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
+            lines.append(f"host RAM: {what} needs about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
     return lines + fit(setup, budgets, force)
