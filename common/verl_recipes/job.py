@@ -176,12 +176,20 @@ def decide(args: argparse.Namespace) -> Job:
         label = "the --cap-gib budget" if args.cap_gib else "this GPU"
         budgets = (Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label),)
 
+    # The user's checkpoint, else the synthetic one: the shape trained, and the one made here (a
+    # tiny model of the same family on a CPU: loading it in transformers takes seconds).
+    arch = args.arch or recipe.model.arch
+    trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
+    (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if rehearsal else (trained, "cuda")
+    path = args.model or model_dir(arch, layers, scale, args.model_out)
+    model = Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out)
+
     return Job(
         recipe=recipe,
         variants=tuple(args.variant),
         sets=tuple(args.sets),
         layout=layout,
-        model=_model(args, recipe, rehearsal is not None),
+        model=model,
         data=args.data or default_data_dir(),
         data_theirs=args.data is not None,
         run_dir=run_dir,
@@ -199,23 +207,3 @@ def decide(args: argparse.Namespace) -> Job:
         rehearsal=rehearsal,
         rank=rank,
     )
-
-
-def _model(args: argparse.Namespace, recipe: Recipe, rehearsal: bool) -> Model:
-    """The user's checkpoint, else the synthetic one: the shape trained, and the one made here (a
-    tiny model of the same family on a CPU: loading it in transformers takes seconds)."""
-    arch = args.arch or recipe.model.arch
-    trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
-    if rehearsal:
-        (layers, scale), device = (recipe.smoke.layers, "tiny"), "cpu"
-    else:
-        (layers, scale), device = trained, "cuda"
-    if args.model_out and not args.model:
-        from verl_recipes.workload.arch import resolve_arch
-        from verl_recipes.workload.synth import shape_config
-        from verl_recipes.workload.userpaths import check_model_out
-
-        full = shape_config(resolve_arch(arch), layers, scale)["num_hidden_layers"]
-        check_model_out(args.model_out, arch, int(full), scale)
-    path = args.model or model_dir(arch, layers, scale, args.model_out)
-    return Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out)

@@ -8,7 +8,8 @@ non-zero exit, so it checks the job as it will run, before anything is made or w
   (`verl_recipes.recipe.verl_schema`, at composition);
 * the model's real config.json: the user's `--model` folder (`userpaths.check_model_dir`), or the
   shape the synthetic checkpoint will have (`synth.shape_config`), never the stock recipe's;
-* the user's data files, against what verl reads from them (`userpaths.check_parquet`);
+* the user's data files, against what verl reads from them (`userpaths.check_parquet`), and a
+  `--model-out` folder: new, empty, or a synthetic checkpoint of the same shape (`check_model_out`);
 * the GPU layout (`verl_recipes.recipe.layout`, through the planner's `setup_from_config`);
 * verl's own start-up validation, `verl.utils.config.validate_config`, which `main_ppo` runs
   before Ray starts;
@@ -61,6 +62,11 @@ def preflight(job: Job) -> tuple[Any, list[str]]:
     # The job as it will run: the user's checkpoint, else the shape a GPU host makes, never the
     # tiny stand-in a CPU loads.
     arch, source = model_config(model.path if model.theirs else None, model.arch, *model.trained)
+    if model.out is not None and not model.theirs:
+        from verl_recipes.workload.userpaths import check_model_out
+
+        made = model_config(None, model.arch, model.layers, model.scale)[0]  # the checkpoint written here
+        check_model_out(model.out, model.arch, int(made["num_hidden_layers"]), model.scale)
     here = job.rehearsal is None
     verdict = check(
         cfg,
