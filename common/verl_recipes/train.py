@@ -137,7 +137,11 @@ def in_process(module: Any, argv: list[str]) -> int:
 def verify(job: Job, gate: bool) -> None:
     """The host's install and devices (`stack.verify`: driver, CUDA, NCCL, versions, /dev/shm,
     host RAM as a fact); with `gate`, a failed check stops the launch. A rank rehearsal runs on
-    one GPU without NCCL between GPUs, so the all-reduce across the host's GPUs is left out."""
+    one GPU without NCCL between GPUs, so the all-reduce across the host's GPUs is left out.
+
+    It runs in this process: its torch calls (the device count, NCCL's version) do not start
+    CUDA here, so nothing of this process stays on the GPU the run measures, and the all-reduce
+    runs in processes of its own."""
     from verl_recipes.stack.verify import print_checks, run_checks
 
     checks = run_checks(job.recipe, allreduce=job.rank is None)
