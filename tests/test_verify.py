@@ -38,7 +38,7 @@ def _verify(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
 def test_gpu_recipe_fails_on_a_host_without_gpu() -> None:
     r = subprocess.run([*CLI, "--recipe", "7b-lora"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
-    assert "FAIL  gpu             recipe 7b-lora needs 1 GPU(s); this host has none" in r.stdout
+    assert "FAIL  gpu             recipe 7b-lora trains on NVIDIA GPUs; this host has none" in r.stdout
     assert "fix: run on a host with NVIDIA GPUs (docker run --gpus all)" in r.stdout
 
 

@@ -239,7 +239,7 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
                 Check(
                     "gpu",
                     "fail",
-                    f"recipe {recipe.id} needs {recipe.gpus.count} GPU(s); this host has none ({why})",
+                    f"recipe {recipe.id} trains on NVIDIA GPUs; this host has none ({why})",
                     f"run on a host with NVIDIA GPUs (docker run --gpus all), or rehearse on CPU: "
                     f"verl-recipes train {recipe.id}",
                 )
