@@ -108,7 +108,7 @@ def test_exit_codes_name_their_signals() -> None:
 def _train_keeps_the_ray_logs_of_a_run_that_did_not_exit_0_only(base: Path, driver_pid: int) -> None:
     """The same Ray session (the run's driver pid in its samples) gives a failed run its worker's
     last error and leaves a clean run's folder without Ray's teardown lines."""
-    from verl_recipes.train import worker_errors
+    from verl_recipes.measure.outcome import worker_errors
 
     for rc in (0, -6):
         run = base / f"train-rc{rc}"
@@ -133,25 +133,3 @@ def test_rays_teardown_is_not_taken_for_the_cause(tmp_path: Path) -> None:
     assert ended["error_file"] == rundir.LOG
     assert ended["last_error"] == "ModuleNotFoundError: No module named 'megatron.energon'"
     assert "exit 1" in ending.one_line(ended)
-
-
-@pytest.mark.parametrize(
-    ("name", "cause"),
-    [
-        ("h200x1-tp1-l2-no-energon", "ModuleNotFoundError: No module named 'megatron.energon'"),
-        (
-            "h200x1-tp1-l2-grad-accum-fusion",
-            "RuntimeError: ColumnParallelLinear was called with gradient_accumulation_fusion",
-        ),
-    ],
-)
-def test_a_failed_trains_last_line_names_the_cause_not_rays_teardown(name: str, cause: str) -> None:
-    """The line `verl-recipes train` ends a failed run with gives the report's cause. On the H200
-    these two runs' lines named `ray-logs/dashboard.log: ... Exiting with SIGTERM immediately`,
-    the first Ray log with an error line, while the report named the exception."""
-    from verl_recipes.train import failure_reason
-
-    run = Path(__file__).resolve().parents[1] / "recipes/70b-3d/results/failed" / name
-    why = failure_reason(run, 1)
-    assert why.startswith(f"; {rundir.LOG}: {cause}"), why
-    assert "dashboard" not in why and "SIGTERM" not in why

@@ -43,23 +43,3 @@ def test_cli_refuses_a_non_trace_and_never_overwrites(tmp_path: Path) -> None:
     assert "matrix multiply" in out.read_text()
     r = subprocess.run([*cmd, str(t), "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 2 and "exists" in r.stderr
-
-
-def test_a_folder_of_stage_traces_gets_one_section_each_and_a_bad_one_says_so(tmp_path: Path) -> None:
-    """verl's discrete profiler writes one trace per stage; the run's profile/summary.md (written by
-    `train` after a profiled run) puts them side by side, and one unreadable trace does not hide
-    the others."""
-    from verl_recipes import train
-
-    run_dir = tmp_path / "run"
-    prof = run_dir / "profile"
-    prof.mkdir(parents=True)
-    _trace(tmp_path).rename(prof / "actor_update_step2.json")
-    (prof / "critic_update_step2.json.gz").write_bytes(b"not gzip")
-    summary = train.summarize_traces(run_dir)
-    assert summary == prof / "summary.md"
-    text = summary.read_text()
-    assert "# Trace: actor_update_step2.json" in text and "matrix multiply" in text
-    assert "# Trace: critic_update_step2.json.gz" in text and "unreadable" in text
-    assert train.summarize_traces(run_dir) is None  # an existing summary is never overwritten
-    assert train.summarize_traces(tmp_path / "unprofiled") is None

@@ -28,6 +28,8 @@ __version__ = "0.1.0"
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: set by the monitor and the launcher for every process of a run: where phases and metrics go.
 RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
+#: bytes in a GiB: every memory figure the project prints or compares is in GiB = 1024**3 bytes.
+GIB = 1024**3
 
 
 class RecipeError(Exception):

@@ -8,7 +8,8 @@ non-zero exit, so it checks the job as it will run, before anything is made or w
   (`verl_recipes.recipe.verl_schema`, at composition);
 * the model's real config.json: the user's `--model` folder (`userpaths.check_model_dir`), or the
   shape the synthetic checkpoint will have (`synth.shape_config`), never the stock recipe's;
-* the user's data files, against what verl reads from them (`userpaths.check_parquet`);
+* the user's data files, against what verl reads from them (`userpaths.check_parquet`), and a
+  `--model-out` folder: new, empty, or a synthetic checkpoint of the same shape (`check_model_out`);
 * the GPU layout (`verl_recipes.recipe.layout`, through the planner's `setup_from_config`);
 * verl's own start-up validation, `verl.utils.config.validate_config`, which `main_ppo` runs
   before Ray starts;
@@ -22,22 +23,64 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
+from verl_recipes.job import Budget, Job
 
-GIB = 1024**3
+__all__ = ["Budget", "check", "fit", "model_config", "preflight", "verl_validate"]
 
 
-@dataclass(frozen=True)
-class Budget:
-    """The GPU a job is judged against (`plan.gpus.parse_gpu`: a catalogue id or a size like
-    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
+def preflight(job: Job) -> tuple[Any, list[str]]:
+    """The job composed against verl's config, once, as it will run, and judged (module doc):
+    returns the config and the lines to print, raises the one line a refusal is."""
+    from verl_recipes.plan.host import run_label
+    from verl_recipes.recipe.run_config import compose_run, default_data_dir
+    from verl_recipes.rundir import PROFILE
 
-    gpu: str
-    label: str
+    model = job.model
+    cfg = compose_run(
+        job.recipe,
+        list(job.variants),
+        list(job.sets),
+        job.layout,
+        model=model.path,
+        data=job.data,
+        run_dir=job.run_dir,
+        steps=job.steps,
+    )
+    if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in job.sets):
+        # verl's default is a relative outputs/profile under whatever folder the workers run in
+        cfg.global_profiler.save_path = str(job.run_dir / PROFILE)
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if job.rank is not None and world != job.rank.world:
+        raise RecipeError(
+            f"--rank {job.rank.rank}: the composed job has {world} GPU(s), its layout {job.rank.world}; "
+            "set the GPUs per node with --gpus, not --set trainer.*"
+        )
+    # The job as it will run: the user's checkpoint, else the shape a GPU host makes, never the
+    # tiny stand-in a CPU loads.
+    arch, source = model_config(model.path if model.theirs else None, model.arch, *model.trained)
+    if model.out is not None and not model.theirs:
+        from verl_recipes.workload.userpaths import check_model_out
+
+        made = model_config(None, model.arch, model.layers, model.scale)[0]  # the checkpoint written here
+        check_model_out(model.out, model.arch, int(made["num_hidden_layers"]), model.scale)
+    here = job.rehearsal is None
+    verdict = check(
+        cfg,
+        arch,
+        source,
+        default_data_dir(),
+        list(job.budgets) if job.budgets is not None else None,
+        job.force,
+        model.theirs,
+        (run_label(job.recipe.id, job.variants, job.sets), list(job.fixes_off), here),
+    )
+    if job.rank is not None:
+        verdict.insert(0, f"rank: {job.rank.label}; the plan below is one GPU's share of the job")
+    return cfg, verdict
 
 
 def model_config(model: Path | None, arch: str, layers: int | None, scale: str) -> tuple[dict[str, Any], str]:
@@ -195,5 +238,5 @@ def check(
         if warn:
             lines.append(f"WARN host-ram {warn}")
         elif not here:
-            lines.append(f"host RAM: about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
+            lines.append(f"host RAM: {what} needs about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
     return lines + fit(setup, budgets, force)

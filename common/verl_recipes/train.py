@@ -1,29 +1,31 @@
 """`verl-recipes train`: run a recipe with verl's own trainer, or rehearse it on a CPU.
 
-Both paths compose the recipe against verl's Hydra config once and run one pre-flight on the job
-as it will run (`verl_recipes.preflight`) before anything is made or written, so what a GPU host
-would refuse, the rehearsal refuses, with the same line. The user's `--model` and `--data` are
-read, never written (`verl_recipes.workload.userpaths`), and a `--run-dir` is new, empty, or
-resumed.
+`run` is the whole path, in order, each step once:
 
-With a GPU it then makes (or takes) the model and dataset, and starts verl's own ``main_ppo``
-(through `verl_recipes.worker.driver`, which applies the driver-side fixes first) on the saved,
-fully composed config under the NVML monitor, with provenance, phase attribution and a report in
-one run folder.
+1. decide (`verl_recipes.job`): the command line and this host's GPUs become one frozen `Job`;
+   whatever the command line alone gets wrong is refused there, in one line;
+2. pre-flight and plan (`verl_recipes.preflight`): the job composed against verl's Hydra config,
+   once, as it will run, and judged (data, layout, verl's start-up checks, host RAM, the memory
+   plan) before anything is made or written, so what a GPU host would refuse, the rehearsal
+   refuses, with the same line;
+3. rehearse (no GPU, or `--rehearse`): everything a CPU can check, then a plain statement that
+   training needs a GPU, exit 0; or launch: the host's install checked (`stack.verify`), the
+   model and dataset made (or taken), and verl's own ``main_ppo`` (through
+   `verl_recipes.worker.driver`, which applies the driver-side fixes first) started on the saved,
+   fully composed config under the NVML monitor, with provenance, in one run folder;
+4. measure (`verl_recipes.measure.outcome`): the report, the failed run's worker errors, the
+   profile summary, and the line the run ends with.
 
-Without a GPU it rehearses everything a CPU can check: install verification, the pre-flight, the
-model (a tiny synthetic one unless `--model`) loading in transformers, the dataset loading in
-verl's RLHFDataset, and the exact command a GPU host would run; then it says plainly that
-training needs a GPU and exits 0.
-
-verl runs its trainer loop and FSDP workers as Ray actors, so the launcher reaches them through
-Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment variables.
+The user's `--model` and `--data` are read, never written (`verl_recipes.workload.userpaths`),
+and a `--run-dir` is new, empty, or resumed. verl runs its trainer loop and FSDP workers as Ray
+actors, so the launch reaches them through Ray's ``worker_process_setup_hook``
+(`verl_recipes.worker.hooks.setup`) and environment variables; a rank rehearsal (`--rank R`) is
+one of those variables (`worker.rank_rehearsal.ENV_RANK`).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import os
 import shlex
 import subprocess
@@ -32,72 +34,146 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, procs, rundir
-from verl_recipes.measure.provenance import gpus as nvml_gpus
-from verl_recipes.measure.provenance import record
-from verl_recipes.paths import cache_dir
-from verl_recipes.recipe.metadata import Recipe, get_recipe
-from verl_recipes.recipe.run_config import compose_run, default_data_dir, gpu_layout
-from verl_recipes.worker.rank_rehearsal import ENV_RANK, RankSpec
-from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF, FIXES
+from verl_recipes.job import Job, decide
+from verl_recipes.worker.rank_rehearsal import ENV_RANK
+from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF
 
-GIB = 1024**3
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
 #: the trainer's entry point: verl's main_ppo behind the driver-side fixes
 DRIVER = "verl_recipes.worker.driver"
 
 
-def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, check: bool = True) -> int:
+def run(args: argparse.Namespace) -> int:
+    """decide -> pre-flight and plan -> rehearse or launch -> measure (module doc)."""
+    from verl_recipes.measure import outcome
+    from verl_recipes.preflight import preflight
+
+    job = decide(args)
+    cfg, verdict = preflight(job)
+    if job.rehearsal is not None:
+        return rehearse(job, cfg, verdict)
+    rc = launch(job, cfg, verdict)
+    return outcome.conclude(job.run_dir, rc, job.cap_gib)
+
+
+def trainer_command(job: Job) -> list[str]:
+    """verl's trainer on the run folder's saved config: what the monitor starts, and command.sh."""
+    cfg_path = job.run_dir / rundir.CONFIG
+    return [sys.executable, "-m", DRIVER, "--config-path", str(job.run_dir), "--config-name", cfg_path.stem]
+
+
+def write_run(job: Job, cfg: Any) -> None:
+    """The run folder's command and config, once the model and data exist (a resumed run keeps
+    its own). command.sh carries what a GPU host needs to run the same job again, the rank
+    rehearsal's variable included."""
+    from omegaconf import OmegaConf
+
+    if job.resume:
+        return
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    env = [f"{ENV_RANK}={job.rank.env_value}"] if job.rank else []
+    command = "#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join([*env, *trainer_command(job)]) + "\n"
+    (job.run_dir / rundir.COMMAND).write_text(command)
+    OmegaConf.save(cfg, job.run_dir / rundir.CONFIG)
+
+
+def ensure_model(job: Job) -> Path:
+    """The checkpoint the job trains: the user's as given, else the synthetic one at its path,
+    made once and then reused.
+
+    On a CPU the tiny stand-in is written in this process. On a GPU host the writer draws the
+    weights on the GPU in a process of its own, so that no CUDA context or cached block of it is
+    left on the GPU the run then measures; its crash (the OOM killer included) is one line.
+    """
+    model = job.model
+    if model.theirs:
+        return model.path
+    if (model.path / "synth.json").is_file():
+        print(f"model: reusing {model.path}")
+        return model.path
+    argv = ["synth-model", "--arch", model.arch, "--scale", model.scale, "--device", model.device]
+    argv += ["--out", str(model.path)] + (["--layers", str(model.layers)] if model.layers else [])
+    if model.device == "cpu":
+        from verl_recipes.workload import synth
+
+        try:
+            in_process(synth, argv)
+        except RecipeError:
+            raise
+        except Exception as e:  # the writer's own failure, said in one line
+            msg = " ".join(str(e).split()) or type(e).__name__
+            raise RecipeError(f"synth-model {model.arch} into {model.path} failed: {type(e).__name__}: {msg}") from e
+        return model.path
+    cmd = [*CLI, *argv]
     print(f"+ {shlex.join(cmd)}", flush=True)
-    rc = subprocess.run(cmd, env=env).returncode
-    if rc != 0 and check:
-        raise RecipeError(f"{what} failed (exit {rc}): {shlex.join(cmd)}")
-    return rc
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        raise RecipeError(f"synth-model failed (exit {rc}): {shlex.join(cmd)}")
+    return model.path
 
 
-def model_dir(arch: str, layers: int | None, scale: str, out: Path | None) -> Path:
-    """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made)."""
-    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
+def ensure_dataset(job: Job) -> Path:
+    """The user's folder as given (checked up front, never written into), else the embedded
+    dataset, made once in the cache."""
+    from verl_recipes.workload import dataset
+
+    if job.data_theirs:
+        return job.data
+    if not ((job.data / "train.parquet").is_file() and (job.data / "test.parquet").is_file()):
+        in_process(dataset, ["dataset", "--out", str(job.data)])
+    return job.data
 
 
-def ensure_model(path: Path, arch: str, layers: int | None, scale: str, device: str) -> Path:
-    """The synthetic checkpoint at `path`, made once and then reused."""
-    if (path / "synth.json").is_file():
-        print(f"model: reusing {path}")
-        return path
-    cmd = [*CLI, "synth-model", "--arch", arch, "--scale", scale, "--device", device, "--out", str(path)]
-    if layers:
-        cmd += ["--layers", str(layers)]
-    _run(cmd, "synth-model")
-    return path
+def in_process(module: Any, argv: list[str]) -> int:
+    """`verl-recipes ARGV` in this process: the subcommand's own parser (so its defaults are the
+    command's) and its function; its RecipeError is train's one line."""
+    parser = argparse.ArgumentParser(prog="verl-recipes")
+    module.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    print(f"+ verl-recipes {shlex.join(argv)}", flush=True)
+    return int(args.func(args) or 0)
 
 
-def ensure_dataset(path: Path, theirs: bool) -> Path:
-    """The user's folder as given (`theirs`: checked up front, never written into), else the
-    embedded dataset, made once in the cache."""
-    if theirs:
-        return path
-    if (path / "train.parquet").is_file() and (path / "test.parquet").is_file():
-        return path
-    _run([*CLI, "dataset", "--out", str(path)], "dataset")
-    return path
+def verify(job: Job, gate: bool) -> None:
+    """The host's install and devices (`stack.verify`: driver, CUDA, NCCL, versions, /dev/shm,
+    host RAM as a fact); with `gate`, a failed check stops the launch. A rank rehearsal runs on
+    one GPU without NCCL between GPUs, so the all-reduce across the host's GPUs is left out.
+
+    It runs in this process: its torch calls (the device count, NCCL's version) do not start
+    CUDA here, so nothing of this process stays on the GPU the run measures, and the all-reduce
+    runs in processes of its own."""
+    from verl_recipes.stack.verify import print_checks, run_checks
+
+    checks = run_checks(job.recipe, allreduce=job.rank is None)
+    print_checks(checks, indent="   " if not gate else "")
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed and gate:
+        raise RecipeError(
+            f"verify: {len(failed)} check(s) failed ({', '.join(failed)}); fix them as printed above, "
+            "or pass --skip-verify to run anyway"
+        )
 
 
-def _gpu_info() -> tuple[int, float]:
-    info = nvml_gpus()
-    devs = info.get("gpus") or []
-    if not devs:
-        return 0, 0.0
-    return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
-
-
-def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, reason: str, verdict: list[str]) -> int:
+def rehearse(job: Job, cfg: Any, verdict: list[str]) -> int:
     """Everything a CPU can check, then a plain statement that training needs a GPU."""
     from omegaconf import OmegaConf
 
-    print(f"== rehearsal of {recipe.id}: {reason}")
+    reason = job.rehearsal
+    ensure_model(job)
+    ensure_dataset(job)
+    if job.resume:
+        verdict.append(f"--resume: {job.run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
+    write_run(job, cfg)
+
+    print(f"== rehearsal of {job.recipe.id}: {reason}")
+    if job.rank is not None:
+        print(
+            f"== {job.rank.label}: a GPU host runs this job's rank {job.rank.rank} on one GPU "
+            f"({ENV_RANK}={job.rank.env_value}); collectives return at once, buffers are real"
+        )
     print("== 1/5 install verification")
-    _run([*CLI, "verify", "--recipe", recipe.id, *_run_args(args)], "verify", check=False)
-    print(f"== 2/5 composed against verl's schema: {run_dir / rundir.CONFIG}")
+    verify(job, gate=False)
+    print(f"== 2/5 composed against verl's schema: {job.run_dir / rundir.CONFIG}")
     print(
         f"   {len(OmegaConf.to_yaml(cfg).splitlines())} lines; algorithm={cfg.algorithm.adv_estimator}, "
         f"lora_rank={cfg.actor_rollout_ref.model.lora_rank}, batch={cfg.data.train_batch_size}"
@@ -106,22 +182,15 @@ def rehearse(recipe: Recipe, args: argparse.Namespace, cfg: Any, run_dir: Path, 
     for line in verdict:
         print(f"   {line}")
     print("== 4/5 model (a tiny synthetic one on CPU unless --model) and dataset")
-    model = Path(cfg.actor_rollout_ref.model.path)
-    data = Path(cfg.data.train_files).parent
-    _check_model_and_data(model, data, cfg)
+    _check_model_and_data(Path(cfg.actor_rollout_ref.model.path), Path(cfg.data.train_files).parent, cfg)
     print("== 5/5 the command a GPU host runs")
-    print(f"   {(run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
+    print(f"   {(job.run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
+    gpus = f"one GPU, for {job.rank.label}" if job.rank else f"{job.recipe.gpus.count} x {job.recipe.gpus.target}"
     print(
-        f"training needs an NVIDIA GPU ({recipe.gpus.count} x {recipe.gpus.target}); {reason}. "
+        f"training needs an NVIDIA GPU ({gpus}); {reason}. "
         "Everything above is what a CPU can check; run the same command on a GPU host to train."
     )
     return 0
-
-
-def _run_args(args: argparse.Namespace) -> list[str]:
-    """The options that change what a run needs: verify judges the host against this run."""
-    out = [x for v in args.variant for x in ("--variant", v)] + [x for v in args.sets for x in ("--set", v)]
-    return out + [x for v in args.verl_fix_off for x in ("--verl-fix-off", v)]
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -143,126 +212,28 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
+    """On a GPU host: the host checked, the model and data made, then verl under the monitor;
+    returns verl's exit code (the run folder holds everything measured)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes import preflight
-    from verl_recipes.plan.host import run_label
     from verl_recipes.workload import userpaths
-
-    recipe = get_recipe(args.recipe)
-    variants = args.variant
-    bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
-    if bad_fix:
-        raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    layout = gpu_layout(recipe, args.gpus, args.smoke)
-    rank = RankSpec(args.rank, layout.per_node * layout.nnodes) if args.rank is not None else None
-    name = "-".join([recipe.id, *variants]) + ("-smoke" if args.smoke else "")
-    name += f"-rank{rank.rank}of{rank.world}" if rank else ""
-    run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
-    # What the user gives is read, never written; what this writes is new, empty or its own.
-    if args.data:
-        userpaths.check_data_dir(args.data)
-    resume = userpaths.check_run_dir(run_dir, args.resume)
-
-    n_gpus, gpu_gib = _gpu_info()
-    # a rank rehearsal runs one rank of the job on one local GPU
-    gpu_ok = 0 < (1 if rank else layout.per_node) <= n_gpus
-    rehearsal = args.rehearse or not gpu_ok
-    if args.gpu and not rehearsal:
-        raise RecipeError(
-            "--gpu names the GPU a rehearsal plans for; this host trains on its own: drop it, or --rehearse"
-        )
-
-    env = dict(os.environ)
-    cap_scale = None
-    if args.cap_gib:
-        if not gpu_ok:
-            raise RecipeError("--cap-gib needs a GPU: the cap is a fraction of the GPU's total memory")
-        if args.cap_gib >= gpu_gib:
-            raise RecipeError(f"--cap-gib {args.cap_gib} is not below this GPU's {gpu_gib:.1f} GiB; drop it")
-        # Each torch process may use at most the cap; vLLM gets the same GiB it would get on a
-        # card of cap_gib (its gpu_memory_utilization is a fraction of the card's total).
-        cap_scale = args.cap_gib / gpu_gib
-        env["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{cap_scale:.4f}"
-
-    # The model's and the dataset's folders are known before either is made, so the run is composed
-    # once, first: a misspelt key or a value of the wrong type fails in seconds, not after a 7B
-    # checkpoint has been written.
-    arch = args.arch or recipe.model.arch
-    trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
-    if rehearsal:  # a tiny model of the same family: loading it in transformers takes seconds on a CPU
-        layers, scale, device = recipe.smoke.layers, "tiny", "cpu"
-    else:
-        (layers, scale), device = trained, "cuda"
-    model = args.model or model_dir(arch, layers, scale, args.model_out)
-    data = args.data or default_data_dir()
-    cfg = compose_run(recipe, variants, args.sets, layout, model=model, data=data, run_dir=run_dir, steps=args.steps)
-
-    # The pre-flight, the same for the rehearsal and the GPU launch: the job as it will run (the
-    # user's checkpoint, else the shape a GPU host makes, never the tiny stand-in a CPU loads).
-    arch_cfg, source = preflight.model_config(args.model, arch, *trained)
-    if args.model_out and not args.model:
-        full = preflight.model_config(None, arch, layers, scale)[0]["num_hidden_layers"]
-        userpaths.check_model_out(args.model_out, arch, int(full), scale)
-    if rehearsal:
-        budgets = [preflight.Budget(args.gpu, args.gpu)] if args.gpu else None
-    else:
-        label = "the --cap-gib budget" if args.cap_gib else "this GPU"
-        budgets = [preflight.Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label)]
-    host_run = (run_label(recipe.id, variants, args.sets), args.verl_fix_off, not rehearsal)
-    verdict = preflight.check(
-        cfg, arch_cfg, source, default_data_dir(), budgets, args.force, args.model is not None, host_run
-    )
-
-    cfg_path = run_dir / rundir.CONFIG
-    cmd = [sys.executable, "-m", DRIVER, "--config-path", str(run_dir), "--config-name", cfg_path.stem]
-
-    def write_run(cfg: Any) -> None:
-        """The run folder's command and config, once the model and data exist (a resumed run keeps its own)."""
-        if resume:
-            return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / rundir.COMMAND).write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(cmd) + "\n")
-        OmegaConf.save(cfg, cfg_path)
-
-    if rehearsal:
-        reason = (
-            "--rehearse was given"
-            if args.rehearse
-            else f"this host has {n_gpus} NVIDIA GPU(s), the recipe needs {layout.per_node}"
-        )
-        if not args.model:
-            ensure_model(model, arch, layers, scale, device)
-        ensure_dataset(data, args.data is not None)
-        if resume:
-            verdict.append(f"--resume: {run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
-        write_run(cfg)
-        return rehearse(recipe, args, cfg, run_dir, reason, verdict)
 
     for msg in verdict:
         print(msg)
-    # A GPU host: check the install and the host first (driver, CUDA, NCCL, versions, /dev/shm),
-    # then make what is missing, then train under the monitor.
-    if not args.skip_verify:
-        gpus_arg = ["--gpus", "1" if rank else str(args.gpus)] if (args.gpus or rank) else []
-        _run(
-            [*CLI, "verify", "--recipe", recipe.id, *gpus_arg, *_run_args(args)],
-            "verify (pass --skip-verify to run anyway)",
-        )
-    if not args.model:
-        ensure_model(model, arch, layers, scale, device)
-    ensure_dataset(data, args.data is not None)
+    if not job.skip_verify:
+        verify(job, gate=True)
+    ensure_model(job)
+    ensure_dataset(job)
     vllm_util = None
-    if cfg.global_profiler.tool and not any(x.startswith("global_profiler.save_path=") for x in args.sets):
-        # verl's default is a relative outputs/profile under whatever folder the workers run in
-        cfg.global_profiler.save_path = str(run_dir / rundir.PROFILE)
-    if cap_scale is not None:
+    if job.cap_scale is not None:
+        # the cap is planned as a card of cap_gib; on this larger card vLLM's share is scaled to it
         rollout = cfg.actor_rollout_ref.rollout
-        vllm_util = round(float(rollout.gpu_memory_utilization) * cap_scale, 4)
+        vllm_util = round(float(rollout.gpu_memory_utilization) * job.cap_scale, 4)
         rollout.gpu_memory_utilization = vllm_util
-    if resume:
+    run_dir = job.run_dir
+    cfg_path = run_dir / rundir.CONFIG
+    if job.resume:
         if cfg_path.read_text() != OmegaConf.to_yaml(cfg):
             raise RecipeError(
                 f"--resume: the job differs from the one in {cfg_path}; resume with the same arguments "
@@ -271,46 +242,15 @@ def run(args: argparse.Namespace) -> int:
         aside = userpaths.set_aside(run_dir)
         if aside:
             print(f"--resume: the earlier attempt's log and measurements are in {aside}")
-    write_run(cfg)
+    write_run(job, cfg)
     # the model's architecture beside the run: the planner's check of this run reads it (a
     # truncated or user model is not the recipe's bundled one)
-    if (model / "config.json").is_file():
-        (run_dir / rundir.MODEL_CONFIG).write_text((model / "config.json").read_text())
+    if (job.model.path / "config.json").is_file():
+        (run_dir / rundir.MODEL_CONFIG).write_text((job.model.path / "config.json").read_text())
 
-    env.update(
-        {
-            rundir.RUN_DIR_ENV: str(run_dir),
-            "VERL_FILE_LOGGER_PATH": str(run_dir / rundir.VERL_METRICS),
-            "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.update(run_env(env, compile_cache=not args.no_compile_cache))
-    if args.verl_fix_off:
-        env[ENV_FIXES_OFF] = ",".join(args.verl_fix_off)
-    if rank:
-        env[ENV_RANK] = rank.env_value
-        print(f"{rank.label}: this GPU runs rank {rank.rank} of the job's {rank.world} GPUs")
-    prov = record(
-        cmd,
-        {
-            "recipe": recipe.id,
-            "variants": variants,
-            "sets": args.sets,
-            "steps": args.steps,
-            "model": str(model),
-            "data": str(data),
-            "cap_gib": args.cap_gib,
-            "vllm_gpu_memory_utilization": vllm_util,
-            "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
-            "runtime_env": OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env),
-            "verl_fixes_off": args.verl_fix_off,
-            "verl_fixes": applied_fixes(args.verl_fix_off),
-            "compile_cache": not args.no_compile_cache,
-            "rank_rehearsal": {"rank": rank.rank, "world": rank.world} if rank else None,
-        },
-    )
-    rundir.write_provenance(run_dir, prov)
+    env = {**os.environ, **launch_env(job, dict(os.environ))}
+    cmd = trainer_command(job)
+    rundir.write_provenance(run_dir, run_record(job, cfg, cmd, env, vllm_util))
     # USS/PSS at most once a minute, and further apart when a read is costly: smaps_rollup of every
     # member (large CUDA processes) was the monitor's main cost on the H200 (0.32-0.37 s a read); the
     # monitor keeps those reads under 0.1% of a core. RSS is read at 2 Hz, the device total at 10 Hz.
@@ -325,27 +265,56 @@ def run(args: argparse.Namespace) -> int:
         for line in proc.stdout:
             logf.write(line)
             logf.flush()
-            if not args.quiet:
+            if not job.quiet:
                 sys.stdout.buffer.write(line)
                 sys.stdout.flush()
-        rc = proc.wait()
-    (run_dir / rundir.EXIT_CODE).write_text(f"{rc}\n")
-    worker_errors(run_dir, rc)
-    _run([*CLI, "report", str(run_dir)], "report", check=False)
-    try:
-        summarize_traces(run_dir)
-    except (OSError, MemoryError) as e:  # the run's own outcome below still has to be said
-        print(f"profile summary not written: {e}", file=sys.stderr)
-    if rc != 0:
-        why = failure_reason(run_dir, rc)
-        raise RecipeError(f"verl exited {rc}{why}; the log and everything measured up to then are in {run_dir}")
-    if args.cap_gib:
-        over = cap_overrun(run_dir, args.cap_gib)
-        if over:
-            (run_dir / rundir.CAP_EXCEEDED).write_text(over + "\n")
-            raise RecipeError(over)
-    print(f"run folder: {run_dir}")
-    return 0
+        return proc.wait()
+
+
+def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_util: float | None) -> dict[str, Any]:
+    """The run's provenance: the host and stack (`measure.provenance.record`) and the job as it ran."""
+    from omegaconf import OmegaConf
+
+    from verl_recipes.measure.provenance import record
+
+    return record(
+        cmd,
+        {
+            "recipe": job.recipe.id,
+            "variants": list(job.variants),
+            "sets": list(job.sets),
+            "steps": job.steps,
+            "model": str(job.model.path),
+            "data": str(job.data),
+            "cap_gib": job.cap_gib,
+            "vllm_gpu_memory_utilization": vllm_util,
+            "torch_mem_fraction": env.get("VERL_RECIPES_TORCH_MEM_FRACTION"),
+            "runtime_env": OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env),
+            "verl_fixes_off": list(job.fixes_off),
+            "verl_fixes": job.fixes,
+            "compile_cache": job.compile_cache,
+            "rank_rehearsal": {"rank": job.rank.rank, "world": job.rank.world} if job.rank else None,
+        },
+    )
+
+
+def launch_env(job: Job, env: dict[str, str]) -> dict[str, str]:
+    """What the launch adds to `env` (this process's) for every process of the run: the run
+    folder, verl's metrics file, the cap, the fixes turned off, the rank rehearsal, `run_env`."""
+    out = {
+        rundir.RUN_DIR_ENV: str(job.run_dir),
+        "VERL_FILE_LOGGER_PATH": str(job.run_dir / rundir.VERL_METRICS),
+        "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if job.cap_scale is not None:
+        out["VERL_RECIPES_TORCH_MEM_FRACTION"] = f"{job.cap_scale:.4f}"
+    out.update(run_env(env, compile_cache=job.compile_cache))
+    if job.fixes_off:
+        out[ENV_FIXES_OFF] = ",".join(job.fixes_off)
+    if job.rank is not None:
+        out[ENV_RANK] = job.rank.env_value
+    return out
 
 
 def run_env(env: dict[str, str], compile_cache: bool = True) -> dict[str, str]:
@@ -364,83 +333,6 @@ def run_env(env: dict[str, str], compile_cache: bool = True) -> dict[str, str]:
     if compile_cache:
         want["VLLM_DISABLE_COMPILE_CACHE"] = "0"
     return {k: v for k, v in want.items() if k not in env}
-
-
-def failure_reason(run_dir: Path, rc: int) -> str:
-    """`; FILE: LAST ERROR` for the line a failed run ends with: the same cause the report's
-    `ended` names (`ending.describe`), so Ray's teardown lines are never given as the reason."""
-    from verl_recipes.measure import ending
-
-    phases, _ = rundir.read_jsonl(run_dir / rundir.PHASES)
-    ended = ending.describe(run_dir, rc, phases)
-    return f"; {ended['error_file']}: {ended['last_error']}" if ended.get("last_error") else ""
-
-
-def worker_errors(run_dir: Path, rc: int) -> list[dict[str, Any]]:
-    """The Ray worker errors of a run that did not exit 0, kept in its folder. Ray's logs of a
-    clean exit hold only its teardown (intended exits, force-killed actors, a SIGTERM to the
-    dashboard), which reads like errors and says nothing: 42 files of them per 7B run."""
-    return collect_worker_errors(run_dir) if rc != 0 else []
-
-
-def collect_worker_errors(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's Ray worker logs that carry an error, copied into RUN_DIR/ray-logs/ (`ending`)."""
-    from verl_recipes.measure import ending
-
-    recs, _ = rundir.read_jsonl(run_dir / rundir.SAMPLES)
-    start = next((r for r in recs if r.get("kind") == "start"), {})
-    pid = start.get("pid")
-    try:
-        return ending.collect_ray_logs(run_dir, int(pid) if pid else None)
-    except OSError as e:
-        print(f"ray logs: not collected: {e}", file=sys.stderr)
-        return []
-
-
-def applied_fixes(off: list[str] | None) -> list[str]:
-    """The verl fixes a run gets (every one of `verl_fixes.FIXES` not turned off), for its
-    provenance: the planner reads a run by what verl did in it."""
-    from verl_recipes.worker.verl_fixes import FIXES
-
-    return [name for name in FIXES if name not in set(off or ())]
-
-
-def summarize_traces(run_dir: Path) -> Path | None:
-    """RUN_DIR/profile/summary.md from the torch profiler's traces, when the run was profiled: a
-    7B stage's trace is tens of MB of events, and the table is what a reader (or a host whose
-    results travel with a size limit) keeps."""
-    prof = run_dir / rundir.PROFILE
-    summary = prof / rundir.PROFILE_SUMMARY
-    if not prof.is_dir() or summary.exists():
-        return None
-    from verl_recipes.measure import trace
-
-    if not trace.traces_in(prof):
-        return None
-    summary.write_text(trace.folder_markdown(prof))
-    return summary
-
-
-def cap_overrun(run_dir: Path, cap_gib: float) -> str | None:
-    """The first phase whose device total (NVML, every process on the GPU) went over the cap.
-
-    The cap is enforced per process (torch's memory fraction, vLLM's share), but the question a
-    24 GiB card asks is the device total, so that is what decides whether the run fitted.
-    """
-    summary = rundir.read_summary(run_dir)
-    worst: tuple[float, str, str] | None = None
-    for phase, rec in (summary.get("phases") or {}).items():
-        for gpu, g in (rec.get("gpu") or {}).items():
-            used = float(g.get("used_gib") or 0.0)
-            if used > cap_gib and (worst is None or used > worst[0]):
-                worst = (used, phase, gpu)
-    if worst is None:
-        return None
-    used, phase, gpu = worst
-    return (
-        f"device total {used:.2f} GiB in phase {phase} on GPU {gpu} is over the --cap-gib {cap_gib:g} budget "
-        f"(NVML, all processes); the run is in {run_dir}: raise the cap or change the knobs `verl-recipes plan` names"
-    )
 
 
 def _env_path(name: str) -> Path | None:
@@ -482,7 +374,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--rank",
         type=int,
         metavar="R",
-        help="rank rehearsal: run rank R of the job's GPUs on one local GPU (PyTorch's fake process group)",
+        help="rehearse rank R of the job's GPUs (nodes x GPUs per node) on one local GPU; "
+        "a CPU host rehearses the same job",
     )
     p.add_argument(
         "--gpu",
@@ -500,7 +393,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
     p.add_argument("--force", action="store_true", help="run even when the planner predicts it will not fit")
-    p.add_argument("--skip-verify", action="store_true", help="do not run `verl-recipes verify` before training")
+    p.add_argument("--skip-verify", action="store_true", help="do not check the install and host before training")
     p.add_argument(
         "--verl-fix-off",
         action="append",

@@ -6,8 +6,13 @@ code 1, so a Dockerfile or CI step can gate on it. `--json` prints the same for 
 Why these checks: the failures they catch are the ones that cost a GPU hour to discover at step 1
 — a CUDA 13 wheel on an older driver, a CPU-only torch in a GPU image, Docker's 64 MB /dev/shm
 (Ray's object store and NCCL's shared-memory transport need far more), a low `ulimit -n` (Ray
-opens a socket per worker), a package drifted from the pins, a recipe needing more GPUs or memory
-than the host has, NCCL that cannot all-reduce between the host's GPUs.
+opens a socket per worker), a package drifted from the pins, a GPU recipe on a host without a
+GPU, NCCL that cannot all-reduce between the host's GPUs.
+
+It reports the host, not a job: host RAM is a fact here, and whether a run fits this host's GPUs
+and RAM is judged once, by `train`'s pre-flight on the job as it will run (`verl_recipes.preflight`,
+the planner). With `--recipe` it adds what the recipe needs installed (vLLM, PEFT, DeepSpeed,
+the Megatron stack) and whether it needs a GPU at all.
 
 It has to run where the project is half-installed, so: torch, NVML and the recipes are optional.
 Without the recipes checkout (inside an image, VERL_RECIPES_ROOT unset) the recipe checks are
@@ -34,10 +39,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 
 Status = Literal["pass", "warn", "fail"]
-GIB = 1024**3
 _MIN_CUDA13_DRIVER = "580.65.06"  # = images/versions.toml [driver] min_cuda13 (test_verify checks it)
 _SHM_MIN = 1 * GIB  # below this Ray's object store and NCCL's SHM transport fail, not just slow down
 _NOFILE_MIN = 65536  # Ray's recommendation; it warns below and fails at scale
@@ -111,23 +115,26 @@ def _load_pins() -> tuple[_Pins, str | None]:
     return _Pins(gpu, None, None, _MIN_CUDA13_DRIVER, "verl-recipes package metadata"), why
 
 
-def _recipe(recipe_id: str | None) -> tuple[Any, Check | None]:
-    if recipe_id is None:
+def _recipe(recipe: str | Any | None) -> tuple[Any, Check | None]:
+    """The recipe by id (read from the checkout), or as given (`train` has read it already)."""
+    if recipe is None:
         return None, None
-    from verl_recipes.paths import repo_root
+    if isinstance(recipe, str):
+        from verl_recipes.paths import repo_root
 
-    try:
-        repo_root()
-    except RecipeError as e:
-        return None, Check(
-            "recipe",
-            "warn",
-            f"recipe {recipe_id}: checks skipped: {e}",
-            "set VERL_RECIPES_ROOT=/path/to/verl-recipes checkout (or mount it) to check the recipe's needs",
-        )
-    from verl_recipes.recipe.metadata import get_recipe
+        try:
+            repo_root()
+        except RecipeError as e:
+            return None, Check(
+                "recipe",
+                "warn",
+                f"recipe {recipe}: checks skipped: {e}",
+                "set VERL_RECIPES_ROOT=/path/to/verl-recipes checkout (or mount it) to check the recipe's needs",
+            )
+        from verl_recipes.recipe.metadata import get_recipe
 
-    r = get_recipe(recipe_id)  # an unknown id is a RecipeError: exit 2 with the valid ids
+        recipe = get_recipe(recipe)  # an unknown id is a RecipeError: exit 2 with the valid ids
+    r = recipe
     return r, Check("recipe", "pass", f"{r.id}: {r.gpus.count} GPU(s) x {r.gpus.per_gpu_gib} GiB, {r.backend}")
 
 
@@ -222,7 +229,7 @@ def check_driver(nv: _NV, torch: Any, pins: _Pins, need_gpu: bool) -> Check:
     return Check("driver", "pass", detail)
 
 
-def check_gpus(nv: _NV, torch: Any, recipe: Any, gpus_per_node: int | None = None) -> list[Check]:
+def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
     need = bool(recipe is not None and recipe.needs_gpu)
     n = nv.count()
     if n == 0:
@@ -232,7 +239,7 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any, gpus_per_node: int | None = Non
                 Check(
                     "gpu",
                     "fail",
-                    f"recipe {recipe.id} needs {recipe.gpus.count} GPU(s); this host has none ({why})",
+                    f"recipe {recipe.id} trains on NVIDIA GPUs; this host has none ({why})",
                     f"run on a host with NVIDIA GPUs (docker run --gpus all), or rehearse on CPU: "
                     f"verl-recipes train {recipe.id}",
                 )
@@ -247,13 +254,11 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any, gpus_per_node: int | None = Non
         ]
     out: list[Check] = []
     nvm = nv.nv
-    totals = []
     for i in range(n):
         h = nvm.nvmlDeviceGetHandleByIndex(i)
         name = nvm.nvmlDeviceGetName(h)
         name = name.decode() if isinstance(name, bytes) else str(name)
         total = nvm.nvmlDeviceGetMemoryInfo(h).total / GIB
-        totals.append(total)
         notes: list[str] = []
         status: Status = "pass"
         fix = ""
@@ -292,31 +297,6 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any, gpus_per_node: int | None = Non
                     "fail",
                     f"NVML sees {n} GPU(s), torch sees none",
                     "match torch's CUDA to the driver (see the driver check); check CUDA_VISIBLE_DEVICES",
-                )
-            )
-    if recipe is not None and recipe.needs_gpu:
-        # --gpus: a scaled-down rehearsal (e.g. a truncated 70B on 2 GPUs) asks for fewer per node.
-        from verl_recipes.recipe.run_config import gpu_layout
-
-        per_node = gpu_layout(recipe, gpus_per_node).per_node
-        if n < per_node:
-            out.append(
-                Check(
-                    "gpu-count",
-                    "fail",
-                    f"recipe {recipe.id} needs {per_node} GPU(s) per node; {n} here",
-                    f"run on {recipe.gpus.nodes} node(s) with {per_node} GPUs each, or give --gpus for a "
-                    "scaled-down run",
-                )
-            )
-        small = min(totals)
-        if small < recipe.gpus.per_gpu_gib * 0.97:  # a "24 GB" card reports ~23.6 GiB usable
-            out.append(
-                Check(
-                    "gpu-memory",
-                    "fail",
-                    f"{recipe.id} targets {recipe.gpus.per_gpu_gib} GiB a GPU; smallest here {small:.1f}",
-                    f"use GPUs with >= {recipe.gpus.per_gpu_gib} GiB or a variant (recipes/{recipe.id})",
                 )
             )
     return out
@@ -539,49 +519,13 @@ def check_ulimits() -> list[Check]:
     return out
 
 
-def check_host_ram(
-    recipe: Any, variants: tuple[str, ...] = (), sets: tuple[str, ...] = (), fixes_off: tuple[str, ...] = ()
-) -> Check:
-    """MemTotal against the host RAM the planner predicts for the recipe as it will run (its
-    variants, --set and --verl-fix-off; `verl_recipes.plan.host`, PSS peak): a warning, never a
-    failure, since some VMs grow MemTotal as memory is used (see `host_ram_warning`)."""
+def check_host_ram() -> Check:
+    """MemTotal and what is available now: a fact of the host. Whether a run's host RAM (the
+    planner's figure for it) fits is `train`'s pre-flight's question, asked of the job itself."""
     import psutil
 
     vm = psutil.virtual_memory()
-    detail = f"{vm.total / GIB:.1f} GiB total, {vm.available / GIB:.1f} GiB available"
-    if recipe is None:
-        return Check("host-ram", "pass", detail)
-    from verl_recipes.plan.host import host_ram_warning, plan_host, run_label
-
-    what = run_label(recipe.id, variants, sets)
-    try:
-        from verl_recipes.plan.cli import load_setup
-
-        _, setup, _ = load_setup(recipe.id, list(variants), list(sets))
-    except (ImportError, RecipeError) as e:
-        # verl loads the HF checkpoint on the host before sharding it: at least its bf16 weights
-        # (2 bytes a parameter) must fit. A lower bound, not a measurement.
-        need = recipe.model.params * 2 / GIB
-        why = f"; the planner cannot compose {what} here ({e})"
-        if vm.available / GIB < need:
-            return Check(
-                "host-ram",
-                "warn",
-                detail + f"; loading {recipe.id}'s model wants ~{need:.0f} GiB" + why,
-                "free host memory or use a larger host",
-            )
-        return Check("host-ram", "pass", detail + why)
-    peak = plan_host(setup, fixes_off).peak
-    warning = host_ram_warning(what, peak.pss, int(vm.total))
-    if warning:
-        return Check(
-            "host-ram",
-            "warn",
-            warning,
-            f"use a host with >= {math.ceil(peak.pss / GIB)} GiB of RAM, or less offload "
-            f"(`verl-recipes plan {what}` lists what the host holds)",
-        )
-    return Check("host-ram", "pass", detail + f"; {what} needs about {peak.pss / GIB:.0f} GiB (planner, PSS peak)")
+    return Check("host-ram", "pass", f"{vm.total / GIB:.1f} GiB total, {vm.available / GIB:.1f} GiB available")
 
 
 def check_disk(recipe: Any, path: Path) -> Check:
@@ -599,15 +543,8 @@ def check_disk(recipe: Any, path: Path) -> Check:
     return Check("disk", "pass", detail)
 
 
-def run_checks(
-    recipe_id: str | None = None,
-    allreduce: bool = True,
-    gpus_per_node: int | None = None,
-    variants: tuple[str, ...] = (),
-    sets: tuple[str, ...] = (),
-    fixes_off: tuple[str, ...] = (),
-) -> list[Check]:
-    """All checks, in the order they are printed."""
+def run_checks(recipe_id: str | Any | None = None, allreduce: bool = True) -> list[Check]:
+    """All checks, in the order they are printed; `recipe_id` is a recipe's id or its `Recipe`."""
     checks: list[Check] = []
     pins, why = _load_pins()
     if why:
@@ -628,15 +565,14 @@ def run_checks(
     checks.append(tc)
     nv = _NV()
     checks.append(check_driver(nv, torch, pins, need_gpu))
-    gpu_checks = check_gpus(nv, torch, recipe, gpus_per_node)
-    checks += gpu_checks
+    checks += check_gpus(nv, torch, recipe)
     checks += check_nccl(torch, nv.count(), allreduce)
     checks += check_packages(pins, recipe, nv.count() > 0)
     checks += check_megatron(pins, recipe)
     checks.append(check_flash_attn())
     checks.append(check_shm())
     checks += check_ulimits()
-    checks.append(check_host_ram(recipe, variants, sets, fixes_off))
+    checks.append(check_host_ram())
     checks.append(check_disk(recipe, Path.cwd()))
     return checks
 
@@ -650,29 +586,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", help="also check what this recipe needs (GPUs, memory, packages)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.add_argument("--no-allreduce", action="store_true", help="skip the multi-GPU NCCL all-reduce")
-    p.add_argument("--gpus", type=int, help="with --recipe: GPUs per node this run uses (a scaled-down run)")
-    p.add_argument("--variant", action="append", default=[], help="with --recipe: a variant of the run (repeatable)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="with --recipe")
-    p.add_argument("--verl-fix-off", action="append", default=[], metavar="NAME", help="with --recipe")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(
-        args.recipe,
-        allreduce=not args.no_allreduce,
-        gpus_per_node=args.gpus,
-        variants=tuple(args.variant),
-        sets=tuple(args.sets),
-        fixes_off=tuple(args.verl_fix_off),
-    )
+    checks = run_checks(args.recipe, allreduce=not args.no_allreduce)
     failed = [c for c in checks if c.status == "fail"]
     if args.json:
         print(json.dumps({"ok": not failed, "recipe": args.recipe, "checks": [asdict(c) for c in checks]}, indent=1))
     else:
-        for c in checks:
-            line = f"{c.status.upper():4s}  {c.name:15s} {c.detail}"
-            print(line + (f"\n      {'':15s} fix: {c.fix}" if c.fix and c.status != "pass" else ""))
-        warned = sum(c.status == "warn" for c in checks)
-        print(f"\n{len(failed)} failed, {warned} warnings, {len(checks) - len(failed) - warned} passed")
+        print_checks(checks)
     return 1 if failed else 0
+
+
+def print_checks(checks: list[Check], indent: str = "") -> None:
+    """The checks as `verify` prints them: one line each, the fix under a warn or fail, then a tally."""
+    for c in checks:
+        line = f"{indent}{c.status.upper():4s}  {c.name:15s} {c.detail}"
+        print(line + (f"\n{indent}      {'':15s} fix: {c.fix}" if c.fix and c.status != "pass" else ""))
+    failed = sum(c.status == "fail" for c in checks)
+    warned = sum(c.status == "warn" for c in checks)
+    print(f"\n{indent}{failed} failed, {warned} warnings, {len(checks) - failed - warned} passed")

@@ -1,0 +1,209 @@
+"""The job `verl-recipes train` runs, decided once from the command line.
+
+`decide` reads the command line and this host (its GPUs) and returns a frozen `Job`: which recipe,
+composed how, on which layout, with which model and data, into which run folder, under which caps
+and budgets, and whether this host trains it or rehearses it. Everything that can be refused
+from the command line alone is refused here, in one line, before anything is composed or written;
+the pre-flight (`verl_recipes.preflight`) then judges the composed job, and the rehearsal or the
+launch (`verl_recipes.train`) carries it out. No later step reads the command line again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_recipes import GIB, RecipeError
+from verl_recipes.paths import cache_dir
+from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.recipe.run_config import Layout, default_data_dir, gpu_layout
+from verl_recipes.worker.rank_rehearsal import RankSpec
+from verl_recipes.worker.verl_fixes import FIXES
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The GPU a job is judged against (`plan.gpus.parse_gpu`: a catalogue id or a size like
+    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
+
+    gpu: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Model:
+    """The checkpoint the job trains: the user's folder, or a synthetic one made before the run."""
+
+    # the folder the composed config names (the user's --model, else where the synthetic one is made)
+    path: Path
+    # True for the user's --model: read, never written; False for a synthetic checkpoint
+    theirs: bool
+    # the bundled architecture (or config.json) a synthetic checkpoint is drawn from (--arch)
+    arch: str
+    # decoder layers of the checkpoint made here (None: all of the architecture's)
+    layers: int | None
+    # width of the checkpoint made here: "full-width", or "tiny" for a rehearsal on a CPU
+    scale: str
+    # where its weights are drawn: "cuda" on a GPU host, "cpu" for a rehearsal's tiny stand-in
+    device: str
+    # the shape the job trains, (layers, scale): what the pre-flight plans, even when a CPU makes
+    # a tiny stand-in (--smoke: the recipe's smoke shape; else --layers at full width)
+    trained: tuple[int | None, str]
+    # --model-out: where the synthetic checkpoint goes instead of the cache
+    out: Path | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a recipe, as `train` carries it out: the only thing later steps read."""
+
+    # the recipe (recipes/<id>/recipe.yaml)
+    recipe: Recipe
+    # its variants, in the order layered (--variant)
+    variants: tuple[str, ...]
+    # verl config overrides, checked against verl's schema at composition (--set KEY=VALUE)
+    sets: tuple[str, ...]
+    # GPUs per node and nodes (--gpus, --smoke, else the recipe's): verl's trainer layout
+    layout: Layout
+    # the checkpoint trained
+    model: Model
+    # the folder with train.parquet and test.parquet (--data, else the embedded dataset's cache)
+    data: Path
+    # True for the user's --data: checked, never written into
+    data_theirs: bool
+    # the run folder everything of the run is written to (--run-dir, else runs/<name>-<time>)
+    run_dir: Path
+    # the run folder holds this job's earlier attempt, which verl continues (--resume)
+    resume: bool
+    # the device total the run may use on a larger GPU (--cap-gib), and the fraction of this GPU
+    # that is (each torch process's memory fraction, vLLM's share); None when uncapped
+    cap_gib: float | None
+    cap_scale: float | None
+    # the GPUs the memory plan is judged against: this GPU or the cap on a GPU host, --gpu on a CPU
+    # host; None: every GPU of the planner's catalogue (refused only when it fits none)
+    budgets: tuple[Budget, ...] | None
+    # training steps (--steps)
+    steps: int
+    # the recipe's tiny smoke model and steps (--smoke)
+    smoke: bool
+    # the verl fixes this run goes without (--verl-fix-off), each a name of `verl_fixes.FIXES`
+    fixes_off: tuple[str, ...]
+    # vLLM's compiled graphs persist between runs (not --no-compile-cache)
+    compile_cache: bool
+    # the trainer's output goes to the run folder's log only (--quiet)
+    quiet: bool
+    # run even when the planner predicts the job does not fit (--force)
+    force: bool
+    # do not check the install and the host before training (--skip-verify)
+    skip_verify: bool
+    # why this host rehearses instead of training (--rehearse, or too few GPUs); None: it trains
+    rehearsal: str | None
+    # rank R of the job's world of N GPUs, rehearsed on one local GPU (--rank); None: the whole job
+    rank: RankSpec | None
+
+    @property
+    def fixes(self) -> list[str]:
+        """The verl fixes the run gets (every one of `verl_fixes.FIXES` not turned off), for its
+        provenance: the planner reads a run by what verl did in it."""
+        return [name for name in FIXES if name not in set(self.fixes_off)]
+
+
+def model_dir(arch: str, layers: int | None, scale: str, out: Path | None) -> Path:
+    """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made)."""
+    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
+
+
+def local_gpus() -> tuple[int, float]:
+    """This host's NVIDIA GPUs (NVML) and the smallest one's memory in GiB; (0, 0.0) without any."""
+    from verl_recipes.measure.provenance import gpus
+
+    devs = gpus().get("gpus") or []
+    if not devs:
+        return 0, 0.0
+    return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
+
+
+def decide(args: argparse.Namespace) -> Job:
+    """The job the command line asks for on this host; refuses in one line what cannot run."""
+    from verl_recipes.workload import userpaths
+
+    recipe = get_recipe(args.recipe)
+    bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
+    if bad_fix:
+        raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
+    layout = gpu_layout(recipe, args.gpus, args.smoke)
+    rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = "-".join([recipe.id, *args.variant]) + ("-smoke" if args.smoke else "")
+    name += f"-rank{rank.rank}of{rank.world}" if rank else ""
+    run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
+    # What the user gives is read, never written; what this writes is new, empty or its own.
+    if args.data:
+        userpaths.check_data_dir(args.data)
+    resume = userpaths.check_run_dir(run_dir, args.resume)
+
+    # A rank rehearsal trains on one GPU; the whole job needs its GPUs per node.
+    n_gpus, gpu_gib = local_gpus()
+    need = 1 if rank else layout.per_node
+    gpu_ok = 0 < need <= n_gpus
+    rehearsal = None
+    if args.rehearse:
+        rehearsal = "--rehearse was given"
+    elif not gpu_ok:
+        what = f"a rank rehearsal of {recipe.id} needs" if rank else "the recipe needs"
+        rehearsal = f"this host has {n_gpus} NVIDIA GPU(s), {what} {need}"
+    if args.gpu and not rehearsal:
+        raise RecipeError(
+            "--gpu names the GPU a rehearsal plans for; this host trains on its own: drop it, or --rehearse"
+        )
+
+    cap_scale = None
+    if args.cap_gib:
+        if not gpu_ok:
+            raise RecipeError("--cap-gib needs a GPU: the cap is a fraction of the GPU's total memory")
+        if args.cap_gib >= gpu_gib:
+            raise RecipeError(f"--cap-gib {args.cap_gib} is not below this GPU's {gpu_gib:.1f} GiB; drop it")
+        # Each torch process may use at most the cap; vLLM gets the same GiB it would get on a
+        # card of cap_gib (its gpu_memory_utilization is a fraction of the card's total).
+        cap_scale = args.cap_gib / gpu_gib
+
+    if rehearsal:
+        budgets = (Budget(args.gpu, args.gpu),) if args.gpu else None
+    else:
+        label = "the --cap-gib budget" if args.cap_gib else "this GPU"
+        budgets = (Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label),)
+
+    # The user's checkpoint, else the synthetic one: the shape trained, and the one made here (a
+    # tiny model of the same family on a CPU: loading it in transformers takes seconds).
+    arch = args.arch or recipe.model.arch
+    trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
+    (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if rehearsal else (trained, "cuda")
+    path = args.model or model_dir(arch, layers, scale, args.model_out)
+    model = Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out)
+
+    return Job(
+        recipe=recipe,
+        variants=tuple(args.variant),
+        sets=tuple(args.sets),
+        layout=layout,
+        model=model,
+        data=args.data or default_data_dir(),
+        data_theirs=args.data is not None,
+        run_dir=run_dir,
+        resume=resume,
+        cap_gib=args.cap_gib,
+        cap_scale=cap_scale,
+        budgets=budgets,
+        steps=args.steps,
+        smoke=args.smoke,
+        fixes_off=tuple(args.verl_fix_off),
+        compile_cache=not args.no_compile_cache,
+        quiet=args.quiet,
+        force=args.force,
+        skip_verify=args.skip_verify,
+        rehearsal=rehearsal,
+        rank=rank,
+    )
