@@ -16,11 +16,11 @@ import pytest
 import verl_recipes.recipe.compose as compose_mod
 import yaml
 from omegaconf import OmegaConf
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
-from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
@@ -30,6 +30,7 @@ from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
 from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, MERGE_FIX
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB = 1024**2
@@ -380,7 +381,7 @@ def test_cli_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     assert "update_actor" in text and "dominant terms" in text and "/step" in text
     assert "host RAM of node 0, PREDICTED" in text and "peak: about" in text
-    assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--verl-fix-off", "lora-merge-out-of-place"]) == 0
+    assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--verl-fix-off", MERGE_FIX]) == 0
     assert "verl's merged LoRA sync copies the base weights to the CPU (12.6 GiB)" in capsys.readouterr().out
     assert main(["plan", "7b-lora", "--gpu", "v100"]) == 2
 
@@ -465,7 +466,7 @@ def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it_unless_fixed() -
     config said 2. Without the fix critic-engine-batching the planner counts 8 x 1024 tokens of
     critic activations whatever that key says, and says the key has no effect; with it (the
     default), the key counts. A dynamic budget never counts more than the batch holds."""
-    fix = "critic-engine-batching"
+    fix = CRITIC_BATCHING_FIX
     _, ours, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"])
     _, theirs, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"], fixes_off=[fix])
     assert theirs.critic is not None and theirs.critic.dynamic_bsz and theirs.critic.max_tokens_train == 32768
@@ -484,12 +485,12 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
     configuration with every fix on, not any run of the recipe: verl's merged sync
     (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
     from verl_recipes.plan.cli import _rate_run, load_setup
-    from verl_recipes.plan.validate import _run_setup
+    from verl_recipes.plan.runs import run_setup
 
     for variants in ([], ["grpo"]):
         _, s, _ = load_setup("7b-lora", variants, [])
         run = _rate_run(s, "7b-lora")
-        assert run is not None and _run_setup(run) == s
+        assert run is not None and run_setup(run) == s
         assert main(["plan", "7b-lora", *[f"--variant={v}" for v in variants], "--gpu", "h200-141g"]) == 0
         assert f"measured run {run.run_dir.name}:" in capsys.readouterr().out
     _, ppo, _ = load_setup("7b-lora", [], [])

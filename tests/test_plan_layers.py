@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
-from verl_recipes.plan.gpus import GIB, GPU, parse_gpu
+from verl_recipes.plan.gpus import GPU, parse_gpu
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
 from verl_recipes.plan.phases import Constants
 from verl_recipes.worker.verl_fixes import FIXES

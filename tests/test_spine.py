@@ -112,3 +112,9 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
         main([name, "--help"])
     assert e.value.code == 0
     assert "not built yet" not in capsys.readouterr().out
+
+
+def test_docs_results_prints_the_readmes_results_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """`docs --results` prints the measured-results table the README carries, and writes nothing."""
+    assert main(["docs", "--results"]) == 0
+    assert capsys.readouterr().out.strip() == results_table().strip()

@@ -1,18 +1,20 @@
 """verl-recipes: reproducible, measured deployment recipes for verl.
 
-The package is grouped into wings by job, with the commands that compose them at the root:
+The package is grouped into wings by job. From the bottom up (a module imports only from its own
+wing and the wings before it; tests/test_imports.py holds the order, as `LAYERS`):
 
-- `cli`, `train`, `docs`, `paths`: the `verl-recipes` command, training or rehearsing a recipe,
-  the README's generated tables, where the checkout's parts are;
-- `rundir`: the run folder (file names, records, the summary.json schema); `procs`: a run's
-  processes (their marker, the /proc scan, ending them);
-- `recipe`: recipe.yaml and composing it against verl's config, once, as it will run;
+- the base: this package (`RecipeError`, `GIB`, `has_gpu`), `paths` (where the checkout's parts
+  are), `rundir` (the run folder: file names, records, the summary.json and provenance.json
+  schemas), `procs` (a run's processes: their marker, the /proc scan, ending them);
 - `workload`: the architectures, the synthetic checkpoint, the dataset, the reward;
-- `worker`: what runs inside verl's Ray workers (the setup hook, the verl fixes, phase markers);
+- `worker`: what runs inside verl's Ray workers (the setup hook, the verl fixes and their names,
+  phase markers);
+- `recipe`: recipe.yaml and composing it against verl's config, once, as it will run;
 - `measure`: the monitor, the report, bounds, run comparisons, provenance;
-- `plan`: the memory planner;
+- `plan`: the memory planner, and the one reader of committed runs (`plan.runs`);
 - `stack`: the pins, the lock, the images, `verify` and the offline wheelhouse;
-- `cluster`: Ray on a Slurm allocation.
+- `cluster`: Ray on a Slurm allocation;
+- the commands at the root: `cli`, `train`, `preflight`, `docs` (the README's generated tables).
 
 Modules that need torch, verl or NVML import them inside the functions that use them, so
 `verl-recipes --help` and the recipe metadata work on a bare CPU machine; tests/test_imports.py
@@ -21,6 +23,8 @@ holds each wing to its import rule.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -28,6 +32,17 @@ __version__ = "0.1.0"
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: set by the monitor and the launcher for every process of a run: where phases and metrics go.
 RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
+#: a GiB: every size the project prints or stores in GiB is in units of 1024**3 bytes.
+GIB = 1024**3
+
+
+def has_gpu() -> bool:
+    """Whether an NVIDIA GPU answers here (`nvidia-smi -L`): what decides if `gpu` tests run.
+
+    nvidia-smi, not NVML, so the answer needs neither pynvml nor a driver library in this process."""
+    if not shutil.which("nvidia-smi"):
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
 class RecipeError(Exception):

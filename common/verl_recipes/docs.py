@@ -3,7 +3,7 @@
 The README's recipe table sits between `<!-- recipes:begin -->` and `<!-- recipes:end -->`, the
 measured-results table (with cost) between `<!-- results:begin -->` and `<!-- results:end -->`,
 the planner's predicted fit per GPU type between `<!-- plans:begin -->` and `<!-- plans:end -->`;
-`verl-recipes docs --write` regenerates all three, `verl-recipes report --summary` prints the second,
+`verl-recipes docs --write` regenerates all three, `verl-recipes docs --results` prints the second,
 and tests/test_spine.py fails when the README is stale. Every number comes from an
 `expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
 shows "not measured yet", never a guess. The plans table is a prediction and says so in its
@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe, discover
-from verl_recipes.rundir import measured_runs, read_provenance
+from verl_recipes.rundir import read_provenance
 
 BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
 RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"
@@ -65,8 +65,11 @@ def _measured_cell(recipe: Recipe) -> str:
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
     if cells:
         return "<br>".join(cells)
-    results = recipe.dir / "results"
-    runs = sorted({d.relative_to(results).parts[0] for d in measured_runs(results) if d != results})
+    from verl_recipes.plan.runs import committed_runs, results_dir
+
+    results = results_dir(recipe.dir)
+    found = committed_runs(recipe.dir.parent.parent, recipe.id)
+    runs = sorted({run.run_dir.relative_to(results).parts[0] for run in found if run.run_dir != results})
     if runs:  # measured, but no run makes bounds yet (partial, or another setup than the recipe's)
         links = ", ".join(f"[{r}](recipes/{recipe.id}/results/{r}/)" for r in runs)
         return f"no bounds yet; runs: {links}"
@@ -121,9 +124,9 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
             # a model truncated in depth is not the recipe's model: say so where the figures are
             runs = doc.get("source_runs") or [doc.get("source_run")]
-            argv = (read_provenance(r.dir / runs[0]).get("argv") or []) if runs[0] else []
-            if "--layers" in argv[:-1]:
-                cap += f", --layers {argv[argv.index('--layers') + 1]}"
+            layers = read_provenance(r.dir / runs[0]).argv_value("--layers") if runs[0] else None
+            if layers is not None:
+                cap += f", --layers {layers}"
             # a configuration measured with one of our verl fixes off is another configuration
             off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
@@ -165,7 +168,7 @@ def plans_table(recipes: dict[str, Recipe] | None = None) -> str:
     says why vLLM cannot run when the phases' sum would fit.
     """
     from verl_recipes.plan.cli import load_setup
-    from verl_recipes.plan.gpus import GIB, catalogue
+    from verl_recipes.plan.gpus import catalogue
     from verl_recipes.plan.phases import Constants, plan_gpu
 
     recipes = recipes if recipes is not None else discover()
@@ -211,10 +214,18 @@ def render_readme(text: str, table: str, results: str | None = None, plans: str 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("docs", help="regenerate the README's recipe table from the metadata")
     p.add_argument("--write", action="store_true", help="rewrite README.md in place")
+    p.add_argument(
+        "--results",
+        action="store_true",
+        help="print the measured-results table of every recipe (memory, speed, cost per million tokens)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.results:
+        print(results_table())
+        return 0
     readme = repo_root() / "README.md"
     new = render_readme(readme.read_text(), recipe_table(), results_table(), plans_table())
     if args.write:

@@ -106,7 +106,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
             return str(run_dir)
 
     def prov(run_dir: Path) -> dict[str, Any]:
-        p = read_provenance(run_dir)
+        p = read_provenance(run_dir).raw  # the bounds file quotes the record's own keys
         keys = (
             "date_utc",
             "command",

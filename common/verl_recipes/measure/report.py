@@ -499,24 +499,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tables and a timeline PNG from a monitored run",
         description="Write summary.json, report.md and timeline.png for a `verl-recipes monitor` run dir.",
     )
-    p.add_argument("run_dir", type=Path, nargs="?", help="the --out DIR of verl-recipes monitor")
-    p.add_argument(
-        "--summary",
-        action="store_true",
-        help="print the measured-results table of every recipe (memory, speed, cost per million tokens)",
-    )
+    p.add_argument("run_dir", type=Path, help="the --out DIR of verl-recipes monitor")
     p.add_argument("--out", type=Path, default=None, help="where to write (default: RUN_DIR)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.summary:
-        from verl_recipes.docs import results_table
-
-        print(results_table())
-        return 0
-    if args.run_dir is None:
-        raise RecipeError("give a run folder (RUN_DIR) or --summary")
     out = args.out or args.run_dir
     summary = write_report(args.run_dir, args.out)
     print(

@@ -23,8 +23,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
-from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes import GIB, RecipeError
+from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
@@ -305,15 +305,14 @@ def plan_json(
 def _fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
     """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
     verl's code with every fix of the recipe on."""
-    from verl_recipes.plan.host_runs import fixes_off
-    from verl_recipes.plan.validate import _run_setup, measured_runs
+    from verl_recipes.plan.runs import committed_runs, run_setup
 
     out = []
-    for run in measured_runs():
-        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
+    for run in committed_runs(recipe=recipe_id):
+        if not run.per_gpu_throughput or run.fixes_off:
             continue
         try:
-            out.append((run, _run_setup(run)))
+            out.append((run, run_setup(run)))
         except RecipeError:
             continue
     return out
@@ -324,13 +323,7 @@ def _rate_run(s: Setup, recipe_id: str) -> Any:
     Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
     on, the newest such. A run of another variant, batch or weight sync would price a job the user
     did not ask for: verl's own sync runs 2-3x slower than the recipe's."""
-    from verl_recipes.rundir import read_provenance
-
-    same = [
-        (str(read_provenance(run.run_dir).get("date_utc") or ""), run.run_dir.name, run)
-        for run, rs in _fixed_runs(recipe_id)
-        if rs == s
-    ]
+    same = [(run.provenance.date_utc or "", run.run_dir.name, run) for run, rs in _fixed_runs(recipe_id) if rs == s]
     return max(same, key=lambda t: t[:2])[2] if same else None
 
 
@@ -341,13 +334,11 @@ def _capped_runs(s: Setup, recipe_id: str) -> list[Any]:
     behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
     from dataclasses import replace
 
-    from verl_recipes.rundir import read_provenance
-
     util = s.rollout.gpu_memory_utilization
     out = [
         run
         for run, rs in _fixed_runs(recipe_id)
-        if read_provenance(run.run_dir).get("cap_gib") is not None
+        if run.provenance.cap_gib is not None
         and replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s
     ]
     return sorted(out, key=lambda r: r.run_dir.name)
@@ -357,7 +348,6 @@ def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
-    from verl_recipes.rundir import read_provenance
 
     rate, where = tokens_per_s, "--tokens-per-s"
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
@@ -369,8 +359,7 @@ def _costs(
             capped = _capped_runs(s, recipe.id)
             if capped:
                 caps = ", ".join(
-                    f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under "
-                    f"{read_provenance(r.run_dir).get('cap_gib')} GiB"
+                    f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under {r.provenance.cap_gib:g} GiB"
                     for r in capped
                 )
                 return [
@@ -381,8 +370,8 @@ def _costs(
         assert run.per_gpu_throughput is not None
         rate = from_verl_throughput(run.per_gpu_throughput, s.world)
         where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
-        devs = read_provenance(run.run_dir).get("gpu", {}).get("gpus") or []
-        measured_on = devs[0]["name"] if devs else None
+        devs = run.provenance.gpu_names
+        measured_on = devs[0] if devs else None
     if rate is None:
         return [], []
     offers = load_prices(prices_file())

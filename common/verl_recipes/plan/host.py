@@ -58,12 +58,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from verl_recipes.plan.gpus import GIB
+from verl_recipes import GIB
 from verl_recipes.plan.inputs import Role, Setup
 from verl_recipes.plan.model import Arch
-
-#: the fix whose out-of-place merge takes no CPU copy (`verl_recipes.worker.verl_fixes.FIXES`)
-MERGE_FIX = "lora-merge-out-of-place"
+from verl_recipes.worker.verl_fixes import MERGE_FIX  # its out-of-place merge takes no CPU copy
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from verl_recipes.recipe.layout import (
     tp_in_node,
 )
 from verl_recipes.recipe.verl_schema import wants
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 # Megatron LoRA module names -> the Hugging Face projections they cover.
@@ -292,9 +293,8 @@ def _mcore_role(
     )
 
 
-#: `verl_recipes.worker.verl_fixes` fix that hands the critic's batching keys to its engine; a run
-#: without it (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
-CRITIC_BATCHING_FIX = "critic-engine-batching"
+# CRITIC_BATCHING_FIX hands the critic's batching keys to its engine; a run without it
+# (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
 
 
 def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:

@@ -61,7 +61,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from verl_recipes.plan.gpus import GIB, GPU
+from verl_recipes import GIB
+from verl_recipes.plan.gpus import GPU
 from verl_recipes.plan.inputs import Role, Setup
 
 MIB = 1024**2

@@ -332,11 +332,10 @@ def _verl_root() -> Path:
 #: The class verl 0.9.1's Megatron-Bridge path sets every `override_transformer_config` key on
 #: (`provider.apply_overrides_and_finalize`, which raises AttributeError for a name it lacks).
 PROVIDER = ("megatron.bridge.models.gpt_provider", "GPTModelProvider")
+
+
 #: Where its fields are committed for the pinned versions, so a key can be checked on any machine
 #: before Ray starts (megatron-core 0.19 and Megatron-Bridge 0.6 do not install on Python 3.11).
-PROVIDER_FIELDS = Path("images") / "megatron-provider-fields.txt"
-
-
 def provider_fields(src: Sources) -> list[str]:
     """The dataclass fields of Megatron-Bridge's GPT provider, its bases' included, sorted."""
     fields = src.keywords(*PROVIDER)
@@ -355,14 +354,6 @@ def provider_fields_text(wheels: list[Path]) -> str:
         "# from the pinned wheels (images/versions.toml [megatron]); tests/test_mcore_api.py checks it is fresh.\n"
     )
     return head + "".join(f"{f}\n" for f in provider_fields(Sources(wheels)))
-
-
-def read_provider_fields(root: Path) -> frozenset[str]:
-    """The committed field list (empty where the checkout has none: then nothing is checked)."""
-    path = root / PROVIDER_FIELDS
-    if not path.is_file():
-        return frozenset()
-    return frozenset(ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
 
 
 def main(argv: list[str] | None = None) -> int:
