@@ -20,12 +20,12 @@ from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
+from verl_recipes.plan.errors import error_rows, main_errors
 from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, plan_gpu
-from verl_recipes.plan.validate import main_validate, validate_all
 from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
@@ -416,38 +416,53 @@ def _fake_run(root: Path, scale: float) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
 
 
-def test_validate_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_validate_is_the_old_name_of_errors(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --validate` still runs the planner's check against the committed runs, and says its new name."""
     (tmp_path / "recipes").mkdir()
-    assert main_validate(root=tmp_path) == 1
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "versions.toml").write_text("")  # a checkout with no recipe and no run
+    monkeypatch.setenv("VERL_RECIPES_ROOT", str(tmp_path))
+    for flag in ("--errors", "--validate"):
+        assert main(["plan", flag, "--allow-empty"]) == 0
+        out = capsys.readouterr()
+        assert "no measured runs found" in out.out
+        assert ("old name of `plan --errors`" in out.err) == (flag == "--validate")
+
+
+def test_errors_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "recipes").mkdir()
+    assert main_errors(root=tmp_path) == 1
     assert "no measured runs found" in capsys.readouterr().out
-    assert main_validate(root=tmp_path, allow_empty=True) == 0
+    assert main_errors(root=tmp_path, allow_empty=True) == 0
 
 
 @pytest.mark.parametrize(("scale", "ok"), [(1.0, True), (1.05, True), (1.5, False)])
 def test_validate_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) -> None:
     _fake_run(tmp_path, scale)
-    rows, passed = validate_all(tmp_path, tolerance=0.10)
+    rows, passed = error_rows(tmp_path, tolerance=0.10)
     assert passed is ok
     assert {r.phase for r in rows} >= {"loaded", "gen", "update_actor", "update_critic"}
     assert "step" not in {r.phase for r in rows}
     assert all(r.error == pytest.approx(1 / scale - 1, abs=1e-3) for r in rows)
-    assert main_validate(root=tmp_path) == (0 if ok else 1)
+    assert main_errors(root=tmp_path) == (0 if ok else 1)
 
 
 def test_committed_error_table_is_fresh(root: Path) -> None:
-    """validation/planner-errors.md is what `plan --validate --write` gives on the committed runs,
+    """validation/planner-errors.md is what `plan --errors --write` gives on the committed runs,
     and every error beyond the tolerance carries a cause or says that it has none yet."""
+    from verl_recipes.plan.errors import load_notes, markdown_table
     from verl_recipes.plan.host_runs import host_rows
     from verl_recipes.plan.host_runs import markdown as host_markdown
-    from verl_recipes.plan.validate import load_notes, markdown_table
 
-    rows, _ = validate_all(root, tolerance=0.10)
+    rows, _ = error_rows(root, tolerance=0.10)
     notes = load_notes(root)
     table = markdown_table(rows, 0.10, notes)
     host = host_markdown(host_rows(root), 0.10, notes)
     committed = (root / "validation" / "planner-errors.md").read_text()
     assert committed.endswith(table + "\n" + host), (
-        "run `verl-recipes plan --validate --write validation/planner-errors.md`"
+        "run `verl-recipes plan --errors --write validation/planner-errors.md`"
     )
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]

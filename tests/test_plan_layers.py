@@ -206,7 +206,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     assert doc["target"]["gpus"] == 32 and doc["target"]["layers"] == 80
     assert sorted(doc["provenance"]) == sorted(runs)
     # a predicted file is never taken for measured bounds
-    from verl_recipes.measure.bounds import validate_recipe
+    from verl_recipes.measure.bounds import check_bounds
     from verl_recipes.recipe.metadata import get_recipe
 
     recipe = get_recipe("70b-3d")
@@ -216,7 +216,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     dest.write_text(out.read_text())
     try:
         with pytest.raises(RecipeError, match="status: predicted"):
-            validate_recipe(recipe, Path(runs[0]), str(rel))
+            check_bounds(recipe, Path(runs[0]), str(rel))
     finally:
         dest.unlink()
         if not any(dest.parent.iterdir()):

@@ -16,6 +16,14 @@ wing and the wings before it; tests/test_imports.py holds the order, as `LAYERS`
 - `cluster`: Ray on a Slurm allocation;
 - the commands at the root: `cli`, `train`, `preflight`, `docs` (the README's generated tables).
 
+One word, one meaning. "validation" names the `validation/` folder alone: the claims ledger and
+the evidence each verdict rests on (prices, the planner's error table and its notes). The checks
+are named for what they check: `check-bounds` (a run against a recipe's bounds; `validate` is its
+old name), `plan --errors` (the planner against every committed run), `plan.inputs.check_layout`
+(a GPU layout verl would refuse); verl's own `validate_config` is "verl's start-up checks". A
+"phase" is one of verl's marked_timer phases: `worker.markers` records them, `plan.phases`
+predicts the memory of each.
+
 Modules that need torch, verl or NVML import them inside the functions that use them, so
 `verl-recipes --help` and the recipe metadata work on a bare CPU machine; tests/test_imports.py
 holds each wing to its import rule.
@@ -50,3 +58,4 @@ class RecipeError(Exception):
 
     The CLI prints it as `error: <message>` and exits 2, with no traceback.
     """
+

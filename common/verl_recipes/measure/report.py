@@ -1,7 +1,7 @@
 """`verl-recipes report RUN_DIR`: per-step, per-phase memory peaks of a monitored run.
 
 Joins the monitor's samples (samples.jsonl, `verl_recipes.measure.monitor`) with verl's phase intervals
-(phases.jsonl) and step metrics (metrics.jsonl, both from `verl_recipes.worker.phases`) and writes, into
+(phases.jsonl) and step metrics (metrics.jsonl, both from `verl_recipes.worker.markers`) and writes, into
 `--out` (default RUN_DIR): summary.json (read by validation and the planner), report.md and
 timeline.png. All clocks are time.time() on one host; a multi-node run needs one monitor per node.
 
@@ -9,7 +9,7 @@ Attribution: a sample belongs to the innermost phase open at its time (the lates
 that contains it), and to that interval's step. Time inside `step` but in no sub-phase is phase
 `step`; time outside every step (model loading, vLLM start-up) is phase `outside`. A phase shorter
 than the sampling interval may have no sample: its peaks are null. A phase's `end` line may carry
-the device memory read at that instant (`verl_recipes.worker.phases`); it counts as one more sample of
+the device memory read at that instant (`verl_recipes.worker.markers`); it counts as one more sample of
 that phase (device memory only), so an allocation in a phase's last instant is not credited to
 the next phase. Each peak is the maximum over the samples attributed to that phase; per-class
 peaks are maximised separately, so they need not have happened at the same time as the device

@@ -3,7 +3,7 @@
     verl-recipes plan 7b-lora --variant 24gib --gpu a10g-24g --gpu 24GiB
     verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
     verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
-    verl-recipes plan --validate [--tolerance 0.10] [--allow-empty]
+    verl-recipes plan --errors [--tolerance 0.10] [--allow-empty]
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100-80gx32.yaml
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
@@ -62,9 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         help="plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: lora-merge-out-of-place)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
-    p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
-    p.add_argument("--allow-empty", action="store_true", help="--validate: pass when no run is committed")
+    p.add_argument(
+        "--errors", action="store_true", help="the planner's error against every committed measured run"
+    )
+    # the old name of --errors, kept working; it says so when used
+    p.add_argument("--validate", dest="errors_old_name", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tolerance", type=float, default=0.10, help="--errors: allowed relative error (0.10)")
+    p.add_argument("--allow-empty", action="store_true", help="--errors: pass when no run is committed")
     p.add_argument(
         "--from-layers",
         nargs="+",
@@ -76,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument(
         "--write",
         type=Path,
-        help="--validate: also write the error table (Markdown) here; --from-layers: write the predicted file here",
+        help="--errors: also write the error table (Markdown) here; --from-layers: write the predicted file here",
     )
     p.set_defaults(func=run)
 
@@ -397,12 +401,14 @@ def _costs(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.validate:
-        from verl_recipes.plan.validate import main_validate
+    if args.errors_old_name:
+        print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
+    if args.errors or args.errors_old_name:
+        from verl_recipes.plan.errors import main_errors
 
-        return main_validate(args.tolerance, args.allow_empty, write=args.write)
+        return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
-        raise RecipeError("give a recipe id or a config.yaml path (or --validate)")
+        raise RecipeError("give a recipe id or a config.yaml path (or --errors)")
     if args.gpus is not None and args.gpus < 1:
         raise RecipeError(f"--gpus {args.gpus}: give at least 1")
     label, s, recipe = load_setup(
@@ -418,7 +424,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_layers:
         return _from_layers(args, s)
     if args.write:
-        raise RecipeError("--write goes with --validate or --from-layers")
+        raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
     print(report(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off))
     return 0

@@ -50,7 +50,7 @@ share them, so PSS is what the node really spends and the figure to compare with
 term is private memory (PSS = RSS), so the two figures differ by the base alone. Megatron's offload
 keeps each model's bf16 weights at exact size and each fp32 master and moment in its own pinned
 block (checked against the one-GPU 70B runs at 1-3 layers). Everything here is a prediction;
-`verl-recipes plan --validate` compares it with the committed runs (validation/planner-errors.md).
+`verl-recipes plan --errors` compares it with the committed runs (validation/planner-errors.md).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class HostConstants:
 
     Fitted to the committed 7b-lora runs on H200 hosts (verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU,
     two agent-loop workers): the measured host total minus the module's terms, the median over
-    the runs that reached the moment (`plan --validate` prints the residuals to refit from). The
+    the runs that reached the moment (`plan --errors` prints the residuals to refit from). The
     load PSS comes from the reads that fell on the plateau of the actor's load in the two runs
     that stopped there (failed/cap24-*: 56.80 GiB less 46.02 GiB of terms, 41.21 less 29.41).
     """

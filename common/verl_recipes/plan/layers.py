@@ -25,7 +25,7 @@ phase is the range of its prediction over the lines through every two of the mea
 through all of them: a decoder whose memory is exactly linear in depth gives a band of zero width,
 and what a residual at the measured depths does to the 80-layer figure is what the band shows.
 The output is a prediction and is marked `status: predicted` (schema verl-recipes/predicted/1):
-`verl-recipes validate` refuses it as bounds, and the measured tables of the README never show it.
+`verl-recipes check-bounds` refuses it as bounds, and the measured tables of the README never show it.
 """
 
 from __future__ import annotations

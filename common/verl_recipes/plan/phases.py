@@ -51,7 +51,7 @@ Terms and where each comes from:
   * FSDP2 `offload_policy` (CPUOffloadPolicy) keeps parameters, gradients and the AdamW step on
     the CPU in every phase; only the working set above reaches the GPU.
   * per process: a CUDA context and NCCL communicator buffers (named constants below; priors until
-    fitted from measured runs by `verl_recipes.plan.validate`).
+    fitted from measured runs by `verl_recipes.plan.errors`).
 
 Upper bounds: every sequence is taken at max_prompt_length + max_response_length; remove-padding
 only lowers real usage. The torch caching allocator's fragmentation is not modelled.
@@ -71,7 +71,7 @@ PHASES = ("loaded", "update_weights", "gen", "old_log_prob", "ref", "values", "u
 
 @dataclass(frozen=True)
 class Constants:
-    """Overheads that are not shapes. Priors until `validate --fit` fits them from committed runs."""
+    """Overheads that are not shapes: priors until fitted to the residuals `plan --errors` prints."""
 
     # CUDA context, cuBLAS/cuDNN workspaces and loaded kernels per process (brief's prior: 0.5 GiB).
     cuda_context_bytes: int = GIB // 2

@@ -11,7 +11,7 @@ It does three things, each controlled by an environment variable the launcher se
   it patches, so a worker that never loads verl's FSDP engine does not import it for us;
 - caps the process's torch allocator to VERL_RECIPES_TORCH_MEM_FRACTION of the GPU (the
   24 GiB rehearsal on a larger GPU), when the process sees a GPU;
-- installs phase attribution (`verl_recipes.worker.phases`) when VERL_RECIPES_RUN_DIR is set.
+- installs phase attribution (`verl_recipes.worker.markers`) when VERL_RECIPES_RUN_DIR is set.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def setup() -> None:
         log.warning("verl_recipes: memory cap not applied: %s", e)
     if os.environ.get(RUN_DIR_ENV):
         try:
-            from verl_recipes.worker import phases
+            from verl_recipes.worker import markers
 
-            phases.install()
+            markers.install()
         except Exception as e:
             log.warning("verl_recipes: phase attribution not installed: %s", e)

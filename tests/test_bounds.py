@@ -1,4 +1,4 @@
-"""Validation of measured runs against expected bounds, on the committed real H200 run."""
+"""`check-bounds` (verl_recipes.measure.bounds): measured runs against expected bounds, on the committed H200 runs."""
 
 from __future__ import annotations
 
@@ -21,7 +21,15 @@ FAST = Path("recipes/7b-lora/results/h200x1-ppo-fast")
 
 
 def test_committed_run_passes_its_bounds(root: Path) -> None:
+    assert main(["check-bounds", "7b-lora"]) == 0
+
+
+def test_validate_is_the_old_name_and_still_checks(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`verl-recipes validate` runs the same check, and says what it is called now."""
     assert main(["validate", "7b-lora"]) == 0
+    assert "`verl-recipes validate` is the old name of `verl-recipes check-bounds`" in capsys.readouterr().err
+    assert main(["validate", "7b-lora", "--expected", "expected/no-such.yaml"]) == 2
+    assert "no such bounds file; recipe 7b-lora has: expected/" in capsys.readouterr().err
 
 
 def _edited(root: Path, tmp_path: Path, src: Path, edit: Callable[[dict], None]) -> Path:
@@ -45,7 +53,7 @@ def test_doctored_run_fails_naming_phase_and_gpu(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _doctored(root, tmp_path, "update_actor", 1.10)
-    assert main(["validate", "7b-lora", "--run", str(run)]) == 1
+    assert main(["check-bounds", "7b-lora", "--run", str(run)]) == 1
     out = capsys.readouterr().out
     assert "phase update_actor GPU 0" in out and "> upper bound" in out
 
@@ -137,10 +145,10 @@ def test_host_ram_of_a_doctored_capped_run_fails(
     unlike the bounds' one, far less means the weights did not go to the host."""
     run = _host_doctored(root, tmp_path, factor)
     expected = str(Path(CAPPED_BOUNDS).relative_to("recipes/7b-lora"))
-    assert main(["validate", "7b-lora", "--run", str(run), "--expected", expected]) == 1
+    assert main(["check-bounds", "7b-lora", "--run", str(run), "--expected", expected]) == 1
     out = capsys.readouterr().out
     assert "host RSS peak" in out and words in out
-    assert main(["validate", "7b-lora", "--run", str(root / CAPPED), "--expected", expected]) == 0
+    assert main(["check-bounds", "7b-lora", "--run", str(root / CAPPED), "--expected", expected]) == 0
 
 
 def test_host_bounds_are_rss_only_and_a_run_without_host_data_fails(root: Path, tmp_path: Path) -> None:
