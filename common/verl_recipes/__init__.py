@@ -31,9 +31,13 @@ holds each wing to its import rule.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec
 
 __version__ = "0.1.0"
 
@@ -59,3 +63,22 @@ class RecipeError(Exception):
     The CLI prints it as `error: <message>` and exits 2, with no traceback.
     """
 
+
+_P = ParamSpec("_P")
+
+
+def one_line_errors(main: Callable[_P, int]) -> Callable[_P, int]:
+    """A `python -m` tool's main: a RecipeError is printed as `error: <message>` and exits 2.
+
+    The image builds run these tools on a bare python3, where a traceback would bury the one line
+    that says what to change."""
+
+    @functools.wraps(main)
+    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except RecipeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+
+    return wrapped
