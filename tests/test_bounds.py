@@ -14,9 +14,9 @@ from verl_recipes.measure.bounds import check, measured, write_bounds
 from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import read_summary as load_summary
 
-RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-verl-sync.yaml
-DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-mb8")  # the recipe's default: expected/h200x1.yaml
-# the first run on vLLM's empty compile cache, at micro-batches of 2: expected/h200x1-micro2.yaml
+RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-ppo-verl-sync.yaml
+DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-mb8")  # the recipe's default: expected/h200x1-ppo.yaml
+# the first run on vLLM's empty compile cache, at micro-batches of 2: expected/h200x1-ppo-micro2.yaml
 FAST = Path("recipes/7b-lora/results/h200x1-ppo-fast")
 
 
@@ -60,7 +60,7 @@ def test_doctored_run_fails_naming_phase_and_gpu(
 
 def test_a_run_far_under_the_bound_fails_too(root: Path, tmp_path: Path) -> None:
     run = _doctored(root, tmp_path, "gen", 0.5, DEFAULT)
-    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1-ppo.yaml").read_text())
     errors = check(load_summary(run), doc, "x")
     assert any("phase gen GPU 0" in e and "< lower bound" in e for e in errors)
 
@@ -107,7 +107,7 @@ def _with_throughput(root: Path, factor: float) -> dict:
 
 
 def test_time_bounds_are_one_sided(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1-ppo.yaml").read_text())
     slower = check(_with_throughput(root, 0.5), doc, "x")
     assert any("throughput_tok_s" in e and "slower than the bound" in e for e in slower)
     assert check(_with_throughput(root, 1.5), doc, "x") == []
@@ -126,8 +126,8 @@ def test_step_time_is_the_median_of_steps_two_on(root: Path) -> None:
     assert measured(one)["step_time_s"] == pytest.approx(times[1])
 
 
-CAPPED = Path("recipes/7b-lora/results/h200x1-ppo-24gib-cap22.5")  # expected/h200x1-24gib-cap22.5.yaml
-CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-24gib-cap22.5.yaml"
+CAPPED = Path("recipes/7b-lora/results/h200x1-ppo-24gib-cap22.5")  # expected/h200x1-ppo-24gib-cap22.5.yaml
+CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-ppo-24gib-cap22.5.yaml"
 
 
 def _host_doctored(root: Path, tmp_path: Path, factor: float) -> Path:

@@ -41,7 +41,7 @@ def test_7b_ppo_lora_matches_its_bounds(root: Path, tmp_path: Path) -> None:
             "--run",
             str(run),
             "--expected",
-            "expected/h200x1.yaml",
+            "expected/h200x1-ppo.yaml",
         ],
         env={**os.environ, "VERL_RECIPES_ROOT": str(root)},
     ).returncode

@@ -197,7 +197,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs = [str(_make_run(tmp_path / "tp2", n, TP2, 0.5, 1.1)[0]) for n in (2, 4)]
-    out = tmp_path / "h100-80gx32.yaml"
+    out = tmp_path / "h100x32-ppo.yaml"
     assert main(["plan", "70b-3d", "--gpu", "h100-80g", "--from-layers", *runs, "--write", str(out)]) == 0
     assert "two depths: no residual" in capsys.readouterr().out
     assert out.read_text().startswith("# PREDICTED, not measured")
@@ -226,7 +226,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
 def test_runs_of_other_widths_are_refused(root: Path) -> None:
     """A committed 0.5B run cannot calibrate the 70B widths."""
     _, target, _ = load_setup("70b-3d", [], [])
-    run = root / "recipes/7b-lora/results/bringup-qwen2-0.5b-ppo"
+    run = root / "recipes/7b-lora/results/h200x1-ppo-bringup-qwen2-0.5b"
     with pytest.raises(RecipeError, match="not the target's"):
         predict(target, parse_gpu("h100-80g"), [run])
 

@@ -225,7 +225,7 @@ def test_startup_stages_of_committed_runs_add_up_to_the_first_step() -> None:
     """The start-up table from verl's own log stamps, on a warm 7B run and a cold 4-layer one."""
     root = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results"
     warm = summarize(root / "h200x1-ppo-3")["startup"]
-    cold = summarize(root / "failed" / "h200x1-ppo-L4-sync-probe-timeout")["startup"]
+    cold = summarize(root / "failed" / "h200x1-ppo-l4-sync-probe-timeout")["startup"]
     for boot in (warm, cold):
         assert abs(sum(st["s"] for st in boot["stages"]) - boot["to_first_step_s"]) < 0.05
         assert boot["stages"][-1]["stage"].startswith("first step begins")
@@ -238,7 +238,7 @@ def test_startup_stages_of_committed_runs_add_up_to_the_first_step() -> None:
 
 def test_a_killed_run_says_in_which_step_and_phase_it_ended() -> None:
     run = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results" / "failed"
-    ended = summarize(run / "h200x1-ppo-L4-sync-probe-timeout")["ended"]
+    ended = summarize(run / "h200x1-ppo-l4-sync-probe-timeout")["ended"]
     assert (ended["ok"], ended["exit_code"], ended["step"], ended["phase"]) == (False, None, 1, "step")
 
 

@@ -68,7 +68,7 @@ def test_plans_table_covers_every_recipe_variant_and_agrees_with_the_measured_pe
     for r in discover().values():
         for v in ["default", *r.variants]:
             assert (r.id, v) in cells, f"no plans row for {r.id} {v}"
-    for variant, bounds in (("default", "h200x1.yaml"), ("grpo", "h200x1-grpo.yaml")):
+    for variant, bounds in (("default", "h200x1-ppo.yaml"), ("grpo", "h200x1-grpo.yaml")):
         doc = yaml.safe_load((root / "recipes/7b-lora/expected" / bounds).read_text())
         runs = doc["measured"].values() if "memory_gib" not in doc["measured"] else [doc["measured"]]
         peak = max(v for run in runs for per in run["memory_gib"].values() for v in per.values())
@@ -102,7 +102,7 @@ def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path) -> No
 
 def test_readme_table_numbers_come_from_expected_files() -> None:
     table = recipe_table()
-    assert "expected/h200x1.yaml" in table
+    assert "expected/h200x1-ppo.yaml" in table
     assert "not measured yet" in table  # recipes without a run show no number
 
 

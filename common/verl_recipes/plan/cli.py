@@ -4,7 +4,7 @@
     verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
     verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
     verl-recipes plan --errors [--tolerance 0.10] [--allow-empty]
-    verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100-80gx32.yaml
+    verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100x32-ppo.yaml
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
 recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; `--layers` truncates the

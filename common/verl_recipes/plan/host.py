@@ -103,8 +103,8 @@ class HostConstants:
         "h200x1-grpo-24gib-cap24-partial",
         "h200x1-ppo-24gib-cap24-partial",
         "h200x1-grpo-verl-example",
-        "failed/cap24-ppo-max-model-len",
-        "failed/cap24-grpo-max-model-len",
+        "failed/h200x1-ppo-24gib-cap24-max-model-len",
+        "failed/h200x1-grpo-24gib-cap24-max-model-len",
     )
 
 

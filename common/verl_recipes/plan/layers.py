@@ -1,7 +1,7 @@
 """Predict a full-depth configuration from runs of the same model truncated in depth.
 
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 [RUN_PP2_L2 ...] \
-        --write recipes/70b-3d/expected/h100-80gx32.yaml
+        --write recipes/70b-3d/expected/h100x32-ppo.yaml
 
 Why: a 70B model on 32 GPUs cannot be measured on the two GPUs we have, but the same widths with a
 few layers can, and a decoder's memory per GPU is, phase by phase, a fixed part (embeddings and

@@ -89,7 +89,7 @@ class Constants:
     # and the sampler (its process's CUDA context, cuBLAS workspace, allocator slack). Measured,
     # not a prior: vLLM 0.24 on an H200, Llama-2-7B at 0.63 x 24 GiB, max_num_batched_tokens 4096,
     # reported 1.86 GiB of KV cache where the terms above left 2.18 GiB
-    # (recipes/7b-lora/results/failed/cap24-ppo-max-model-len/train.log).
+    # (recipes/7b-lora/results/failed/h200x1-ppo-24gib-cap24-max-model-len/train.log).
     vllm_nontorch_bytes: int = 330 * MIB
     # Device memory NVML counts as used that belongs to no process (the driver's own reservation).
     # Measured: device used minus the sum of every process's used memory was 0.62-0.68 GiB in every
