@@ -62,9 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         help="plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: lora-merge-out-of-place)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument(
-        "--errors", action="store_true", help="the planner's error against every committed measured run"
-    )
+    p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
     # the old name of --errors, kept working; it says so when used
     p.add_argument("--validate", dest="errors_old_name", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tolerance", type=float, default=0.10, help="--errors: allowed relative error (0.10)")

@@ -46,9 +46,7 @@ class Row:
         return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
 
 
-def error_rows(
-    root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None
-) -> tuple[list[Row], bool]:
+def error_rows(root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None) -> tuple[list[Row], bool]:
     """Predicted vs measured for every committed run: (rows, every |error| <= tolerance)."""
     from verl_recipes.paths import repo_root
 
