@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from verl_recipes.cli import SUBCOMMANDS, main
-from verl_recipes.docs import plans_table, recipe_table, render_readme, results_table
+from verl_recipes.docs import generated, gpus_table, plans_table, recipe_table, results_table
 from verl_recipes.recipe.metadata import discover
 
 
@@ -46,9 +46,24 @@ def plans() -> str:
     return plans_table()  # composes every recipe and variant against verl's config: ~20 s
 
 
-def test_readme_table_is_fresh(root: Path, plans: str) -> None:
+def test_readme_tables_are_fresh(root: Path) -> None:
+    for path, text in generated(root).items():
+        assert text == path.read_text(), f"{path.relative_to(root)} is stale: run `verl-recipes docs --write`"
+
+
+def test_the_front_readme_gives_the_two_commands_then_one_table_in_the_users_words(root: Path) -> None:
+    """The README opens with the two commands, then the one table a user chooses GPUs from: every
+    job by its title, every setting in words with the variant that gives it."""
     readme = (root / "README.md").read_text()
-    assert render_readme(readme, recipe_table(), results_table(), plans) == readme, "run `verl-recipes docs --write`"
+    start, table = readme.index("nox -s recipe-7b-lora"), readme.index("<!-- gpus:begin -->")
+    assert start < readme.index("nox -s tests") < table
+    assert readme.index("\n|") > table  # the first table is the GPU table
+    rows = gpus_table().splitlines()[2:]
+    for r in discover().values():
+        assert f"[{r.title}](recipes/{r.id}/README.md)" in readme
+        for v in r.variants:
+            (row,) = [x for x in rows if f"(`--variant {v}`)" in x and x.split("|")[2].strip() != v]
+            assert "no" in row or "yes" in row
 
 
 def _plan_cells(plans: str) -> dict[tuple[str, str], dict[str, str]]:
