@@ -29,6 +29,7 @@ from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.worker.verl_fixes import MERGE_FIX
 from verl_recipes.workload.arch import arch_config_path
 
 
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         action="append",
         default=[],
         metavar="NAME",
-        help="plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: lora-merge-out-of-place)",
+        help=f"plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: {MERGE_FIX})",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")

@@ -35,7 +35,7 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
   * verl's merged LoRA sync: `merged_lora_context(..., backup_adapters=True)` clones every base
     weight to the CPU (`backup_base_model_weights`) for the whole sync. The recipes' default
     streams `W + scaling * B @ A` out of place instead and takes no CPU copy
-    (`verl_recipes.verl_fixes`, fix `lora-merge-out-of-place`, FSDP2 only);
+    (`verl_recipes.worker.verl_fixes.MERGE_FIX`, FSDP2 only);
     `--verl-fix-off lora-merge-out-of-place` restores verl's path.
   * vLLM at sleep level 1 (a LoRA served as an adapter, `model.lora.merge: false`:
     `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
