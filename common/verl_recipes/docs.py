@@ -5,7 +5,7 @@ The front README carries one table, the user's: each job in plain words and the 
 table (`recipes`), the measured results with cost (`results`) and the planner's predicted peak per
 GPU type (`plans`), each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs
 --write` regenerates all four, `verl-recipes docs --results` prints the measured results, and
-tests/test_spine.py fails when a file is stale. Every measured number comes from an
+tests/test_docs.py fails when a file is stale. Every measured number comes from an
 `expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
 shows "not measured yet", never a guess. The plans table is a prediction and says so in its
 heading; its error against every measured run is `validation/planner-errors.md`.
