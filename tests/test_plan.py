@@ -331,7 +331,7 @@ def test_more_gpus_knob_shards_fsdp_state() -> None:
     assert after is not None and before is not None and after.total < before.total
 
 
-# ---- GPUs, cost, CLI, validation --------------------------------------------------------------
+# ---- GPUs, cost, CLI, errors ------------------------------------------------------------------
 def test_gpu_catalogue_and_caps() -> None:
     cat = catalogue()
     assert set(cat) == {"a10g-24g", "l4-24g", "a100-40g", "a100-80g", "h100-80g", "h200-141g"}
@@ -400,7 +400,7 @@ def _fake_run(root: Path, scale: float) -> None:
     sync = plan.phase("update_weights")
     assert sync is not None
 
-    def total(ph: Any) -> int:  # the validator compares `outside` with the larger of loaded and the first sync
+    def total(ph: Any) -> int:  # `plan --errors` compares `outside` with the larger of loaded and the first sync
         return max(ph.total, sync.total) if ph.phase == "loaded" else ph.total
 
     phases = {
@@ -439,7 +439,7 @@ def test_errors_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize(("scale", "ok"), [(1.0, True), (1.05, True), (1.5, False)])
-def test_validate_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) -> None:
+def test_errors_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) -> None:
     _fake_run(tmp_path, scale)
     rows, passed = error_rows(tmp_path, tolerance=0.10)
     assert passed is ok

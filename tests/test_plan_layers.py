@@ -193,7 +193,7 @@ def test_plan_takes_the_launchers_gpus_and_layers(capsys: pytest.CaptureFixture[
         load_setup("70b-3d", ["tp1pp1"], [], layers=0)
 
 
-def test_written_file_is_marked_predicted_and_validate_refuses_it(
+def test_written_file_is_marked_predicted_and_check_bounds_refuses_it(
     tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs = [str(_make_run(tmp_path / "tp2", n, TP2, 0.5, 1.1)[0]) for n in (2, 4)]

@@ -2,7 +2,7 @@
 
 Joins the monitor's samples (samples.jsonl, `verl_recipes.measure.monitor`) with verl's phase intervals
 (phases.jsonl) and step metrics (metrics.jsonl, both from `verl_recipes.worker.markers`) and writes, into
-`--out` (default RUN_DIR): summary.json (read by validation and the planner), report.md and
+`--out` (default RUN_DIR): summary.json (read by check-bounds and the planner), report.md and
 timeline.png. All clocks are time.time() on one host; a multi-node run needs one monitor per node.
 
 Attribution: a sample belongs to the innermost phase open at its time (the latest-begun interval
