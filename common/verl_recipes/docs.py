@@ -29,7 +29,7 @@ import yaml
 from verl_recipes import GIB, RecipeError
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe, discover
-from verl_recipes.rundir import read_provenance
+from verl_recipes.rundir import Provenance, read_provenance
 
 
 def _runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,23 +110,24 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     for r in recipes.values():
         for name in r.expected:
             doc = yaml.safe_load((r.dir / name).read_text())
+            # the bounds file quotes each run's provenance record (one record, or one per run)
             prov = doc.get("provenance") or {}
-            provs = [prov] if "gpu" in prov else [v for v in prov.values() if isinstance(v, dict)]
-            first = provs[0] if provs else {}
-            gpus = (first.get("gpu") or {}).get("gpus") or []
-            gpu_name = gpus[0]["name"] if gpus else "?"
+            raws = [prov] if "gpu" in prov else [v for v in prov.values() if isinstance(v, dict)]
+            provs = [Provenance.from_record(x) for x in raws] or [Provenance.from_record({})]
+            first = provs[0]
+            gpu_name = first.gpu_names[0] if first.gpu_names else "?"
             # GPUs the run used: those with measured memory (provenance lists every GPU of the host)
             used = {g for run in _runs(doc) for per in (run.get("memory_gib") or {}).values() for g in per}
             n = len(used) or r.gpus.count
-            variants = " + ".join(first.get("variants") or []) or "default"
-            cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
+            variants = " + ".join(first.variants) or "default"
+            cap = f", --cap-gib {first.cap_gib:g}" if first.cap_gib else ""
             # a model truncated in depth is not the recipe's model: say so where the figures are
             runs = doc.get("source_runs") or [doc.get("source_run")]
             layers = read_provenance(r.dir / runs[0]).argv_value("--layers") if runs[0] else None
             if layers is not None:
                 cap += f", --layers {layers}"
             # a configuration measured with one of our verl fixes off is another configuration
-            off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
+            off = sorted({f for p in provs for f in p.verl_fixes_off or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
             # and so is one measured before the recipe's deltas moved on: name the keys that differ
             if runs[0] and (r.dir / runs[0] / CONFIG).is_file():
