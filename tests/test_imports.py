@@ -208,9 +208,11 @@ def test_no_import_cycle_inside_a_wing(wing: str) -> None:
     assert not cycles(inside), f"import cycles in {wing}: {cycles(inside)}"
 
 
-def test_the_import_graph_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
-    """The graph must see the imports that matter most here: those inside functions."""
-    assert "verl_recipes.plan.runs" in imports_of("verl_recipes.plan.errors")
+def test_the_import_graph_sees_imports_inside_functions() -> None:
+    """The graph must see the imports that matter most here, those inside functions (the package
+    defers its heavy and upward-looking imports there), and `from pkg import module` as the module."""
+    assert "verl_recipes.plan.runs" in imports_of("verl_recipes.docs")  # inside _measured_cell
+    assert "verl_recipes.worker.markers" in imports_of("verl_recipes.worker.hooks")  # `from ... import markers`
     assert "verl_recipes.rundir" in imports_of("verl_recipes.worker.verl_fixes")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
