@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
+from verl_recipes import has_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VERL_RECIPES_ROOT", str(ROOT))
 
 
-def _has_gpu() -> bool:
-    if not shutil.which("nvidia-smi"):
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _has_gpu():
+    if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU: run `pytest -m gpu` on the GPU host (gpu/README.md)")
     for item in items:

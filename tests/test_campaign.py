@@ -23,7 +23,7 @@ def test_campaign_line_semantics(root: Path, tmp_path: Path) -> None:
         "# comment line\n"
         "bad|60|-|no-such-recipe --steps 1\n"
         "after-pass|60|bad|7b-lora --steps 1\n"
-        "after-fail|120|!bad|pytest --collect-only -q tests/test_reap.py\n"
+        "after-fail|120|!bad|pytest --collect-only -q tests/test_procs.py\n"
         "never|60|!after-fail-missing|7b-lora\n"
         "script|60|-|bash recipes/verl-vs-deepspeed/run-both.sh not-a-count\n"
     )

@@ -55,16 +55,16 @@ def test_a_changed_key_in_a_copied_run_is_named_with_the_runs_value(root: Path, 
 
 def test_the_results_table_labels_each_row_by_what_ran() -> None:
     rows = {r.split("](")[1].split(")")[0]: r for r in results_table().splitlines() if r.startswith("| 7b-lora")}
-    assert "[default](" in rows["recipes/7b-lora/expected/h200x1.yaml"]
-    micro2 = rows["recipes/7b-lora/expected/h200x1-micro2.yaml"]
+    assert "[default](" in rows["recipes/7b-lora/expected/h200x1-ppo.yaml"]
+    micro2 = rows["recipes/7b-lora/expected/h200x1-ppo-micro2.yaml"]
     assert "actor.ppo_micro_batch_size_per_gpu=2" in micro2 and "verl-fix-off" not in micro2
-    assert "--verl-fix-off logprobs-chunked" in rows["recipes/7b-lora/expected/h200x1-micro2-loop.yaml"]
+    assert "--verl-fix-off logprobs-chunked" in rows["recipes/7b-lora/expected/h200x1-ppo-micro2-loop.yaml"]
 
 
 def test_a_row_measured_on_a_truncated_model_says_how_many_layers() -> None:
     """The 70B rows come from runs of 1 and 2 of its 80 layers: the row's label names `--layers N`
     from the run's own command line, so the figures cannot be read as the full model's."""
     rows = {r.split("](")[1].split(")")[0]: r for r in results_table().splitlines() if r.startswith("| 70b-3d")}
-    assert "[tp1pp1, --layers 2](" in rows["recipes/70b-3d/expected/h200x1-tp1pp1-l2.yaml"]
-    assert "[tp1pp1, --layers 1](" in rows["recipes/70b-3d/expected/h200x1-tp1pp1-l1.yaml"]
+    assert "[tp1pp1, --layers 2](" in rows["recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l2.yaml"]
+    assert "[tp1pp1, --layers 1](" in rows["recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l1.yaml"]
     assert not any("--layers" in r for r in results_table().splitlines() if r.startswith("| 7b-lora"))

@@ -124,7 +124,7 @@ def _train_keeps_the_ray_logs_of_a_run_that_did_not_exit_0_only(base: Path, driv
 def test_rays_teardown_is_not_taken_for_the_cause(tmp_path: Path) -> None:
     """A committed H200 run that died of a Python import error: every Ray core log's last line is
     the teardown that followed (intended exits, SIGTERM), and the cause is in the driver's log."""
-    src = Path(__file__).resolve().parents[1] / "recipes/70b-3d/results/failed/h200x1-tp1-l2-no-energon"
+    src = Path(__file__).resolve().parents[1] / "recipes/70b-3d/results/failed/h200x1-ppo-tp1pp1-l2-no-energon"
     run = tmp_path / "run"
     shutil.copytree(src, run)
     errors = json.loads((run / rundir.RAY_ERRORS).read_text())["errors"]

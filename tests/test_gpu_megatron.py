@@ -6,8 +6,8 @@ read from that file so the test and the campaign cannot drift apart: Llama-2-70B
 layers, PPO with the critic, vLLM rollout, 3 steps (about 10 minutes cold: the full-width checkpoint,
 two Megatron models and vLLM start before the first step).
 
-Once the run's bounds are committed (`verl-recipes validate 70b-3d --write-bounds RUN --out
-recipes/70b-3d/expected/h200x1-tp1pp1-l2.yaml`) the rerun must fall inside them. Until then it must
+Once the run's bounds are committed (`verl-recipes check-bounds 70b-3d --write-bounds RUN --out
+recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l2.yaml`) the rerun must fall inside them. Until then it must
 finish its 3 steps and leave an NVML peak for every phase a PPO step with a critic has, which is
 what the depth fit (`verl-recipes plan --from-layers`) reads. CPU CI skips it (tests/conftest.py)
 and runs only the check that the rerun is the campaign's line.
@@ -26,7 +26,7 @@ import pytest
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-tp1.txt"
 LINE = "70b-tp1-l2"
-BOUNDS = "expected/h200x1-tp1pp1-l2.yaml"
+BOUNDS = "expected/h200x1-ppo-tp1pp1-l2.yaml"
 #: phases of one PPO step with a critic on verl's Megatron engine, as the report names them.
 PHASES = ("gen", "old_log_prob", "values", "update_critic", "update_actor", "update_weights")
 
@@ -64,5 +64,5 @@ def test_70b_two_layers_tp1_runs_three_steps(root: Path, tmp_path: Path) -> None
     missing = [ph for ph in PHASES if not (summary.get("phases") or {}).get(ph, {}).get("gpu")]
     assert not missing, f"no NVML peak for {missing} in {run}/summary.json"
     if (root / "recipes" / "70b-3d" / BOUNDS).is_file():
-        cmd = [*cli, "validate", "70b-3d", "--run", str(run), "--expected", BOUNDS]
+        cmd = [*cli, "check-bounds", "70b-3d", "--run", str(run), "--expected", BOUNDS]
         assert subprocess.run(cmd, env=env).returncode == 0

@@ -36,12 +36,12 @@ def test_7b_ppo_lora_matches_its_bounds(root: Path, tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "verl_recipes.cli",
-            "validate",
+            "check-bounds",
             "7b-lora",
             "--run",
             str(run),
             "--expected",
-            "expected/h200x1.yaml",
+            "expected/h200x1-ppo.yaml",
         ],
         env={**os.environ, "VERL_RECIPES_ROOT": str(root)},
     ).returncode
@@ -55,5 +55,5 @@ def test_7b_grpo_lora_matches_its_bounds(root: Path, tmp_path: Path) -> None:
     steps = [json.loads(line) for line in (run / "verl_metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(steps) >= 3
     env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
-    cmd = [sys.executable, "-m", "verl_recipes.cli", "validate", "7b-lora", "--run", str(run)]
+    cmd = [sys.executable, "-m", "verl_recipes.cli", "check-bounds", "7b-lora", "--run", str(run)]
     assert subprocess.run([*cmd, "--expected", "expected/h200x1-grpo.yaml"], env=env).returncode == 0

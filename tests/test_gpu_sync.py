@@ -10,7 +10,7 @@ within the tolerance, and the control step must be far outside it, or the check 
 
 Tolerance: a synced step's KL at most a quarter of the control step's, and the control's at least
 0.05 nats per token (bf16 numerics alone leave ~0.11-0.13 on the random 7B model with a zero
-adapter, `h200x1-ppo-fast`). Measured on one H200 (`recipes/7b-lora/results/h200x1-ppo-L4-sync-check`):
+adapter, `h200x1-ppo-fast`). Measured on one H200 (`recipes/7b-lora/results/h200x1-ppo-l4-sync-check`):
 0.060 and 0.071 synced, 1.657 for the control.
 
 `python3 -m pytest -m gpu tests/test_gpu_sync.py` (7B widths, 4 layers, about 7 minutes on a cold host).

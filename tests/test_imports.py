@@ -8,6 +8,7 @@ here; every module of the package belongs to exactly one wing, so a new one must
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -102,6 +103,118 @@ def test_wing_import_rule(wing: str) -> None:
     else:
         heavy = sorted(loaded_by(modules, bare=False) & HEAVY)
         assert not heavy, f"{wing} must import {rule} ({why}); importing it loaded {heavy}"
+
+
+# The wings from the bottom up: a module imports (at import time or inside a function) only from its
+# own wing and the wings before it here. `base` is the root modules every wing may use (the package,
+# where the checkout is, the run folder, a run's processes); `commands` is every other root module:
+# the orchestrators that compose the wings (cli, train, preflight, docs).
+LAYERS = ("base", "workload", "worker", "recipe", "measure", "plan", "stack", "cluster", "commands")
+BASE = frozenset({"verl_recipes", "verl_recipes.paths", "verl_recipes.rundir", "verl_recipes.procs"})
+
+
+def layer_of(module: str) -> str:
+    if module in BASE:
+        return "base"
+    parts = module.split(".")
+    return parts[1] if (PACKAGE / parts[1]).is_dir() else "commands"
+
+
+def module_file(module: str) -> Path | None:
+    path = COMMON.joinpath(*module.split("."))
+    for cand in (path.with_suffix(".py"), path / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def imports_of(module: str) -> set[str]:
+    """The package's modules that `module`'s source imports anywhere (top level, functions, TYPE_CHECKING)."""
+    path = module_file(module)
+    assert path is not None, module
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            # `from pkg import mod` imports the module; `from mod import name` imports mod
+            names = [f"{base}.{a.name}" if module_file(f"{base}.{a.name}") else base for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.split(".")[0] == "verl_recipes" and module_file(n) and n != module}
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {m: imports_of(m) for m in all_modules()}
+
+
+def test_no_wing_imports_a_wing_above_it() -> None:
+    """The wings form layers: a module that imports upward ties a lower wing to everything above it
+    (the recipe schema to the planner, the monitor to the README generator)."""
+    assert {layer_of(m) for m in all_modules()} <= set(LAYERS)
+    upward = sorted(
+        f"{m} ({layer_of(m)}) imports {dep} ({layer_of(dep)})"
+        for m, deps in import_graph().items()
+        for dep in deps
+        if LAYERS.index(layer_of(dep)) > LAYERS.index(layer_of(m))
+    )
+    assert not upward, "upward imports, against the order in LAYERS:\n" + "\n".join(upward)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: its strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("wing", [w for w in LAYERS if w != "commands"])
+def test_no_import_cycle_inside_a_wing(wing: str) -> None:
+    """Two modules that import each other are one module split in two: neither can be read, tested
+    or moved alone."""
+    graph = import_graph()
+    inside = {m: {d for d in deps if layer_of(d) == wing} for m, deps in graph.items() if layer_of(m) == wing}
+    assert not cycles(inside), f"import cycles in {wing}: {cycles(inside)}"
+
+
+def test_the_import_graph_sees_imports_inside_functions() -> None:
+    """The graph must see the imports that matter most here, those inside functions (the package
+    defers its heavy and upward-looking imports there), and `from pkg import module` as the module."""
+    assert "verl_recipes.plan.runs" in imports_of("verl_recipes.docs")  # inside _measured_cell
+    assert "verl_recipes.worker.markers" in imports_of("verl_recipes.worker.hooks")  # `from ... import markers`
+    assert "verl_recipes.rundir" in imports_of("verl_recipes.worker.verl_fixes")
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def _dockerfile_copies(dockerfile: Path, dest_prefix: str) -> list[tuple[list[str], str]]:

@@ -124,7 +124,8 @@ def test_the_committed_provider_fields_are_the_pinned_wheels(pinned_wheels: list
     """images/megatron-provider-fields.txt, which the composition check reads, is what the pinned
     megatron-core and Megatron-Bridge give; and a field the recipe sets and a typo of it fall on
     either side of it."""
-    from verl_recipes.stack.mcore_api import PROVIDER_FIELDS, provider_fields_text, read_provider_fields
+    from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
+    from verl_recipes.stack.mcore_api import provider_fields_text
 
     mine = [w for w in pinned_wheels if w.name.startswith(("megatron_core-", "megatron_bridge-"))]
     assert len(mine) == 2, pinned_wheels

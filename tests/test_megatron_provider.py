@@ -1,8 +1,9 @@
 """verl 0.9.1's Megatron engine with the pinned megatron-core / Megatron-Bridge / Transformer Engine.
 
-Needs the `[megatron]` group (Python 3.12: `PYTHONPATH=DIR` of the wheelhouse's `install.sh
---target DIR`, gpu/megatron-notes.md), so the Python 3.11 CI skips it and says why. What runs
-without a GPU: verl's own `MegatronEngine._build_tf_config` on recipe 70b-3d as `train --variant
+The engine's inputs (recipe 70b-3d composed as `train` composes it, a truncated checkpoint) are
+built on any CPU host. The rest needs the `[megatron]` group (Python 3.12: `PYTHONPATH=DIR` of the
+wheelhouse's `install.sh --target DIR`, gpu/megatron-notes.md), so the Python 3.11 CI skips it
+and says why. What runs without a GPU: verl's own `MegatronEngine._build_tf_config` on recipe 70b-3d as `train --variant
 tp1pp1 --gpus 1 --layers 2` composes it, for the actor and the critic, down to the Megatron-Bridge
 provider the model would be built from. Building the model needs CUDA (TE's modules refuse to
 construct without it), so the weight round trip (Bridge loads the HF checkpoint into the TE model
@@ -18,14 +19,17 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip(
-    "megatron.bridge", reason="needs the [megatron] wheels (Python 3.12; gpu/megatron-notes.md, the wheelhouse)"
-)
+
+def _needs_megatron() -> None:
+    pytest.importorskip(
+        "megatron.bridge", reason="needs the [megatron] wheels (Python 3.12; gpu/megatron-notes.md, the wheelhouse)"
+    )
 
 
 @pytest.fixture(scope="module")
 def one_rank() -> Any:
     """A one-process group and Megatron's parallel state at TP1 x PP1, as verl's engine makes them."""
+    _needs_megatron()
     import torch
     from megatron.core import parallel_state as mpu
 
@@ -39,12 +43,13 @@ def one_rank() -> Any:
 
 
 def _checkpoint(out: Path, layers: int, scale: str, weights: bool) -> Path:
-    from verl_recipes import synth
+    from verl_recipes.workload import synth
+    from verl_recipes.workload.arch import resolve_arch
 
     if weights:
         synth.synthesize("llama-2-70b", out, layers=layers, scale=scale, device="cpu")
         return out
-    config = synth.hf_config(synth.shape_config(synth.resolve_arch("llama-2-70b"), layers, scale))
+    config = synth.hf_config(synth.shape_config(resolve_arch("llama-2-70b"), layers, scale))
     config.architectures = ["LlamaForCausalLM"]
     synth.build_tokenizer(config).save_pretrained(out)
     config.save_pretrained(out)
@@ -54,12 +59,11 @@ def _checkpoint(out: Path, layers: int, scale: str, weights: bool) -> Path:
 def _engine(model: Path, role: str, run: Path) -> Any:
     """The attributes of verl's MegatronEngine that `_build_tf_config` reads, from the composed config."""
     from verl.utils.config import omega_conf_to_dataclass
-    from verl_recipes import train
-    from verl_recipes.recipe.compose import compose_recipe
-    from verl_recipes.recipes import get_recipe
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import Layout, compose_run
 
-    recipe = get_recipe("70b-3d")
-    cfg = compose_recipe(recipe, ["tp1pp1"], extra=train.launcher_settings(recipe, model, run, run, 3, 1, 1))
+    # `train 70b-3d --variant tp1pp1 --gpus 1 --layers 2`: one GPU on one node, the run's own model
+    cfg = compose_run(get_recipe("70b-3d"), ["tp1pp1"], [], Layout(1, 1), model=model, data=run, run_dir=run)
     node = cfg.actor_rollout_ref.actor.megatron if role == "actor" else cfg.critic.megatron
     model_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model)
     if role == "critic":
@@ -71,6 +75,18 @@ def _engine(model: Path, role: str, run: Path) -> Any:
         _qat_enabled=False,
         _qat_config=None,
     )
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_the_engines_inputs_compose_on_any_host(tmp_path: Path, role: str) -> None:
+    """What verl's engine reads, from recipe 70b-3d composed for one GPU: built here on CPU, so a
+    renamed module or helper fails on every host, not only where the Megatron wheels are."""
+    model = _checkpoint(tmp_path / "m", 2, "full-width", weights=False)
+    engine = _engine(model, role, tmp_path)
+    ec = engine.engine_config
+    assert (ec.tensor_model_parallel_size, ec.pipeline_model_parallel_size) == (1, 1)
+    assert engine.model_config.path == str(model)
+    assert (engine.model_config.model_type == "value_model") == (role == "critic")
 
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
@@ -161,6 +177,7 @@ def _named_modules(root: Path) -> dict[str, str]:
 def test_every_module_verls_megatron_path_names_imports_or_is_off_the_path() -> None:
     """Import, in this process, each module named above (a `from M import N` counts as found when N
     is an attribute of M). Only a ModuleNotFoundError on the OFF_THE_PATH list is allowed."""
+    _needs_megatron()
     import importlib
 
     import verl

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from verl_recipes import GIB
 from verl_recipes.measure.monitor import Monitor, _due, classify
 from verl_recipes.rundir import RUN_DIR_ENV, read_jsonl
 from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
 
 MiB = 1024**2
-GiB = 1024**3
+
 CLI = [sys.executable, "-m", "verl_recipes.cli", "monitor"]
 
 
@@ -353,12 +354,12 @@ def test_gpu_memory_attributed_per_process(tmp_path: Path) -> None:
         for k, size in zip(kids, sizes, strict=True):
             assert k.pid in a, f"NVML pids {sorted(a)} are not this pid namespace's (a container without --pid=host?)"
             delta = a[k.pid] - b[k.pid]
-            assert abs(delta - size * GiB) <= 0.01 * size * GiB, (size, delta / GiB)
+            assert abs(delta - size * GIB) <= 0.01 * size * GIB, (size, delta / GIB)
         dev = (
             next(g for g in after["gpus"] if g["index"] == 0)["used"]
             - next(g for g in before["gpus"] if g["index"] == 0)["used"]
         )
-        assert abs(dev - sum(sizes) * GiB) <= 0.01 * sum(sizes) * GiB, dev / GiB
+        assert abs(dev - sum(sizes) * GIB) <= 0.01 * sum(sizes) * GIB, dev / GIB
         print(f"\nNVML sampler: {mon.sampler_cpu_s / mon.samples * 1e3:.2f} ms/sample, {len(a)} GPU processes")
     finally:
         for k in kids:
@@ -366,13 +367,13 @@ def test_gpu_memory_attributed_per_process(tmp_path: Path) -> None:
             k.wait()
 
 
-# ---- phases: verl's real marked_timer and Tracking, patched by verl_recipes.worker.phases ----------------
+# ---- phases: verl's real marked_timer and Tracking, patched by verl_recipes.worker.markers ----------
 
 _PHASES_BEFORE = textwrap.dedent(
     """
     import json, sys
-    from verl_recipes.worker import phases
-    assert phases.install()
+    from verl_recipes.worker import markers
+    assert markers.install()
     from verl.utils.debug import marked_timer          # imported after install(): patched on import
     import verl.utils.profiler
     from verl.utils.tracking import Tracking
@@ -458,9 +459,9 @@ _PHASES_AFTER = textwrap.dedent(
             real.append(importlib.import_module(name))
         except ImportError as e:                        # this host lacks part of verl's GPU stack
             print("skip", name, e, file=sys.stderr)
-    from verl_recipes.worker import phases
-    assert phases.install()
-    assert phases.install()                            # idempotent: no double wrapping
+    from verl_recipes.worker import markers
+    assert markers.install()
+    assert markers.install()                            # idempotent: no double wrapping
     assert probe_trainer.marked_timer is not original and probe_trainer.marked_timer.__wrapped__ is original
     for mod in real:
         assert mod.marked_timer.__wrapped__ is original, mod
@@ -509,7 +510,7 @@ def test_phases_install_after_import_rebinds(tmp_path: Path) -> None:
 
 def test_phases_off_without_run_dir() -> None:
     env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
-    code = "import sys\nfrom verl_recipes.worker import phases\nassert not phases.install()\n"
+    code = "import sys\nfrom verl_recipes.worker import markers\nassert not markers.install()\n"
     code += "assert 'verl' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0
 

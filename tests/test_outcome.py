@@ -25,9 +25,9 @@ def test_cap_overrun_names_the_worst_phase_of_a_real_run() -> None:
 @pytest.mark.parametrize(
     ("name", "cause"),
     [
-        ("h200x1-tp1-l2-no-energon", "ModuleNotFoundError: No module named 'megatron.energon'"),
+        ("h200x1-ppo-tp1pp1-l2-no-energon", "ModuleNotFoundError: No module named 'megatron.energon'"),
         (
-            "h200x1-tp1-l2-grad-accum-fusion",
+            "h200x1-ppo-tp1pp1-l2-grad-accum-fusion",
             "RuntimeError: ColumnParallelLinear was called with gradient_accumulation_fusion",
         ),
     ],
@@ -47,7 +47,7 @@ def test_a_failed_run_is_reported_and_ends_with_its_cause(tmp_path: Path, capsys
     removed): exit_code written, the report made again in this process, and one line naming the
     exception the driver died of, with the folder."""
     run = tmp_path / "run"
-    shutil.copytree(RESULTS / "70b-3d" / "results" / "failed" / "h200x1-tp1-l2-no-energon", run)
+    shutil.copytree(RESULTS / "70b-3d" / "results" / "failed" / "h200x1-ppo-tp1pp1-l2-no-energon", run)
     for name in (rundir.EXIT_CODE, rundir.REPORT, rundir.SUMMARY, rundir.TIMELINE):
         (run / name).unlink()
     with pytest.raises(RecipeError) as e:

@@ -6,11 +6,15 @@ naming the file and the package, so the check itself is shown to be able to fail
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import discover
 from verl_recipes.stack import images, pins_check
 from verl_recipes.stack.lock import parse_lock_text
@@ -257,7 +261,7 @@ def test_light_requirements_come_from_pyproject(root: Path) -> None:
     text = (root / "pyproject.toml").read_text()
     lines = images.light_requirements(text, ["pydantic", "nvidia-ml-py"])
     assert lines and all(line.split(">")[0].split("=")[0] in ("pydantic", "nvidia-ml-py") for line in lines)
-    with pytest.raises(ValueError, match="not-a-dependency"):
+    with pytest.raises(RecipeError, match="not-a-dependency"):
         images.light_requirements(text, ["not-a-dependency"])
 
 
@@ -277,3 +281,30 @@ def test_images_readme_has_each_recipes_docker_run_line(root: Path, pins: dict) 
         line = images.docker_run_line(recipe, pins)
         command = line[line.index("docker run ") :]
         assert f"### {rid}" in readme and command in readme, f"images/README.md: no current docker run for {rid}"
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "says"),
+    [
+        ("pins_check", ["build-args", "--versions", "no-such.toml", "--stack", "cpu"], "no-such.toml: cannot read it"),
+        ("pins_check", ["build-args", "--versions", "images/versions.toml", "--stack", "cpu", "VERL"], "NAME=VALUE"),
+        ("images", ["light-requirements", "--pyproject", "pyproject.toml", "not-a-dep"], "not-a-dep"),
+        ("images", ["split-lock", "no-such.lock", "--take", "x", "--taken", "a", "--rest", "b"], "no-such.lock"),
+        ("mcore_api", ["pyproject.toml"], "pyproject.toml: not a folder or a .whl"),
+        ("mcore_api", ["--provider-fields", "pyproject.toml", "x.whl"], "it is not overwritten"),
+    ],
+)
+def test_the_image_builds_tools_refuse_bad_input_in_one_line(root: Path, tool: str, args: list[str], says: str) -> None:
+    """The `python -m` tools of the image build, on a bare python3 as the builds run them: bad input
+    is one `error: ...` line and exit 2, and nothing is written."""
+    before = sorted(p.name for p in root.iterdir())
+    r = subprocess.run(
+        [sys.executable, "-S", "-m", f"verl_recipes.stack.{tool}", *args],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root / "common"), "PATH": os.environ["PATH"]},
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert sorted(p.name for p in root.iterdir()) == before

@@ -16,20 +16,21 @@ import pytest
 import verl_recipes.recipe.compose as compose_mod
 import yaml
 from omegaconf import OmegaConf
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
-from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes.plan.errors import error_rows, main_errors
+from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, plan_gpu
-from verl_recipes.plan.validate import main_validate, validate_all
 from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
 from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, MERGE_FIX
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB = 1024**2
@@ -330,7 +331,7 @@ def test_more_gpus_knob_shards_fsdp_state() -> None:
     assert after is not None and before is not None and after.total < before.total
 
 
-# ---- GPUs, cost, CLI, validation --------------------------------------------------------------
+# ---- GPUs, cost, CLI, errors ------------------------------------------------------------------
 def test_gpu_catalogue_and_caps() -> None:
     cat = catalogue()
     assert set(cat) == {"a10g-24g", "l4-24g", "a100-40g", "a100-80g", "h100-80g", "h200-141g"}
@@ -380,7 +381,7 @@ def test_cli_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     assert "update_actor" in text and "dominant terms" in text and "/step" in text
     assert "host RAM of node 0, PREDICTED" in text and "peak: about" in text
-    assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--verl-fix-off", "lora-merge-out-of-place"]) == 0
+    assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--verl-fix-off", MERGE_FIX]) == 0
     assert "verl's merged LoRA sync copies the base weights to the CPU (12.6 GiB)" in capsys.readouterr().out
     assert main(["plan", "7b-lora", "--gpu", "v100"]) == 2
 
@@ -399,7 +400,7 @@ def _fake_run(root: Path, scale: float) -> None:
     sync = plan.phase("update_weights")
     assert sync is not None
 
-    def total(ph: Any) -> int:  # the validator compares `outside` with the larger of loaded and the first sync
+    def total(ph: Any) -> int:  # `plan --errors` compares `outside` with the larger of loaded and the first sync
         return max(ph.total, sync.total) if ph.phase == "loaded" else ph.total
 
     phases = {
@@ -415,38 +416,53 @@ def _fake_run(root: Path, scale: float) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
 
 
-def test_validate_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_validate_is_the_old_name_of_errors(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --validate` still runs the planner's check against the committed runs, and says its new name."""
     (tmp_path / "recipes").mkdir()
-    assert main_validate(root=tmp_path) == 1
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "versions.toml").write_text("")  # a checkout with no recipe and no run
+    monkeypatch.setenv("VERL_RECIPES_ROOT", str(tmp_path))
+    for flag in ("--errors", "--validate"):
+        assert main(["plan", flag, "--allow-empty"]) == 0
+        out = capsys.readouterr()
+        assert "no measured runs found" in out.out
+        assert ("old name of `plan --errors`" in out.err) == (flag == "--validate")
+
+
+def test_errors_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "recipes").mkdir()
+    assert main_errors(root=tmp_path) == 1
     assert "no measured runs found" in capsys.readouterr().out
-    assert main_validate(root=tmp_path, allow_empty=True) == 0
+    assert main_errors(root=tmp_path, allow_empty=True) == 0
 
 
 @pytest.mark.parametrize(("scale", "ok"), [(1.0, True), (1.05, True), (1.5, False)])
-def test_validate_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) -> None:
+def test_errors_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) -> None:
     _fake_run(tmp_path, scale)
-    rows, passed = validate_all(tmp_path, tolerance=0.10)
+    rows, passed = error_rows(tmp_path, tolerance=0.10)
     assert passed is ok
     assert {r.phase for r in rows} >= {"loaded", "gen", "update_actor", "update_critic"}
     assert "step" not in {r.phase for r in rows}
     assert all(r.error == pytest.approx(1 / scale - 1, abs=1e-3) for r in rows)
-    assert main_validate(root=tmp_path) == (0 if ok else 1)
+    assert main_errors(root=tmp_path) == (0 if ok else 1)
 
 
 def test_committed_error_table_is_fresh(root: Path) -> None:
-    """validation/planner-errors.md is what `plan --validate --write` gives on the committed runs,
+    """validation/planner-errors.md is what `plan --errors --write` gives on the committed runs,
     and every error beyond the tolerance carries a cause or says that it has none yet."""
+    from verl_recipes.plan.errors import load_notes, markdown_table
     from verl_recipes.plan.host_runs import host_rows
     from verl_recipes.plan.host_runs import markdown as host_markdown
-    from verl_recipes.plan.validate import load_notes, markdown_table
 
-    rows, _ = validate_all(root, tolerance=0.10)
+    rows, _ = error_rows(root, tolerance=0.10)
     notes = load_notes(root)
     table = markdown_table(rows, 0.10, notes)
     host = host_markdown(host_rows(root), 0.10, notes)
     committed = (root / "validation" / "planner-errors.md").read_text()
     assert committed.endswith(table + "\n" + host), (
-        "run `verl-recipes plan --validate --write validation/planner-errors.md`"
+        "run `verl-recipes plan --errors --write validation/planner-errors.md`"
     )
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -465,7 +481,7 @@ def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it_unless_fixed() -
     config said 2. Without the fix critic-engine-batching the planner counts 8 x 1024 tokens of
     critic activations whatever that key says, and says the key has no effect; with it (the
     default), the key counts. A dynamic budget never counts more than the batch holds."""
-    fix = "critic-engine-batching"
+    fix = CRITIC_BATCHING_FIX
     _, ours, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"])
     _, theirs, _ = load_setup("7b-lora", [], ["critic.ppo_micro_batch_size_per_gpu=1"], fixes_off=[fix])
     assert theirs.critic is not None and theirs.critic.dynamic_bsz and theirs.critic.max_tokens_train == 32768
@@ -484,12 +500,12 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
     configuration with every fix on, not any run of the recipe: verl's merged sync
     (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
     from verl_recipes.plan.cli import _rate_run, load_setup
-    from verl_recipes.plan.validate import _run_setup
+    from verl_recipes.plan.runs import run_setup
 
     for variants in ([], ["grpo"]):
         _, s, _ = load_setup("7b-lora", variants, [])
         run = _rate_run(s, "7b-lora")
-        assert run is not None and _run_setup(run) == s
+        assert run is not None and run_setup(run) == s
         assert main(["plan", "7b-lora", *[f"--variant={v}" for v in variants], "--gpu", "h200-141g"]) == 0
         assert f"measured run {run.run_dir.name}:" in capsys.readouterr().out
     _, ppo, _ = load_setup("7b-lora", [], [])

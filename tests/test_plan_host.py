@@ -12,21 +12,21 @@ from pathlib import Path
 
 import psutil
 import pytest
+from verl_recipes import GIB
 from verl_recipes.plan.cli import load_setup
-from verl_recipes.plan.gpus import GIB
 from verl_recipes.plan.host import (
-    MERGE_FIX,
     HostConstants,
     host_ram_warning,
     plan_host,
     run_label,
     sleep_level,
 )
-from verl_recipes.plan.host_runs import fixes_off, host_rows
+from verl_recipes.plan.host_runs import host_rows
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
-from verl_recipes.worker.verl_fixes import FIXES
+from verl_recipes.rundir import read_provenance
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, FIXES, MERGE_FIX, recorded_off
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB, KIB = 1024**2, 1024
@@ -169,7 +169,11 @@ def test_fixes_off_from_provenance(tmp_path: Path) -> None:
     """Runs made before provenance recorded `verl_fixes_off` had no out-of-place merge, and runs
     made before it listed the fixes applied (`verl_fixes`: every committed run) had no
     critic-engine-batching: the planner reads them by verl's own critic batching."""
-    later = "critic-engine-batching"
+    later = CRITIC_BATCHING_FIX
+
+    def fixes_off(run_dir: Path) -> tuple[str, ...]:
+        return recorded_off(read_provenance(run_dir))
+
     (tmp_path / "provenance.json").write_text(json.dumps({"recipe": "7b-lora"}))
     assert fixes_off(tmp_path) == (MERGE_FIX, later)
     (tmp_path / "provenance.json").write_text(json.dumps({"verl_fixes_off": []}))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
-from verl_recipes.plan.gpus import GIB, GPU, parse_gpu
+from verl_recipes.plan.gpus import GPU, parse_gpu
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
 from verl_recipes.plan.phases import Constants
 from verl_recipes.worker.verl_fixes import FIXES
@@ -193,11 +193,11 @@ def test_plan_takes_the_launchers_gpus_and_layers(capsys: pytest.CaptureFixture[
         load_setup("70b-3d", ["tp1pp1"], [], layers=0)
 
 
-def test_written_file_is_marked_predicted_and_validate_refuses_it(
+def test_written_file_is_marked_predicted_and_check_bounds_refuses_it(
     tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs = [str(_make_run(tmp_path / "tp2", n, TP2, 0.5, 1.1)[0]) for n in (2, 4)]
-    out = tmp_path / "h100-80gx32.yaml"
+    out = tmp_path / "h100x32-ppo.yaml"
     assert main(["plan", "70b-3d", "--gpu", "h100-80g", "--from-layers", *runs, "--write", str(out)]) == 0
     assert "two depths: no residual" in capsys.readouterr().out
     assert out.read_text().startswith("# PREDICTED, not measured")
@@ -206,7 +206,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     assert doc["target"]["gpus"] == 32 and doc["target"]["layers"] == 80
     assert sorted(doc["provenance"]) == sorted(runs)
     # a predicted file is never taken for measured bounds
-    from verl_recipes.measure.bounds import validate_recipe
+    from verl_recipes.measure.bounds import check_bounds
     from verl_recipes.recipe.metadata import get_recipe
 
     recipe = get_recipe("70b-3d")
@@ -216,7 +216,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
     dest.write_text(out.read_text())
     try:
         with pytest.raises(RecipeError, match="status: predicted"):
-            validate_recipe(recipe, Path(runs[0]), str(rel))
+            check_bounds(recipe, Path(runs[0]), str(rel))
     finally:
         dest.unlink()
         if not any(dest.parent.iterdir()):
@@ -226,7 +226,7 @@ def test_written_file_is_marked_predicted_and_validate_refuses_it(
 def test_runs_of_other_widths_are_refused(root: Path) -> None:
     """A committed 0.5B run cannot calibrate the 70B widths."""
     _, target, _ = load_setup("70b-3d", [], [])
-    run = root / "recipes/7b-lora/results/bringup-qwen2-0.5b-ppo"
+    run = root / "recipes/7b-lora/results/h200x1-ppo-bringup-qwen2-0.5b"
     with pytest.raises(RecipeError, match="not the target's"):
         predict(target, parse_gpu("h100-80g"), [run])
 

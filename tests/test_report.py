@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from verl_recipes import GIB
 from verl_recipes.measure.report import load_intervals, summarize, write_report
 from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
 from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
@@ -24,7 +25,6 @@ from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
 FIXTURES = Path(__file__).parent / "fixtures" / "monitor"
 CPU_RUN = FIXTURES / "cpu-run"
 MiB = 1024**2
-GiB = 1024**3
 
 
 def _plan() -> dict[str, int]:
@@ -54,11 +54,11 @@ def test_report_on_recorded_cpu_run(tmp_path: Path) -> None:
         assert st["time_s"] == pytest.approx(sum(st["timing_s"][p] for p in plan), rel=0.05)
         assert st["throughput"] == pytest.approx(1024 / st["time_s"], rel=1e-3)
         assert st["verl_memory_gib"] == {} and st["nvml_minus_verl_reserved_gib"] is None
-        base = st["phases"]["adv"]["host"]["rss_gib"] * GiB  # adv holds nothing
+        base = st["phases"]["adv"]["host"]["rss_gib"] * GIB  # adv holds nothing
         for phase, mib in plan.items():
             pk = st["phases"][phase]
             assert pk["samples"] >= 3, phase  # each phase held its buffer >= 0.5 s at 10 Hz
-            extra = pk["host"]["rss_gib"] * GiB - base
+            extra = pk["host"]["rss_gib"] * GIB - base
             assert abs(extra - mib * MiB) <= 6 * MiB, (st["step"], phase, extra / MiB, mib)
     assert summary["peak"]["host"]["rss_gib"] == max(
         st["phases"]["update_actor"]["host"]["rss_gib"] for st in summary["steps"]
@@ -131,11 +131,11 @@ def test_report_attributes_gpu_memory_per_phase(tmp_path: Path) -> None:
     plan = _plan()
     gpu = next(k for k, g in summary["peak"]["gpu"].items() if "driver" in g["by_class_gib"])  # NVML's index
     for st in summary["steps"][1:]:  # step 1 includes CUDA context creation in `gen`
-        base = st["phases"]["adv"]["gpu"][gpu]["by_class_gib"]["driver"] * GiB
+        base = st["phases"]["adv"]["gpu"][gpu]["by_class_gib"]["driver"] * GIB
         for phase, mib in plan.items():
-            got = st["phases"][phase]["gpu"][gpu]["by_class_gib"]["driver"] * GiB - base
+            got = st["phases"][phase]["gpu"][gpu]["by_class_gib"]["driver"] * GIB - base
             assert abs(got - mib * MiB) <= max(0.01 * mib * MiB, 2 * MiB), (phase, got / MiB, mib)
-        assert st["verl_max_reserved_gib"] == pytest.approx(max(plan.values()) * MiB / GiB, rel=0.02)
+        assert st["verl_max_reserved_gib"] == pytest.approx(max(plan.values()) * MiB / GIB, rel=0.02)
         assert st["nvml_minus_verl_reserved_gib"] > 0  # the CUDA context is outside torch's allocator
     write_report(run)
 
@@ -179,14 +179,14 @@ def test_phase_end_reading_counts_for_the_ending_phase(tmp_path: Path) -> None:
     for line in (run / "samples.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r.get("kind") == "start":
-            r["gpus"] = [{"index": 3, "uuid": "GPU-x", "name": "fake", "total_bytes": 8 * GiB, "driver": "0"}]
+            r["gpus"] = [{"index": 3, "uuid": "GPU-x", "name": "fake", "total_bytes": 8 * GIB, "driver": "0"}]
         if r.get("kind") == "sample":
             r["gpus"] = [{"index": 3, "used": 100 * MiB, "procs": []}]
         lines.append(json.dumps(r))
     (run / "samples.jsonl").write_text("\n".join(lines) + "\n")
     phases = [json.loads(x) for x in (run / "phases.jsonl").read_text().splitlines() if x.strip()]
     end = next(p for p in phases if p.get("event") == "end" and p["name"] == "update_actor")
-    end["gpu_used"] = {"3": 900 * MiB, "7": 5 * GiB}  # GPU 7 is not the run's: ignored
+    end["gpu_used"] = {"3": 900 * MiB, "7": 5 * GIB}  # GPU 7 is not the run's: ignored
     (run / "phases.jsonl").write_text("\n".join(json.dumps(p) for p in phases) + "\n")
     r = subprocess.run(
         [sys.executable, "-m", "verl_recipes.cli", "report", str(run)], capture_output=True, text=True, timeout=120
@@ -225,7 +225,7 @@ def test_startup_stages_of_committed_runs_add_up_to_the_first_step() -> None:
     """The start-up table from verl's own log stamps, on a warm 7B run and a cold 4-layer one."""
     root = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results"
     warm = summarize(root / "h200x1-ppo-3")["startup"]
-    cold = summarize(root / "failed" / "h200x1-ppo-L4-sync-probe-timeout")["startup"]
+    cold = summarize(root / "failed" / "h200x1-ppo-l4-sync-probe-timeout")["startup"]
     for boot in (warm, cold):
         assert abs(sum(st["s"] for st in boot["stages"]) - boot["to_first_step_s"]) < 0.05
         assert boot["stages"][-1]["stage"].startswith("first step begins")
@@ -238,7 +238,7 @@ def test_startup_stages_of_committed_runs_add_up_to_the_first_step() -> None:
 
 def test_a_killed_run_says_in_which_step_and_phase_it_ended() -> None:
     run = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora" / "results" / "failed"
-    ended = summarize(run / "h200x1-ppo-L4-sync-probe-timeout")["ended"]
+    ended = summarize(run / "h200x1-ppo-l4-sync-probe-timeout")["ended"]
     assert (ended["ok"], ended["exit_code"], ended["step"], ended["phase"]) == (False, None, 1, "step")
 
 

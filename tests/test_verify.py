@@ -10,20 +10,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from verl_recipes import has_gpu
 from verl_recipes.stack import verify
 from verl_recipes.stack.pins import load_pins
 
 CLI = [sys.executable, "-m", "verl_recipes.cli", "verify"]
-
-
-def _has_gpu() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount()) > 0
-    except Exception:
-        return False
 
 
 def _verify(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -34,7 +25,7 @@ def _verify(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
     return r.returncode, {c["name"]: c for c in out["checks"]}
 
 
-@pytest.mark.skipif(_has_gpu(), reason="checks the GPU-less path")
+@pytest.mark.skipif(has_gpu(), reason="checks the GPU-less path")
 def test_gpu_recipe_fails_on_a_host_without_gpu() -> None:
     r = subprocess.run([*CLI, "--recipe", "7b-lora"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
@@ -42,7 +33,7 @@ def test_gpu_recipe_fails_on_a_host_without_gpu() -> None:
     assert "fix: run on a host with NVIDIA GPUs (docker run --gpus all)" in r.stdout
 
 
-@pytest.mark.skipif(_has_gpu(), reason="checks the GPU-less path")
+@pytest.mark.skipif(has_gpu(), reason="checks the GPU-less path")
 def test_without_recipe_a_missing_gpu_is_a_warning() -> None:
     _, checks = _verify()
     assert checks["gpu"]["status"] == "warn" and checks["driver"]["status"] == "warn"
@@ -68,7 +59,7 @@ def test_without_checkout_recipe_checks_are_skipped(tmp_path: Path) -> None:
     _, checks = _verify("--recipe", "7b-lora", env=env)
     assert checks["pins"]["status"] == "warn" and "VERL_RECIPES_ROOT" in checks["pins"]["fix"]
     assert checks["recipe"]["status"] == "warn" and "checks skipped" in checks["recipe"]["detail"]
-    if not _has_gpu():
+    if not has_gpu():
         assert checks["gpu"]["status"] == "warn"  # the recipe could not be read, so its need is unknown
 
 
@@ -136,7 +127,7 @@ def test_verify_runs_without_torch(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_verify_on_a_gpu_host() -> None:
-    if not _has_gpu():
+    if not has_gpu():
         pytest.skip("no NVIDIA GPU")
     _, checks = _verify("--recipe", "7b-lora")
     for name in ("torch", "driver", "gpu0", "nccl"):

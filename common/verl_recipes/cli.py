@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("verl_recipes.measure.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
     "report": ("verl_recipes.measure.report", "tables and a timeline PNG from a monitored run"),
     "plan": ("verl_recipes.plan.cli", "predict per-phase, per-GPU peak memory of a verl configuration"),
-    "validate": ("verl_recipes.measure.bounds", "check a run's memory and throughput against a recipe's bounds"),
+    "check-bounds": ("verl_recipes.measure.bounds", "check a run's memory and throughput against a recipe's bounds"),
     "ray-slurm": ("verl_recipes.cluster.cli", "bootstrap Ray on a Slurm allocation and run a recipe"),
     "trace": ("verl_recipes.measure.trace", "where a torch profiler trace spends its time"),
     "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
@@ -40,6 +40,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "build an offline wheelhouse of the pinned stack for a target",
     ),
 }
+
+
+# old name -> subcommand: an old name keeps working for a release and says what it is now called.
+ALIASES: dict[str, str] = {"validate": "check-bounds"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ALIASES:
+        print(f"note: `verl-recipes {argv[0]}` is the old name of `verl-recipes {ALIASES[argv[0]]}`", file=sys.stderr)
+        argv[0] = ALIASES[argv[0]]
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

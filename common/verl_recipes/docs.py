@@ -1,10 +1,11 @@
 """Tables generated from the recipe metadata and the committed measurements.
 
-The README's recipe table sits between `<!-- recipes:begin -->` and `<!-- recipes:end -->`, the
-measured-results table (with cost) between `<!-- results:begin -->` and `<!-- results:end -->`,
-the planner's predicted fit per GPU type between `<!-- plans:begin -->` and `<!-- plans:end -->`;
-`verl-recipes docs --write` regenerates all three, `verl-recipes report --summary` prints the second,
-and tests/test_spine.py fails when the README is stale. Every number comes from an
+The front README carries one table, the user's: each job in plain words and the GPU types it fits
+(`<!-- gpus:begin -->` ... `<!-- gpus:end -->`). recipes/README.md carries the depth: the recipe
+table (`recipes`), the measured results with cost (`results`) and the planner's predicted peak per
+GPU type (`plans`), each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs
+--write` regenerates all four, `verl-recipes docs --results` prints the measured results, and
+tests/test_docs.py fails when a file is stale. Every measured number comes from an
 `expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
 shows "not measured yet", never a guess. The plans table is a prediction and says so in its
 heading; its error against every measured run is `validation/planner-errors.md`.
@@ -19,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe, discover
-from verl_recipes.rundir import measured_runs, read_provenance
-
-BEGIN, END = "<!-- recipes:begin -->", "<!-- recipes:end -->"
-RBEGIN, REND = "<!-- results:begin -->", "<!-- results:end -->"
-PBEGIN, PEND = "<!-- plans:begin -->", "<!-- plans:end -->"
+from verl_recipes.rundir import Provenance, read_provenance
 
 
 def _runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,8 +63,11 @@ def _measured_cell(recipe: Recipe) -> str:
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
     if cells:
         return "<br>".join(cells)
-    results = recipe.dir / "results"
-    runs = sorted({d.relative_to(results).parts[0] for d in measured_runs(results) if d != results})
+    from verl_recipes.plan.runs import committed_runs, results_dir
+
+    results = results_dir(recipe.dir)
+    found = committed_runs(recipe.dir.parent.parent, recipe.id)
+    runs = sorted({run.run_dir.relative_to(results).parts[0] for run in found if run.run_dir != results})
     if runs:  # measured, but no run makes bounds yet (partial, or another setup than the recipe's)
         links = ", ".join(f"[{r}](recipes/{recipe.id}/results/{r}/)" for r in runs)
         return f"no bounds yet; runs: {links}"
@@ -109,23 +110,24 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     for r in recipes.values():
         for name in r.expected:
             doc = yaml.safe_load((r.dir / name).read_text())
+            # the bounds file quotes each run's provenance record (one record, or one per run)
             prov = doc.get("provenance") or {}
-            provs = [prov] if "gpu" in prov else [v for v in prov.values() if isinstance(v, dict)]
-            first = provs[0] if provs else {}
-            gpus = (first.get("gpu") or {}).get("gpus") or []
-            gpu_name = gpus[0]["name"] if gpus else "?"
+            raws = [prov] if "gpu" in prov else [v for v in prov.values() if isinstance(v, dict)]
+            provs = [Provenance.from_record(x) for x in raws] or [Provenance.from_record({})]
+            first = provs[0]
+            gpu_name = first.gpu_names[0] if first.gpu_names else "?"
             # GPUs the run used: those with measured memory (provenance lists every GPU of the host)
             used = {g for run in _runs(doc) for per in (run.get("memory_gib") or {}).values() for g in per}
             n = len(used) or r.gpus.count
-            variants = " + ".join(first.get("variants") or []) or "default"
-            cap = f", --cap-gib {first['cap_gib']:g}" if first.get("cap_gib") else ""
+            variants = " + ".join(first.variants) or "default"
+            cap = f", --cap-gib {first.cap_gib:g}" if first.cap_gib else ""
             # a model truncated in depth is not the recipe's model: say so where the figures are
             runs = doc.get("source_runs") or [doc.get("source_run")]
-            argv = (read_provenance(r.dir / runs[0]).get("argv") or []) if runs[0] else []
-            if "--layers" in argv[:-1]:
-                cap += f", --layers {argv[argv.index('--layers') + 1]}"
+            layers = read_provenance(r.dir / runs[0]).argv_value("--layers") if runs[0] else None
+            if layers is not None:
+                cap += f", --layers {layers}"
             # a configuration measured with one of our verl fixes off is another configuration
-            off = sorted({f for p in provs for f in p.get("verl_fixes_off") or []})
+            off = sorted({f for p in provs for f in p.verl_fixes_off or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
             # and so is one measured before the recipe's deltas moved on: name the keys that differ
             if runs[0] and (r.dir / runs[0] / CONFIG).is_file():
@@ -155,71 +157,159 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     return "\n".join(rows)
 
 
-def plans_table(recipes: dict[str, Recipe] | None = None) -> str:
-    """Predicted per-GPU peak of every recipe and variant on every catalogued GPU type.
+@dataclass(frozen=True)
+class PlanRow:
+    """One recipe and variant as the planner sees it on every catalogued GPU type."""
 
-    The question users ask before renting ("which GPUs does this job need, will it fit") for the
-    recipes not measured yet, answered by the same planner `validate-planner` checks against every
-    measured run. A cell is the predicted peak over the step's phases in GiB per GPU, with the GPU
-    count the recipe is written for; "no" marks a GPU it does not fit and names the phase, or
-    says why vLLM cannot run when the phases' sum would fit.
-    """
+    recipe: Recipe
+    variant: str | None
+    world: int
+    cells: list[tuple[Any, float, str | None]]  # (GPU, predicted peak GiB, why it does not fit or None)
+
+
+def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
+    """Every recipe and variant planned on every catalogued GPU, with the GPU count it is written for
+    (composes each against verl's config: the slow part of both plan tables)."""
     from verl_recipes.plan.cli import load_setup
-    from verl_recipes.plan.gpus import GIB, catalogue
+    from verl_recipes.plan.gpus import catalogue
     from verl_recipes.plan.phases import Constants, plan_gpu
 
     recipes = recipes if recipes is not None else discover()
     gpus = list(catalogue().values())
-    rows = [
-        "| recipe | configuration | GPUs | " + " | ".join(f"{g.id} ({g.visible_gib:.0f})" for g in gpus) + " |",
-        "|---|---|---|" + "---|" * len(gpus),
-    ]
     c = Constants()
+    out = []
     for r in recipes.values():
         for variant in [None, *r.variants]:
             _, setup, _ = load_setup(r.id, [variant] if variant else [], [])
-            cells = []
+            cells: list[tuple[Any, float, str | None]] = []
             for g in gpus:
                 p = plan_gpu(setup, g, c)
                 peak = p.peak.total / GIB
                 if p.fits:
-                    cells.append(f"{peak:.1f}")
+                    cells.append((g, peak, None))
                 elif p.peak.total > g.visible_bytes:
-                    cells.append(f"no: {peak:.1f} ({p.peak.phase})")
+                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})"))
                 else:  # the sum fits, vLLM does not (no KV cache, or no room to start)
                     why = next((q for q in p.problems if " needs " not in q), "does not fit")
-                    cells.append(f"no: {why.split(':')[0]}")
-            rows.append(f"| {r.id} | {variant or 'default'} | {setup.world} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+                    cells.append((g, peak, why.split(":")[0]))
+            out.append(PlanRow(r, variant, setup.world, cells))
+    return out
 
 
-def _splice(text: str, begin: str, end: str, body: str) -> str:
+def plans_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | None = None) -> str:
+    """Predicted per-GPU peak of every recipe and variant on every catalogued GPU type.
+
+    The question users ask before renting ("which GPUs does this job need, will it fit") for the
+    recipes not measured yet, answered by the same planner `plan --errors` checks against every
+    measured run. A cell is the predicted peak over the step's phases in GiB per GPU, with the GPU
+    count the recipe is written for; "no" marks a GPU it does not fit and names the phase, or
+    says why vLLM cannot run when the phases' sum would fit.
+    """
+    rows = rows if rows is not None else plan_rows(recipes)
+    gpus = [g for g, _, _ in rows[0].cells] if rows else []
+    out = [
+        "| recipe | configuration | GPUs | " + " | ".join(f"{g.id} ({g.visible_gib:.0f})" for g in gpus) + " |",
+        "|---|---|---|" + "---|" * len(gpus),
+    ]
+    for row in rows:
+        cells = [f"{peak:.1f}" if why is None else f"no: {why}" for _, peak, why in row.cells]
+        out.append(f"| {row.recipe.id} | {row.variant or 'default'} | {row.world} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def variant_summary(recipe: Recipe, variant: str | None) -> str:
+    """A variant in the user's words: the first sentence of its config file's header comment
+    (`# Variant NAME: what it is for, ...`), without where it is layered."""
+    if variant is None:
+        return "as written"
+    lines = []
+    for line in (recipe.dir / recipe.variants[variant]).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    text = " ".join(lines).split(":", 1)[-1].strip()
+    first = text.split(". ")[0].split(", layered on")[0].split(": ")[0].split("; ")[0].rstrip(".")
+    return first or variant
+
+
+def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | None = None) -> str:
+    """The front door's table: each job in the user's words, and on which GPU types it fits.
+
+    Predicted by the planner for the GPU count the recipe is written for; the measured figures
+    and the planner's error against them are one link away."""
+    rows = rows if rows is not None else plan_rows(recipes)
+    gpus = [g for g, _, _ in rows[0].cells] if rows else []
+    out = [
+        "| job | setting | GPUs | "
+        + " | ".join(f"{g.id.split('-')[0].upper()} {g.memory_bytes / GIB:.0f} GB" for g in gpus)
+        + " | measured |",
+        "|---|---|---|" + "---|" * (len(gpus) + 1),
+    ]
+    for row in rows:
+        r = row.recipe
+        cells = [f"yes ({peak:.0f} GiB)" if why is None else "no" for _, peak, why in row.cells]
+        job = f"[{r.title}](recipes/{r.id}/README.md)" if row.variant is None else ""
+        setting = variant_summary(r, row.variant) + ("" if row.variant is None else f" (`--variant {row.variant}`)")
+        measured = ""
+        if row.variant is None:
+            n = len(r.expected)
+            measured = (
+                f"[{n} configuration{'s' if n > 1 else ''}](recipes/README.md#measured-results)" if n else "not yet"
+            )
+        out.append(f"| {job} | {setting} | {row.world} | " + " | ".join(cells) + f" | {measured} |")
+    return "\n".join(out)
+
+
+def _splice(text: str, begin: str, end: str, body: str, where: str) -> str:
     if begin not in text or end not in text:
-        raise RecipeError(f"README.md has no {begin} ... {end} block")
+        raise RecipeError(f"{where} has no {begin} ... {end} block")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-def render_readme(text: str, table: str, results: str | None = None, plans: str | None = None) -> str:
-    """The README with its generated blocks replaced (the results and plans blocks only when given)."""
-    out = _splice(text, BEGIN, END, table)
-    out = _splice(out, RBEGIN, REND, results) if results is not None else out
-    return _splice(out, PBEGIN, PEND, plans) if plans is not None else out
+def render(text: str, blocks: dict[str, str], where: str = "README.md") -> str:
+    """`text` with each `<!-- NAME:begin -->` ... `<!-- NAME:end -->` block replaced by blocks[NAME]."""
+    for name, body in blocks.items():
+        text = _splice(text, f"<!-- {name}:begin -->", f"<!-- {name}:end -->", body, where)
+    return text
+
+
+def generated(root: Path | None = None) -> dict[Path, str]:
+    """Each file with generated tables, as `docs --write` would write it: the front README's GPU
+    table, and recipes/README.md's recipe, measured-results and predicted-fit tables."""
+    root = root or repo_root()
+    rows = plan_rows()
+    front, detail = root / "README.md", root / "recipes" / "README.md"
+    # the tables link from the checkout's root; recipes/README.md sits in recipes/
+    tables = {"recipes": recipe_table(), "results": results_table(), "plans": plans_table(rows=rows)}
+    return {
+        front: render(front.read_text(), {"gpus": gpus_table(rows=rows)}, "README.md"),
+        detail: render(
+            detail.read_text(), {k: v.replace("](recipes/", "](") for k, v in tables.items()}, "recipes/README.md"
+        ),
+    }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("docs", help="regenerate the README's recipe table from the metadata")
-    p.add_argument("--write", action="store_true", help="rewrite README.md in place")
+    p = sub.add_parser("docs", help="regenerate the READMEs' tables from the metadata and the committed runs")
+    p.add_argument("--write", action="store_true", help="rewrite README.md and recipes/README.md in place")
+    p.add_argument(
+        "--results",
+        action="store_true",
+        help="print the measured-results table of every recipe (memory, speed, cost per million tokens)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    readme = repo_root() / "README.md"
-    new = render_readme(readme.read_text(), recipe_table(), results_table(), plans_table())
-    if args.write:
-        readme.write_text(new)
-        print(f"wrote {readme}")
-    else:
+    if args.results:
+        print(results_table())
+        return 0
+    if not args.write:
         print(recipe_table())
+        return 0
+    for path, text in generated().items():
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0

@@ -18,6 +18,7 @@ import json
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypedDict
 
@@ -191,12 +192,70 @@ def measured_runs(base: Path) -> list[Path]:
 
 
 # --- provenance.json ----------------------------------------------------------------------------
+# Written once by `verl-recipes train` (measure.provenance.record plus the launcher's inputs), before
+# verl starts. Records written before a key existed lack it: each field says what its absence means.
 
 
-def read_provenance(run_dir: Path) -> dict[str, Any]:
-    """The run's provenance record ({} for a run folder without one)."""
+@dataclass(frozen=True)
+class Provenance:
+    """A run's provenance.json as every reader sees it; `raw` is the record as written."""
+
+    date_utc: str | None  # when the launcher started the run, ISO 8601 UTC
+    command: list[str]  # the trainer's command line as the monitor started it
+    argv: list[str]  # the `verl-recipes train ...` command line that made the run
+    recipe: str | None  # the recipe id
+    variants: list[str]  # the recipe's variants, in the order they composed
+    sets: list[str]  # the KEY=VALUE overrides given with --set
+    steps: int | None  # --steps
+    cap_gib: float | None  # --cap-gib: the per-GPU budget a larger GPU stood in for (None: no cap)
+    gpu_names: list[str]  # NVML's name of every GPU of the host ([] without NVML)
+    #: the verl fixes turned off with --verl-fix-off; None: recorded before the key existed
+    verl_fixes_off: list[str] | None
+    #: the verl fixes the run applied; None: recorded before the key existed
+    verl_fixes: list[str] | None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any]) -> Provenance:
+        def strs(key: str) -> list[str]:
+            return [str(x) for x in raw.get(key) or ()]
+
+        def listed(key: str) -> list[str] | None:
+            return strs(key) if key in raw else None
+
+        cap, steps = raw.get("cap_gib"), raw.get("steps")
+        return cls(
+            date_utc=str(raw["date_utc"]) if raw.get("date_utc") else None,
+            command=strs("command"),
+            argv=strs("argv"),
+            recipe=str(raw["recipe"]) if raw.get("recipe") else None,
+            variants=strs("variants"),
+            sets=strs("sets"),
+            steps=int(steps) if steps is not None else None,
+            cap_gib=float(cap) if cap is not None else None,
+            gpu_names=[str(g.get("name", "")) for g in (raw.get("gpu") or {}).get("gpus") or ()],
+            verl_fixes_off=listed("verl_fixes_off"),
+            verl_fixes=listed("verl_fixes"),
+            raw=raw,
+        )
+
+    def argv_value(self, flag: str) -> str | None:
+        """The value given to `flag` on the command line that made the run (None: not given)."""
+        return self.argv[self.argv.index(flag) + 1] if flag in self.argv[:-1] else None
+
+
+def read_provenance(run_dir: Path) -> Provenance:
+    """The run's provenance record (every field empty for a run folder without one: `raw` is {})."""
     path = run_dir / PROVENANCE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return Provenance.from_record({})
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RecipeError(f"{path}: not readable JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: not a JSON object")
+    return Provenance.from_record(raw)
 
 
 def write_provenance(run_dir: Path, record: dict[str, Any]) -> Path:

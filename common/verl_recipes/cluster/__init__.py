@@ -1,11 +1,11 @@
-"""Ray on a Slurm allocation: validate, start Ray on every node, run the trainer, tear down.
+"""Ray on a Slurm allocation: check it, start Ray on every node, run the trainer, tear down.
 
 The sbatch templates under ``recipes/*/slurm/`` are thin: they set the recipe's variables and call
 ``python -m verl_recipes.cluster launch`` (also ``verl-recipes ray-slurm launch``). The
 launcher runs in the batch step on the first node and drives everything else as Slurm job steps,
 so Slurm tracks, signals and accounts every process:
 
-1. ``check``: the allocation and variables are validated before anything starts (no MODEL_PATH,
+1. ``check``: the allocation and variables are checked before anything starts (no MODEL_PATH,
    GPUs not divisible by TP x PP, no container image, ports that collide); one line says what to
    change and the job exits 2.
 2. ``verl-recipes verify [--recipe ID]`` runs on every node (one task per node); a failure ends
@@ -31,7 +31,7 @@ that reports its host and node id), and RAY_NODES_PER_HOST may start several Ray
 each its own srun step with its own ports. Debian's Slurm cannot run several slurmd on one host,
 so the CI rehearses multi-node this way: one Slurm node, several Ray nodes.
 
-The parts: ``settings`` (the validated launch), ``steps`` (the srun lines), ``launcher`` (the batch
+The parts: ``settings`` (the checked launch), ``steps`` (the srun lines), ``launcher`` (the batch
 step: runs the steps, tears down, requeues), ``in_step`` (what runs inside a step: a Ray node, the
 driver, the reap) and ``cli``. The package imports only the standard library at load time: in
 container deployments the launcher runs on the host's python3 with ``PYTHONPATH=<checkout>/common``

@@ -13,7 +13,7 @@ from verl_recipes.cluster.launcher import launch, say
 from verl_recipes.cluster.settings import ENV_HELP, RUNTIMES, check
 from verl_recipes.cluster.steps import MODULE
 
-DESCRIPTION = "Ray on a Slurm allocation: validate, start Ray on every node, run the trainer, tear down."
+DESCRIPTION = "Ray on a Slurm allocation: check it, start Ray on every node, run the trainer, tear down."
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -30,7 +30,7 @@ def _runtime_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="validate the allocation and variables; one line and exit 2 if wrong")
+    p = sub.add_parser("check", help="check the allocation and variables; one line and exit 2 if wrong")
     _runtime_arg(p)
     p.set_defaults(func=cmd_check)
 

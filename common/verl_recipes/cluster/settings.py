@@ -1,4 +1,4 @@
-"""A launch's settings: the allocation and the variables, validated before anything starts.
+"""A launch's settings: the allocation and the variables, checked before anything starts.
 
 `check()` reads Slurm's environment and the variables in ENV_HELP and returns Settings, or raises
 one RecipeError line that says what to change (no MODEL_PATH, GPUs not divisible by TP x PP, no
@@ -223,7 +223,7 @@ class Ports:
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything the launcher needs, validated; built only by `check()`."""
+    """Everything the launcher needs, checked; built only by `check()`."""
 
     runtime: str
     rehearsal: bool

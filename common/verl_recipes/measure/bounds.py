@@ -1,7 +1,7 @@
-"""`verl-recipes validate`: check measured runs against a recipe's expected bounds.
+"""`verl-recipes check-bounds`: check measured runs against a recipe's expected bounds.
 
 Bounds files live at `recipes/<id>/expected/<name>.yaml` (torchtitan keeps expected losses per
-GPU the same way) and are written from real runs by `verl-recipes validate --write-bounds RUN...`:
+GPU the same way) and are written from real runs by `verl-recipes check-bounds --write-bounds RUN...`:
 upper bound = largest measured x 1.05, lower bound = smallest measured x 0.8, for the NVML device
 peak of every phase on every GPU, the median step time and the median throughput over steps 2+
 (`rundir.steady_steps`: step 1 carries compile and warm-up). Each file names
@@ -40,7 +40,7 @@ import yaml
 from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.rundir import Summary, read_provenance, read_summary, steady_steps
-from verl_recipes.worker.phases import VERL_PHASES
+from verl_recipes.worker.markers import VERL_PHASES
 
 SCHEMA = "verl-recipes/expected/1"
 UPPER, LOWER = 1.05, 0.8
@@ -106,7 +106,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
             return str(run_dir)
 
     def prov(run_dir: Path) -> dict[str, Any]:
-        p = read_provenance(run_dir)
+        p = read_provenance(run_dir).raw  # the bounds file quotes the record's own keys
         keys = (
             "date_utc",
             "command",
@@ -188,16 +188,19 @@ def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]
     return errors
 
 
-def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | None = None) -> list[str]:
+def check_bounds(recipe: Recipe, run: Path | None = None, expected: str | None = None) -> list[str]:
     names = [expected] if expected else recipe.expected
     if not names:
         raise RecipeError(
             f"recipe {recipe.id} has no expected/ bounds yet; measure a run and write them with "
-            "`verl-recipes validate --write-bounds RUN --out recipes/<id>/expected/<gpu>x<n>.yaml`"
+            "`verl-recipes check-bounds --write-bounds RUN --out recipes/<id>/expected/<gpu>x<n>.yaml`"
         )
     errors: list[str] = []
     for name in names:
         path = recipe.dir / name
+        if not path.is_file():
+            have = ", ".join(recipe.expected) or "none"
+            raise RecipeError(f"{path}: no such bounds file; recipe {recipe.id} has: {have}")
         doc = yaml.safe_load(path.read_text())
         if doc.get("status") == "predicted":
             raise RecipeError(
@@ -215,7 +218,7 @@ def validate_recipe(recipe: Recipe, run: Path | None = None, expected: str | Non
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="check a run's memory and throughput against a recipe's bounds")
+    p = sub.add_parser("check-bounds", help="check a run's memory and throughput against a recipe's bounds")
     p.add_argument("recipe")
     p.add_argument("--run", type=Path, help="a run folder (default: each bounds file's source run)")
     p.add_argument("--expected", help="one bounds file, relative to the recipe folder")
@@ -239,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         write_bounds(args.write_bounds, args.out, recipe, args.note)
         print(f"wrote {args.out}")
         return 0
-    errors = validate_recipe(recipe, args.run, args.expected)
+    errors = check_bounds(recipe, args.run, args.expected)
     for e in errors:
         print(e)
     return 1 if errors else 0

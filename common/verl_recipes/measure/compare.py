@@ -37,8 +37,8 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     peak = max((g["used_gib"] for g in summary["peak"]["gpu"].values()), default=None)
     return {
         "run": run_dir.name,
-        "variants": prov.get("variants") or [],
-        "cap_gib": prov.get("cap_gib"),
+        "variants": prov.variants,
+        "cap_gib": prov.cap_gib,
         "gpu": ", ".join(sorted({g["name"] for g in summary.get("gpus", [])})),
         "steps": len(by_step),
         "tokens_per_step": med("perf/total_num_tokens"),

@@ -1,15 +1,15 @@
 """`verl-recipes report RUN_DIR`: per-step, per-phase memory peaks of a monitored run.
 
 Joins the monitor's samples (samples.jsonl, `verl_recipes.measure.monitor`) with verl's phase intervals
-(phases.jsonl) and step metrics (metrics.jsonl, both from `verl_recipes.worker.phases`) and writes, into
-`--out` (default RUN_DIR): summary.json (read by validation and the planner), report.md and
+(phases.jsonl) and step metrics (metrics.jsonl, both from `verl_recipes.worker.markers`) and writes, into
+`--out` (default RUN_DIR): summary.json (read by check-bounds and the planner), report.md and
 timeline.png. All clocks are time.time() on one host; a multi-node run needs one monitor per node.
 
 Attribution: a sample belongs to the innermost phase open at its time (the latest-begun interval
 that contains it), and to that interval's step. Time inside `step` but in no sub-phase is phase
 `step`; time outside every step (model loading, vLLM start-up) is phase `outside`. A phase shorter
 than the sampling interval may have no sample: its peaks are null. A phase's `end` line may carry
-the device memory read at that instant (`verl_recipes.worker.phases`); it counts as one more sample of
+the device memory read at that instant (`verl_recipes.worker.markers`); it counts as one more sample of
 that phase (device memory only), so an allocation in a phase's last instant is not credited to
 the next phase. Each peak is the maximum over the samples attributed to that phase; per-class
 peaks are maximised separately, so they need not have happened at the same time as the device
@@ -499,24 +499,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tables and a timeline PNG from a monitored run",
         description="Write summary.json, report.md and timeline.png for a `verl-recipes monitor` run dir.",
     )
-    p.add_argument("run_dir", type=Path, nargs="?", help="the --out DIR of verl-recipes monitor")
-    p.add_argument(
-        "--summary",
-        action="store_true",
-        help="print the measured-results table of every recipe (memory, speed, cost per million tokens)",
-    )
+    p.add_argument("run_dir", type=Path, help="the --out DIR of verl-recipes monitor")
     p.add_argument("--out", type=Path, default=None, help="where to write (default: RUN_DIR)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.summary:
-        from verl_recipes.docs import results_table
-
-        print(results_table())
-        return 0
-    if args.run_dir is None:
-        raise RecipeError("give a run folder (RUN_DIR) or --summary")
     out = args.out or args.run_dir
     summary = write_report(args.run_dir, args.out)
     print(

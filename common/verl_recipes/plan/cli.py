@@ -3,8 +3,8 @@
     verl-recipes plan 7b-lora --variant 24gib --gpu a10g-24g --gpu 24GiB
     verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
     verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
-    verl-recipes plan --validate [--tolerance 0.10] [--allow-empty]
-    verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100-80gx32.yaml
+    verl-recipes plan --errors [--tolerance 0.10] [--allow-empty]
+    verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100x32-ppo.yaml
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
 recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; `--layers` truncates the
@@ -23,12 +23,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
-from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
+from verl_recipes import GIB, RecipeError
+from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.worker.verl_fixes import MERGE_FIX
 from verl_recipes.workload.arch import arch_config_path
 
 
@@ -59,12 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         action="append",
         default=[],
         metavar="NAME",
-        help="plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: lora-merge-out-of-place)",
+        help=f"plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: {MERGE_FIX})",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
-    p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
-    p.add_argument("--allow-empty", action="store_true", help="--validate: pass when no run is committed")
+    p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
+    # the old name of --errors, kept working; it says so when used
+    p.add_argument("--validate", dest="errors_old_name", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tolerance", type=float, default=0.10, help="--errors: allowed relative error (0.10)")
+    p.add_argument("--allow-empty", action="store_true", help="--errors: pass when no run is committed")
     p.add_argument(
         "--from-layers",
         nargs="+",
@@ -76,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument(
         "--write",
         type=Path,
-        help="--validate: also write the error table (Markdown) here; --from-layers: write the predicted file here",
+        help="--errors: also write the error table (Markdown) here; --from-layers: write the predicted file here",
     )
     p.set_defaults(func=run)
 
@@ -305,15 +308,14 @@ def plan_json(
 def _fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
     """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
     verl's code with every fix of the recipe on."""
-    from verl_recipes.plan.host_runs import fixes_off
-    from verl_recipes.plan.validate import _run_setup, measured_runs
+    from verl_recipes.plan.runs import committed_runs, run_setup
 
     out = []
-    for run in measured_runs():
-        if run.recipe != recipe_id or not run.per_gpu_throughput or fixes_off(run.run_dir):
+    for run in committed_runs(recipe=recipe_id):
+        if not run.per_gpu_throughput or run.fixes_off:
             continue
         try:
-            out.append((run, _run_setup(run)))
+            out.append((run, run_setup(run)))
         except RecipeError:
             continue
     return out
@@ -324,13 +326,7 @@ def _rate_run(s: Setup, recipe_id: str) -> Any:
     Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
     on, the newest such. A run of another variant, batch or weight sync would price a job the user
     did not ask for: verl's own sync runs 2-3x slower than the recipe's."""
-    from verl_recipes.rundir import read_provenance
-
-    same = [
-        (str(read_provenance(run.run_dir).get("date_utc") or ""), run.run_dir.name, run)
-        for run, rs in _fixed_runs(recipe_id)
-        if rs == s
-    ]
+    same = [(run.provenance.date_utc or "", run.run_dir.name, run) for run, rs in _fixed_runs(recipe_id) if rs == s]
     return max(same, key=lambda t: t[:2])[2] if same else None
 
 
@@ -341,13 +337,11 @@ def _capped_runs(s: Setup, recipe_id: str) -> list[Any]:
     behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
     from dataclasses import replace
 
-    from verl_recipes.rundir import read_provenance
-
     util = s.rollout.gpu_memory_utilization
     out = [
         run
         for run, rs in _fixed_runs(recipe_id)
-        if read_provenance(run.run_dir).get("cap_gib") is not None
+        if run.provenance.cap_gib is not None
         and replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s
     ]
     return sorted(out, key=lambda r: r.run_dir.name)
@@ -357,7 +351,6 @@ def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
-    from verl_recipes.rundir import read_provenance
 
     rate, where = tokens_per_s, "--tokens-per-s"
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
@@ -369,8 +362,7 @@ def _costs(
             capped = _capped_runs(s, recipe.id)
             if capped:
                 caps = ", ".join(
-                    f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under "
-                    f"{read_provenance(r.run_dir).get('cap_gib')} GiB"
+                    f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under {r.provenance.cap_gib:g} GiB"
                     for r in capped
                 )
                 return [
@@ -381,8 +373,8 @@ def _costs(
         assert run.per_gpu_throughput is not None
         rate = from_verl_throughput(run.per_gpu_throughput, s.world)
         where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
-        devs = read_provenance(run.run_dir).get("gpu", {}).get("gpus") or []
-        measured_on = devs[0]["name"] if devs else None
+        devs = run.provenance.gpu_names
+        measured_on = devs[0] if devs else None
     if rate is None:
         return [], []
     offers = load_prices(prices_file())
@@ -408,12 +400,14 @@ def _costs(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.validate:
-        from verl_recipes.plan.validate import main_validate
+    if args.errors_old_name:
+        print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
+    if args.errors or args.errors_old_name:
+        from verl_recipes.plan.errors import main_errors
 
-        return main_validate(args.tolerance, args.allow_empty, write=args.write)
+        return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
-        raise RecipeError("give a recipe id or a config.yaml path (or --validate)")
+        raise RecipeError("give a recipe id or a config.yaml path (or --errors)")
     if args.gpus is not None and args.gpus < 1:
         raise RecipeError(f"--gpus {args.gpus}: give at least 1")
     label, s, recipe = load_setup(
@@ -429,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_layers:
         return _from_layers(args, s)
     if args.write:
-        raise RecipeError("--write goes with --validate or --from-layers")
+        raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
     print(report(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off))
     return 0

@@ -16,9 +16,8 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 
-GIB = 1024**3
 CATALOGUE = Path(__file__).resolve().parent / "gpus.yaml"
 
 

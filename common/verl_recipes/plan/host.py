@@ -35,7 +35,7 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
   * verl's merged LoRA sync: `merged_lora_context(..., backup_adapters=True)` clones every base
     weight to the CPU (`backup_base_model_weights`) for the whole sync. The recipes' default
     streams `W + scaling * B @ A` out of place instead and takes no CPU copy
-    (`verl_recipes.verl_fixes`, fix `lora-merge-out-of-place`, FSDP2 only);
+    (`verl_recipes.worker.verl_fixes.MERGE_FIX`, FSDP2 only);
     `--verl-fix-off lora-merge-out-of-place` restores verl's path.
   * vLLM at sleep level 1 (a LoRA served as an adapter, `model.lora.merge: false`:
     `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
@@ -50,7 +50,7 @@ share them, so PSS is what the node really spends and the figure to compare with
 term is private memory (PSS = RSS), so the two figures differ by the base alone. Megatron's offload
 keeps each model's bf16 weights at exact size and each fp32 master and moment in its own pinned
 block (checked against the one-GPU 70B runs at 1-3 layers). Everything here is a prediction;
-`verl-recipes plan --validate` compares it with the committed runs (validation/planner-errors.md).
+`verl-recipes plan --errors` compares it with the committed runs (validation/planner-errors.md).
 """
 
 from __future__ import annotations
@@ -58,12 +58,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from verl_recipes.plan.gpus import GIB
+from verl_recipes import GIB
 from verl_recipes.plan.inputs import Role, Setup
 from verl_recipes.plan.model import Arch
-
-#: the fix whose out-of-place merge takes no CPU copy (`verl_recipes.worker.verl_fixes.FIXES`)
-MERGE_FIX = "lora-merge-out-of-place"
+from verl_recipes.worker.verl_fixes import MERGE_FIX  # its out-of-place merge takes no CPU copy
 
 
 @dataclass(frozen=True)
@@ -72,7 +70,7 @@ class HostConstants:
 
     Fitted to the committed 7b-lora runs on H200 hosts (verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU,
     two agent-loop workers): the measured host total minus the module's terms, the median over
-    the runs that reached the moment (`plan --validate` prints the residuals to refit from). The
+    the runs that reached the moment (`plan --errors` prints the residuals to refit from). The
     load PSS comes from the reads that fell on the plateau of the actor's load in the two runs
     that stopped there (failed/cap24-*: 56.80 GiB less 46.02 GiB of terms, 41.21 less 29.41).
     """
@@ -105,8 +103,8 @@ class HostConstants:
         "h200x1-grpo-24gib-cap24-partial",
         "h200x1-ppo-24gib-cap24-partial",
         "h200x1-grpo-verl-example",
-        "failed/cap24-ppo-max-model-len",
-        "failed/cap24-grpo-max-model-len",
+        "failed/h200x1-ppo-24gib-cap24-max-model-len",
+        "failed/h200x1-grpo-24gib-cap24-max-model-len",
     )
 
 

@@ -4,9 +4,8 @@ Each run's summary.json (the report's `peak.host` and per-phase `host`: the sum 
 processes of RSS, read at 2 Hz, and of PSS, read every 10 s in the first runs and once a minute or
 less since) is compared moment by
 moment with the prediction for the configuration it ran (its verl_config.yaml) and the weight sync
-it ran: its provenance.json's `verl_fixes_off` names the fixes it ran without; a run recorded
-before that key existed had no out-of-place merge, so it ran verl's merged sync with its CPU copy,
-and a run recorded before `verl_fixes` (the fixes applied) had none of the fixes in `LISTED_FROM`.
+it ran: the fixes it ran without, from its provenance.json (`verl_fixes.recorded_off`: a run
+recorded before `verl_fixes_off` existed ran verl's merged sync with its CPU copy).
 
     outside         the report's time outside every step (loading, vLLM start, the first sync,
                     and the run's end after its last step) vs the largest of `load`, `first
@@ -26,11 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_recipes.plan.gpus import GIB
-from verl_recipes.plan.host import MERGE_FIX, HostPlan, plan_host
-from verl_recipes.plan.inputs import CRITIC_BATCHING_FIX
-from verl_recipes.plan.validate import MeasuredRun, _run_setup, measured_runs, residual_line
-from verl_recipes.rundir import read_provenance
+from verl_recipes import GIB
+from verl_recipes.plan.host import HostPlan, plan_host
+from verl_recipes.plan.runs import MeasuredRun, committed_runs, residual_line, run_setup
 
 ROWS = ("outside", "train", "update_weights", "peak")
 _NOT_TRAIN = {"outside", "update_weights"}
@@ -55,20 +52,6 @@ class HostRow:
         if not self.measured_pss:
             return None
         return (self.predicted_pss - self.measured_pss) / self.measured_pss
-
-
-#: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such
-#: a run ran without them.
-LISTED_FROM = (CRITIC_BATCHING_FIX,)
-
-
-def fixes_off(run_dir: Path) -> tuple[str, ...]:
-    """The fixes a run ran without, from its provenance.json (see the module docstring)."""
-    raw = read_provenance(run_dir)
-    off = [str(x) for x in raw["verl_fixes_off"] or ()] if "verl_fixes_off" in raw else [MERGE_FIX]
-    if "verl_fixes" not in raw:
-        off += [f for f in LISTED_FROM if f not in off]
-    return tuple(off)
 
 
 def _b(gib: object) -> int | None:
@@ -114,13 +97,11 @@ def predicted(hp: HostPlan, stepped: bool) -> dict[str, tuple[int, int]]:
 def host_rows(root: Path) -> list[HostRow]:
     """Measured vs predicted host RAM for every committed run that recorded it."""
     rows: list[HostRow] = []
-    for run in measured_runs(root):
+    for run in committed_runs(root):
         got = measured(run)
         if not got:
             continue
-        setup = _run_setup(run)
-        off = fixes_off(run.run_dir)
-        hp = plan_host(setup, off)
+        hp = plan_host(run_setup(run), run.fixes_off)
         want = predicted(hp, stepped=bool(run.raw.get("steps")))
         label = str(run.run_dir.relative_to(root))
         for moment in ROWS:

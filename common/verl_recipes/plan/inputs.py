@@ -35,6 +35,7 @@ from verl_recipes.recipe.layout import (
     tp_in_node,
 )
 from verl_recipes.recipe.verl_schema import wants
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 # Megatron LoRA module names -> the Hugging Face projections they cover.
@@ -292,13 +293,12 @@ def _mcore_role(
     )
 
 
-#: `verl_recipes.worker.verl_fixes` fix that hands the critic's batching keys to its engine; a run
-#: without it (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
-CRITIC_BATCHING_FIX = "critic-engine-batching"
+# CRITIC_BATCHING_FIX hands the critic's batching keys to its engine; a run without it
+# (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
 
 
 def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
-    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `validate_layout`.
+    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `check_layout`.
 
     `fixes_off`: the verl_fixes the run goes without (`train --verl-fix-off`); they change what
     verl does with some keys.
@@ -422,7 +422,7 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         notes=tuple(notes),
         agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
     )
-    validate_layout(setup)
+    check_layout(setup)
     return setup
 
 
@@ -432,7 +432,7 @@ def _replace(role: Role, **kw: Any) -> Role:
     return replace(role, **kw)
 
 
-def validate_layout(s: Setup) -> None:
+def check_layout(s: Setup) -> None:
     """Fail on a parallel layout that does not divide, with the setting to change (the rules live
     in `verl_recipes.recipe.layout`, which the Slurm launcher's check uses too)."""
     arch = s.arch

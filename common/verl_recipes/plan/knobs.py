@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from verl_recipes import RecipeError
 from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.inputs import Role, Setup, validate_layout
+from verl_recipes.plan.inputs import Role, Setup, check_layout
 from verl_recipes.plan.phases import Constants, GPUPlan, min_utilization, plan_gpu
 
 LORA_RANK = 64  # the rank the LoRA knob proposes (the seed scenarios' rank)
@@ -161,7 +161,7 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
     if s.world % (tp2 * s.rollout.pp * s.rollout.dp) == 0 and s.arch.heads % tp2 == 0:
         cand = replace(s, rollout=replace(s.rollout, tp=tp2))
         try:
-            validate_layout(cand)
+            check_layout(cand)
             knobs.append(Knob(f"vLLM TP{tp2}", (f"{a}.rollout.tensor_model_parallel_size={tp2}",), cand))
         except RecipeError:
             pass
@@ -209,7 +209,7 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         more = replace(s, nnodes=s.nnodes * 2)
         sets = [f"trainer.nnodes={more.nnodes}"]
     try:
-        validate_layout(more)
+        check_layout(more)
         knobs.append(Knob(f"{more.world} GPUs", tuple(sets), more))
     except RecipeError:
         pass

@@ -1,7 +1,7 @@
 """Predict a full-depth configuration from runs of the same model truncated in depth.
 
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 [RUN_PP2_L2 ...] \
-        --write recipes/70b-3d/expected/h100-80gx32.yaml
+        --write recipes/70b-3d/expected/h100x32-ppo.yaml
 
 Why: a 70B model on 32 GPUs cannot be measured on the two GPUs we have, but the same widths with a
 few layers can, and a decoder's memory per GPU is, phase by phase, a fixed part (embeddings and
@@ -25,7 +25,7 @@ phase is the range of its prediction over the lines through every two of the mea
 through all of them: a decoder whose memory is exactly linear in depth gives a band of zero width,
 and what a residual at the measured depths does to the 80-layer figure is what the band shows.
 The output is a prediction and is marked `status: predicted` (schema verl-recipes/predicted/1):
-`verl-recipes validate` refuses it as bounds, and the measured tables of the README never show it.
+`verl-recipes check-bounds` refuses it as bounds, and the measured tables of the README never show it.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
-from verl_recipes.plan.gpus import GIB, GPU
+from verl_recipes import GIB, RecipeError
+from verl_recipes.plan.gpus import GPU
 from verl_recipes.plan.inputs import Setup
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
-from verl_recipes.plan.validate import MeasuredRun, _run_setup, read_run
+from verl_recipes.plan.runs import MeasuredRun, read_run, run_setup
 from verl_recipes.rundir import PROVENANCE, read_provenance
 
 SCHEMA = "verl-recipes/predicted/1"
@@ -116,7 +116,7 @@ class LayoutFit:
 
 def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
     """Measured and planned lines per phase for runs of one layout."""
-    setups = [_run_setup(r) for r in runs]
+    setups = [run_setup(r) for r in runs]
     depths = [s.arch.layers for s in setups]
     measured_pts: dict[str, list[tuple[int, float]]] = {}
     planned_pts: dict[str, list[tuple[int, float]]] = {}
@@ -148,7 +148,7 @@ def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
         run = read_run(d)
         if not run.phases:
             raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU rehearsal cannot be fitted")
-        groups.setdefault(_layout(_run_setup(run)), []).append(run)
+        groups.setdefault(_layout(run_setup(run)), []).append(run)
     return groups
 
 
@@ -229,7 +229,7 @@ def document(
     prov: dict[str, Any] = {}
     for f in fits:
         for r in f.runs:
-            prov[r] = read_provenance(Path(r)) or {"missing": f"no {PROVENANCE} beside the run"}
+            prov[r] = read_provenance(Path(r)).raw or {"missing": f"no {PROVENANCE} beside the run"}
     return {
         "schema": SCHEMA,
         "status": "predicted",

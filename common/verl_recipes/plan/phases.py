@@ -51,7 +51,7 @@ Terms and where each comes from:
   * FSDP2 `offload_policy` (CPUOffloadPolicy) keeps parameters, gradients and the AdamW step on
     the CPU in every phase; only the working set above reaches the GPU.
   * per process: a CUDA context and NCCL communicator buffers (named constants below; priors until
-    fitted from measured runs by `verl_recipes.plan.validate`).
+    fitted from measured runs by `verl_recipes.plan.errors`).
 
 Upper bounds: every sequence is taken at max_prompt_length + max_response_length; remove-padding
 only lowers real usage. The torch caching allocator's fragmentation is not modelled.
@@ -61,7 +61,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from verl_recipes.plan.gpus import GIB, GPU
+from verl_recipes import GIB
+from verl_recipes.plan.gpus import GPU
 from verl_recipes.plan.inputs import Role, Setup
 
 MIB = 1024**2
@@ -70,7 +71,7 @@ PHASES = ("loaded", "update_weights", "gen", "old_log_prob", "ref", "values", "u
 
 @dataclass(frozen=True)
 class Constants:
-    """Overheads that are not shapes. Priors until `validate --fit` fits them from committed runs."""
+    """Overheads that are not shapes: priors until fitted to the residuals `plan --errors` prints."""
 
     # CUDA context, cuBLAS/cuDNN workspaces and loaded kernels per process (brief's prior: 0.5 GiB).
     cuda_context_bytes: int = GIB // 2
@@ -88,7 +89,7 @@ class Constants:
     # and the sampler (its process's CUDA context, cuBLAS workspace, allocator slack). Measured,
     # not a prior: vLLM 0.24 on an H200, Llama-2-7B at 0.63 x 24 GiB, max_num_batched_tokens 4096,
     # reported 1.86 GiB of KV cache where the terms above left 2.18 GiB
-    # (recipes/7b-lora/results/failed/cap24-ppo-max-model-len/train.log).
+    # (recipes/7b-lora/results/failed/h200x1-ppo-24gib-cap24-max-model-len/train.log).
     vllm_nontorch_bytes: int = 330 * MIB
     # Device memory NVML counts as used that belongs to no process (the driver's own reservation).
     # Measured: device used minus the sum of every process's used memory was 0.62-0.68 GiB in every

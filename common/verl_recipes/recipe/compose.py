@@ -128,10 +128,10 @@ def check_passed_through(delta: Any, source: str) -> None:
 
     verl 0.9.1 sets each one on the provider inside the training worker, after Ray, the workers and
     the checkpoint load have started; a typo would surface there as an AttributeError. The pinned
-    provider's fields are committed (verl_recipes.stack.mcore_api.PROVIDER_FIELDS), so the check
+    provider's fields are committed (verl_recipes.recipe.provider_fields), so the check
     runs here, on any machine, before anything starts."""
     from verl_recipes.paths import repo_root
-    from verl_recipes.stack.mcore_api import PROVIDER_FIELDS, read_provider_fields
+    from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
 
     found = [k.rsplit(".", 1) for k in _all_keys(delta) if k.count(".") and k.split(".")[-2] in PASSED_THROUGH]
     if not found:

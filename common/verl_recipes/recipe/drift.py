@@ -17,6 +17,7 @@ from typing import Any
 
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.rundir import CONFIG, read_provenance
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, recorded_off
 
 CAP_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 CRITIC_BATCHING_KEYS = (
@@ -42,17 +43,13 @@ def drift(recipe: Recipe, run_dir: Path) -> list[tuple[str, Any, Any]]:
     """(key, the recipe's value now, the run's value) for each key that differs in what ran."""
     from omegaconf import OmegaConf  # verl's config library: not at import (the recipe wing's rule)
 
-    from verl_recipes.plan.host_runs import fixes_off
-    from verl_recipes.plan.inputs import CRITIC_BATCHING_FIX
-
     prov = read_provenance(run_dir)
-    variants = list(prov.get("variants") or [])
     cfg = OmegaConf.load(run_dir / CONFIG)
     has_critic = OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
-    ignored_critic = CRITIC_BATCHING_FIX in fixes_off(run_dir)
+    ignored_critic = CRITIC_BATCHING_FIX in recorded_off(prov)
     out = []
-    for key, want in recipe_keys(recipe, variants).items():
-        if key == CAP_KEY and prov.get("cap_gib"):
+    for key, want in recipe_keys(recipe, prov.variants).items():
+        if key == CAP_KEY and prov.cap_gib:
             continue
         if key.startswith("critic.") and (not has_critic or (ignored_critic and key in CRITIC_BATCHING_KEYS)):
             continue

@@ -1,7 +1,7 @@
 """Recipe metadata: the schema of `recipes/<id>/recipe.yaml` and discovery.
 
-Every list of recipes in the project (nox sessions, the CI matrix, the README table,
-validation) comes from `discover()`, which scans `recipes/*/recipe.yaml`. Nothing is listed by
+Every list of recipes in the project (nox sessions, the CI matrix, the README tables, the
+bounds checks) comes from `discover()`, which scans `recipes/*/recipe.yaml`. Nothing is listed by
 hand, so nothing drifts. The schema forbids unknown keys so that a typo fails as
 `file: key: reason` instead of being ignored.
 """
@@ -123,7 +123,7 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
 
 
 def load_recipe(path: Path) -> Recipe:
-    """Load and validate one recipe.yaml; errors read `file: key: reason`."""
+    """Load and check one recipe.yaml; errors read `file: key: reason`."""
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

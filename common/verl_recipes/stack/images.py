@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verl_recipes import RecipeError, one_line_errors
 from verl_recipes.stack.lock import canonical, entry_name, parse_lock_text
 from verl_recipes.stack.pins import load_pins, pin_of_arg
 
@@ -143,7 +144,7 @@ def build_info(
         info["RECIPE_BASE"] = recipe_base(recipe_dockerfile, pins)
     for k, v in info.items():
         if not re.fullmatch(r"[A-Za-z0-9._:/@+-]*", v):
-            raise ValueError(f"build_info: {k}={v!r} has characters a tag or build argument cannot carry")
+            raise RecipeError(f"build_info: {k}={v!r} has characters a tag or build argument cannot carry")
     return info
 
 
@@ -178,10 +179,18 @@ def light_requirements(pyproject_text: str, names: Sequence[str]) -> list[str]:
         by_name.setdefault(canonical(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]), []).append(d)
     missing = [n for n in names if canonical(n) not in by_name]
     if missing:
-        raise ValueError(f"not in pyproject.toml [project] dependencies: {', '.join(missing)}")
+        raise RecipeError(f"not in pyproject.toml [project] dependencies: {', '.join(missing)}")
     return [d for n in names for d in by_name[canonical(n)]]
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise RecipeError(f"{path}: cannot read it ({e.strerror})") from None
+
+
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verl_recipes.stack.images", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -207,19 +216,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{k}={v}")
         return 0
     if args.cmd == "light-requirements":
-        try:
-            print("\n".join(light_requirements(args.pyproject.read_text(), args.names)))
-        except ValueError as e:
-            print(f"light-requirements: {e}", file=sys.stderr)
-            return 1
+        print("\n".join(light_requirements(_read(args.pyproject), args.names)))
         return 0
     if args.cmd == "split-lock":
         want = {canonical(n) for n in args.take}
-        taken, rest = split_lock(args.lock.read_text(), want)
+        taken, rest = split_lock(_read(args.lock), want)
         missing = want - set(parse_lock_text(taken))
         if missing:
-            print(f"split-lock: {args.lock} has no entry for {', '.join(sorted(missing))}", file=sys.stderr)
-            return 1
+            raise RecipeError(f"split-lock: {args.lock} has no entry for {', '.join(sorted(missing))}")
         args.taken.write_text(taken)
         args.rest.write_text(rest)
         return 0

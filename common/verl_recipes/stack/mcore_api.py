@@ -29,8 +29,11 @@ import argparse
 import ast
 import sys
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from verl_recipes import RecipeError, one_line_errors
 
 PACKAGES = ("megatron.core", "megatron.bridge", "transformer_engine", "mbridge")
 
@@ -54,7 +57,7 @@ class Sources:
                         if name.endswith(".py"):
                             self._add(name, z.read(name).decode(errors="replace"))
             else:
-                raise SystemExit(f"{path}: not a folder or a .whl")
+                raise RecipeError(f"{path}: not a folder or a .whl")
         self._trees: dict[str, ast.Module | None] = {}
         self._bindings: dict[str, dict[str, Binding]] = {}
 
@@ -324,24 +327,25 @@ def _check_file(tree: ast.Module, rel: str, src: Sources, used: set[tuple[str, s
 
 
 def _verl_root() -> Path:
-    import verl
-
+    try:
+        import verl
+    except ImportError:
+        raise RecipeError("verl is not installed here; give --verl DIR, the folder holding the verl package") from None
     return Path(verl.__file__).resolve().parent.parent
 
 
 #: The class verl 0.9.1's Megatron-Bridge path sets every `override_transformer_config` key on
 #: (`provider.apply_overrides_and_finalize`, which raises AttributeError for a name it lacks).
 PROVIDER = ("megatron.bridge.models.gpt_provider", "GPTModelProvider")
+
+
 #: Where its fields are committed for the pinned versions, so a key can be checked on any machine
 #: before Ray starts (megatron-core 0.19 and Megatron-Bridge 0.6 do not install on Python 3.11).
-PROVIDER_FIELDS = Path("images") / "megatron-provider-fields.txt"
-
-
 def provider_fields(src: Sources) -> list[str]:
     """The dataclass fields of Megatron-Bridge's GPT provider, its bases' included, sorted."""
     fields = src.keywords(*PROVIDER)
     if not fields:
-        raise SystemExit(f"{'.'.join(PROVIDER)}: not a dataclass in these sources")
+        raise RecipeError(f"{'.'.join(PROVIDER)}: not a dataclass in these sources")
     return sorted(fields)
 
 
@@ -357,15 +361,8 @@ def provider_fields_text(wheels: list[Path]) -> str:
     return head + "".join(f"{f}\n" for f in provider_fields(Sources(wheels)))
 
 
-def read_provider_fields(root: Path) -> frozenset[str]:
-    """The committed field list (empty where the checkout has none: then nothing is checked)."""
-    path = root / PROVIDER_FIELDS
-    if not path.is_file():
-        return frozenset()
-    return frozenset(ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
-
-
-def main(argv: list[str] | None = None) -> int:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_recipes.stack.mcore_api", description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="+", type=Path, help="wheels or unpacked folders of the versions to check")
     p.add_argument("--base", nargs="+", type=Path, default=[], help="the same for the versions verl was built with")
@@ -374,14 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.provider_fields:
         if args.provider_fields.exists():
-            raise SystemExit(f"{args.provider_fields} exists; give a new path (it is not overwritten)")
+            raise RecipeError(f"{args.provider_fields} exists; give a new path (it is not overwritten)")
         if any(w.suffix != ".whl" for w in args.sources):
-            raise SystemExit("--provider-fields reads wheels (their names give the versions in the header)")
+            raise RecipeError("--provider-fields reads wheels (their names give the versions in the header)")
         args.provider_fields.write_text(provider_fields_text(args.sources))
         print(f"wrote {args.provider_fields}")
         return 0
-    root = args.verl or _verl_root()
     target = Sources(args.sources)
+    root = args.verl or _verl_root()
     rep = check(root, target)
     base_rep = check(root, Sources(args.base)) if args.base else None
     old = {(f.file, f.line, f.what) for f in base_rep.findings} if base_rep else set()

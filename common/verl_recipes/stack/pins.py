@@ -16,6 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+from verl_recipes import RecipeError
 from verl_recipes.paths import versions_file
 
 # Build argument -> (versions.toml table, key). Every `ARG *_VERSION` of a Dockerfile must be here.
@@ -39,8 +40,14 @@ def pin_of_arg(pins: Mapping[str, Any], arg: str) -> str:
 
 def load_pins(path: Path | None = None) -> dict[str, Any]:
     """Return the whole versions.toml as nested dicts."""
-    with open(path or versions_file(), "rb") as f:
-        return tomllib.load(f)
+    path = path or versions_file()
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise RecipeError(f"{path}: cannot read it ({e.strerror}); give the checkout's images/versions.toml") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"{path}: not valid TOML: {e}") from None
 
 
 def gpu_pins(path: Path | None = None) -> dict[str, str]:

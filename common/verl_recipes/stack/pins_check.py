@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_recipes import RecipeError, one_line_errors
 from verl_recipes.stack.images import STACKS, cuda_tag, dockerfile_args, gpu_base_image, image_ref
 from verl_recipes.stack.lock import canonical, parse_lock_text
 from verl_recipes.stack.pins import VERSION_ARGS, load_pins, pin_of_arg
@@ -303,11 +304,12 @@ def _parse_kv(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"pins_check: expected NAME=VALUE, got {item!r}")
+            raise RecipeError(f"expected NAME=VALUE, got {item!r}")
         out[name] = value
     return out
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m verl_recipes.stack.pins_check", description=__doc__.splitlines()[0]

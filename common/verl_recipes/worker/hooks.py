@@ -13,7 +13,7 @@ It does four things, each controlled by an environment variable the launcher set
   24 GiB rehearsal on a larger GPU), when the process sees a GPU;
 - stands in for one rank of a larger job when VERL_RECIPES_RANK_REHEARSAL=R/N is set
   (`verl_recipes.worker.rank_rehearsal`);
-- installs phase attribution (`verl_recipes.worker.phases`) when VERL_RECIPES_RUN_DIR is set.
+- installs phase attribution (`verl_recipes.worker.markers`) when VERL_RECIPES_RUN_DIR is set.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def setup() -> None:
         log.warning("verl_recipes: memory cap not applied: %s", e)
     if os.environ.get(RUN_DIR_ENV):
         try:
-            from verl_recipes.worker import phases
+            from verl_recipes.worker import markers
 
-            phases.install()
+            markers.install()
         except Exception as e:
             log.warning("verl_recipes: phase attribution not installed: %s", e)

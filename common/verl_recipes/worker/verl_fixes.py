@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+from verl_recipes.rundir import Provenance
 from verl_recipes.worker import sync_probe
 from verl_recipes.worker.import_hooks import after_import
 
@@ -361,15 +362,38 @@ def _patch_ray_start(main_ppo: ModuleType) -> None:
         main_ppo.ray = RayLocalStart(main_ppo.ray)  # type: ignore[attr-defined]
 
 
+# The fixes' names, as `--verl-fix-off` takes them and provenance.json records them: every other
+# module names a fix through these.
+ATTN_FIX = "critic-attn-implementation"  # 1.
+CRITIC_LORA_FIX = "critic-lora-token-cls"  # 2.
+MERGE_FIX = "lora-merge-out-of-place"  # 3.
+LOGPROBS_FIX = "logprobs-chunked"  # 4.
+CRITIC_BATCHING_FIX = "critic-engine-batching"  # 5.
+RAY_START_FIX = "ray-local-start"  # 6.
+
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
-    "critic-attn-implementation": ("verl.utils.model", _patch_model_loader),
-    "critic-lora-token-cls": ("verl.workers.engine.fsdp.transformer_impl", _patch_critic_lora),
-    "lora-merge-out-of-place": ("verl.workers.engine.fsdp.transformer_impl", _patch_merged_sync),
-    "logprobs-chunked": ("verl.utils.torch_functional", _patch_logprobs),
-    "critic-engine-batching": ("verl.workers.config.critic", _patch_critic_batching),
-    "ray-local-start": ("verl.trainer.main_ppo", _patch_ray_start),
+    ATTN_FIX: ("verl.utils.model", _patch_model_loader),
+    CRITIC_LORA_FIX: ("verl.workers.engine.fsdp.transformer_impl", _patch_critic_lora),
+    MERGE_FIX: ("verl.workers.engine.fsdp.transformer_impl", _patch_merged_sync),
+    LOGPROBS_FIX: ("verl.utils.torch_functional", _patch_logprobs),
+    CRITIC_BATCHING_FIX: ("verl.workers.config.critic", _patch_critic_batching),
+    RAY_START_FIX: ("verl.trainer.main_ppo", _patch_ray_start),
 }
+
+#: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such a
+#: run ran without them.
+LISTED_FROM = (CRITIC_BATCHING_FIX,)
+
+
+def recorded_off(prov: Provenance) -> tuple[str, ...]:
+    """The fixes a recorded run ran without. A record without `verl_fixes_off` predates the
+    out-of-place merge, so it ran verl's merged sync; one without `verl_fixes` predates the fixes
+    in `LISTED_FROM`."""
+    off = list(prov.verl_fixes_off) if prov.verl_fixes_off is not None else [MERGE_FIX]
+    if prov.verl_fixes is None:
+        off += [f for f in LISTED_FROM if f not in off]
+    return tuple(off)
 
 
 def _guarded(name: str, patch: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:

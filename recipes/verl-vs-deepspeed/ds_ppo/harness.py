@@ -172,7 +172,7 @@ def read_verl_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Per-step metric dicts of a verl run, ordered by step.
 
     Accepts verl's FileLogger lines ({"step": n, "data": {...}}, trainer.logger=[...,file]),
-    verl_recipes.worker.phases' metrics.jsonl ({"step", "metrics": {...}}) and flat dicts with "step".
+    verl_recipes.worker.markers' metrics.jsonl ({"step", "metrics": {...}}) and flat dicts with "step".
     """
     by_step: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text().splitlines():

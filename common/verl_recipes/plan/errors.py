@@ -1,4 +1,4 @@
-"""The planner against measured runs: `verl-recipes plan --validate` / `nox -s validate-planner`.
+"""The planner's error against measured runs: `verl-recipes plan --errors` / `nox -s validate-planner`.
 
 Every committed run `recipes/<id>/results/<run>/summary.json` (written by `verl_recipes.measure.report`,
 schema verl-recipes/monitor-summary/1) is re-planned from the configuration it ran (the
@@ -18,42 +18,19 @@ Known causes of errors are kept with the data in `validation/planner-notes.yaml`
 `--write FILE` writes the table with that column (validation/planner-errors.md is the committed one).
 A run fails the check when |error| exceeds the tolerance (10% by default) for any phase on any
 GPU, explained or not. No runs at all is a failure too, unless `--allow-empty`: a planner nobody has checked must
-not look validated. The mean residual per phase is printed as the data to refit the constants in
+not look checked. The mean residual per phase is printed as the data to refit the constants in
 `phases.Constants` (per-process CUDA context, vLLM graphs, NCCL) from.
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from verl_recipes import RecipeError, rundir
-from verl_recipes.plan.gpus import GIB, GPU
-from verl_recipes.plan.model import Arch
+from verl_recipes import GIB, RecipeError
+from verl_recipes.plan.gpus import GPU
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
-from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, read_summary
-from verl_recipes.workload.arch import arch_config_path
-
-# The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
-# outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
-_ALIASES = {"outside": "loaded"}
-
-
-@dataclass
-class MeasuredRun:
-    path: Path  # the summary.json
-    recipe: str
-    gpu_totals: dict[int, int]  # GPU index -> total memory, bytes
-    gpu_name: str
-    phases: dict[str, dict[int, int]]  # planner phase -> GPU index -> peak device bytes
-    per_gpu_throughput: float | None = None  # verl's perf/throughput (tokens/s per GPU), after step 1
-    raw: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def run_dir(self) -> Path:
-        return self.path.parent
+from verl_recipes.plan.runs import committed_runs, residual_line, run_setup
 
 
 @dataclass(frozen=True)
@@ -69,68 +46,16 @@ class Row:
         return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
 
 
-def read_run(run_dir: Path) -> MeasuredRun:
-    """A run's summary as the planner needs it."""
-    s = read_summary(run_dir)
-    path = run_dir / SUMMARY
-    totals = {int(g["index"]): round(float(g["total_gib"]) * GIB) for g in s.get("gpus") or []}
-    phases: dict[str, dict[int, int]] = {}
-    for name, pk in (s.get("phases") or {}).items():
-        per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
-        if per:
-            phases[_ALIASES.get(name, name)] = per
-    rates = [x for st in (s.get("steps") or [])[1:] if (x := st.get("throughput"))]
-    parts = path.parts
-    recipe = parts[len(parts) - 1 - parts[::-1].index("results") - 1] if "results" in parts else ""
-    gpus = s.get("gpus") or []
-    name = str(gpus[0].get("name", "")) if gpus else ""
-    return MeasuredRun(path, recipe, totals, name, phases, statistics.mean(rates) if rates else None, dict(s))
-
-
-def measured_runs(root: Path | None = None) -> list[MeasuredRun]:
-    from verl_recipes.paths import repo_root
-
-    base = root or repo_root()
-    return [read_run(d) for results in sorted(base.glob("recipes/*/results")) for d in rundir.measured_runs(results)]
-
-
-def _run_setup(run: MeasuredRun) -> Any:
-    """The Setup the run trained with, from the verl_config.yaml the launcher saved beside it and
-    the model's config.json (`model_config.json` beside it, else the one at the config's model
-    path, else the recipe's bundled architecture)."""
-    from omegaconf import OmegaConf
-
-    from verl_recipes.plan.host_runs import fixes_off
-    from verl_recipes.plan.inputs import setup_from_config
-
-    saved = run.run_dir / CONFIG
-    if not saved.is_file():
-        raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
-    cfg = OmegaConf.load(saved)
-    model_path = OmegaConf.select(cfg, "actor_rollout_ref.model.path")
-    for cand in (run.run_dir / MODEL_CONFIG, Path(str(model_path or "/nonexistent")) / "config.json"):
-        if cand.is_file():
-            arch = Arch.from_file(cand)
-            break
-    else:
-        from verl_recipes.recipe.metadata import get_recipe
-
-        arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
-    return setup_from_config(cfg, arch, fixes_off(run.run_dir))
-
-
-def validate_all(
-    root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None
-) -> tuple[list[Row], bool]:
+def error_rows(root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None) -> tuple[list[Row], bool]:
     """Predicted vs measured for every committed run: (rows, every |error| <= tolerance)."""
     from verl_recipes.paths import repo_root
 
     base = root or repo_root()
     rows: list[Row] = []
-    for run in measured_runs(base):
+    for run in committed_runs(base):
         if not run.phases:
-            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU run cannot validate the planner")
-        setup = _run_setup(run)
+            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU run cannot check the planner")
+        setup = run_setup(run)
         label = str(run.run_dir.relative_to(base))
         for idx, total in sorted(run.gpu_totals.items()):
             gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
@@ -163,12 +88,6 @@ def format_table(rows: list[Row], tolerance: float) -> str:
     if by_phase:
         out.append(residual_line("phases.Constants", by_phase))
     return "\n".join(out)
-
-
-def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
-    """The mean of (measured - predicted) bytes per phase or moment: the data to refit `what` from."""
-    means = ", ".join(f"{k} {statistics.mean(v) / GIB:+.2f}" for k, v in sorted(residuals.items()))
-    return f"mean residual (measured - predicted), GiB, to refit {what} from: {means}"
 
 
 def load_notes(root: Path) -> dict[tuple[str, str], str]:
@@ -208,14 +127,14 @@ def markdown_table(rows: list[Row], tolerance: float, notes: dict[tuple[str, str
     return "\n".join(out) + "\n"
 
 
-def main_validate(
+def main_errors(
     tolerance: float = 0.10, allow_empty: bool = False, root: Path | None = None, write: Path | None = None
 ) -> int:
     if not 0 < tolerance < 1:
         raise RecipeError(f"--tolerance {tolerance}: give a fraction such as 0.10")
-    rows, ok = validate_all(root, tolerance)
+    rows, ok = error_rows(root, tolerance)
     if not rows:
-        msg = "validate-planner: no measured runs found (recipes/*/results/*/summary.json); the planner is unvalidated"
+        msg = "validate-planner: no measured runs found (recipes/*/results/*/summary.json); the planner is unchecked"
         print(msg + ("; passing because of --allow-empty" if allow_empty else ""))
         return 0 if allow_empty else 1
     print(format_table(rows, tolerance))
@@ -230,7 +149,7 @@ def main_validate(
     if write is not None:
         head = (
             "# The planner against every committed run\n\n"
-            "Generated by `verl-recipes plan --validate --write validation/planner-errors.md` "
+            "Generated by `verl-recipes plan --errors --write validation/planner-errors.md` "
             "(error = (predicted - measured) / measured, per phase and GPU; the nox session "
             "`validate-planner` fails while any device error is beyond the tolerance).\n\n"
         )

@@ -1,4 +1,4 @@
-"""Validation of measured runs against expected bounds, on the committed real H200 run."""
+"""`check-bounds` (verl_recipes.measure.bounds): measured runs against expected bounds, on the committed H200 runs."""
 
 from __future__ import annotations
 
@@ -14,14 +14,22 @@ from verl_recipes.measure.bounds import check, measured, write_bounds
 from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import read_summary as load_summary
 
-RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-verl-sync.yaml
-DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-mb8")  # the recipe's default: expected/h200x1.yaml
-# the first run on vLLM's empty compile cache, at micro-batches of 2: expected/h200x1-micro2.yaml
+RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-ppo-verl-sync.yaml
+DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-mb8")  # the recipe's default: expected/h200x1-ppo.yaml
+# the first run on vLLM's empty compile cache, at micro-batches of 2: expected/h200x1-ppo-micro2.yaml
 FAST = Path("recipes/7b-lora/results/h200x1-ppo-fast")
 
 
 def test_committed_run_passes_its_bounds(root: Path) -> None:
+    assert main(["check-bounds", "7b-lora"]) == 0
+
+
+def test_validate_is_the_old_name_and_still_checks(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`verl-recipes validate` runs the same check, and says what it is called now."""
     assert main(["validate", "7b-lora"]) == 0
+    assert "`verl-recipes validate` is the old name of `verl-recipes check-bounds`" in capsys.readouterr().err
+    assert main(["validate", "7b-lora", "--expected", "expected/no-such.yaml"]) == 2
+    assert "no such bounds file; recipe 7b-lora has: expected/" in capsys.readouterr().err
 
 
 def _edited(root: Path, tmp_path: Path, src: Path, edit: Callable[[dict], None]) -> Path:
@@ -45,14 +53,14 @@ def test_doctored_run_fails_naming_phase_and_gpu(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _doctored(root, tmp_path, "update_actor", 1.10)
-    assert main(["validate", "7b-lora", "--run", str(run)]) == 1
+    assert main(["check-bounds", "7b-lora", "--run", str(run)]) == 1
     out = capsys.readouterr().out
     assert "phase update_actor GPU 0" in out and "> upper bound" in out
 
 
 def test_a_run_far_under_the_bound_fails_too(root: Path, tmp_path: Path) -> None:
     run = _doctored(root, tmp_path, "gen", 0.5, DEFAULT)
-    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1-ppo.yaml").read_text())
     errors = check(load_summary(run), doc, "x")
     assert any("phase gen GPU 0" in e and "< lower bound" in e for e in errors)
 
@@ -99,7 +107,7 @@ def _with_throughput(root: Path, factor: float) -> dict:
 
 
 def test_time_bounds_are_one_sided(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1.yaml").read_text())
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1-ppo.yaml").read_text())
     slower = check(_with_throughput(root, 0.5), doc, "x")
     assert any("throughput_tok_s" in e and "slower than the bound" in e for e in slower)
     assert check(_with_throughput(root, 1.5), doc, "x") == []
@@ -118,8 +126,8 @@ def test_step_time_is_the_median_of_steps_two_on(root: Path) -> None:
     assert measured(one)["step_time_s"] == pytest.approx(times[1])
 
 
-CAPPED = Path("recipes/7b-lora/results/h200x1-ppo-24gib-cap22.5")  # expected/h200x1-24gib-cap22.5.yaml
-CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-24gib-cap22.5.yaml"
+CAPPED = Path("recipes/7b-lora/results/h200x1-ppo-24gib-cap22.5")  # expected/h200x1-ppo-24gib-cap22.5.yaml
+CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-ppo-24gib-cap22.5.yaml"
 
 
 def _host_doctored(root: Path, tmp_path: Path, factor: float) -> Path:
@@ -137,10 +145,10 @@ def test_host_ram_of_a_doctored_capped_run_fails(
     unlike the bounds' one, far less means the weights did not go to the host."""
     run = _host_doctored(root, tmp_path, factor)
     expected = str(Path(CAPPED_BOUNDS).relative_to("recipes/7b-lora"))
-    assert main(["validate", "7b-lora", "--run", str(run), "--expected", expected]) == 1
+    assert main(["check-bounds", "7b-lora", "--run", str(run), "--expected", expected]) == 1
     out = capsys.readouterr().out
     assert "host RSS peak" in out and words in out
-    assert main(["validate", "7b-lora", "--run", str(root / CAPPED), "--expected", expected]) == 0
+    assert main(["check-bounds", "7b-lora", "--run", str(root / CAPPED), "--expected", expected]) == 0
 
 
 def test_host_bounds_are_rss_only_and_a_run_without_host_data_fails(root: Path, tmp_path: Path) -> None:

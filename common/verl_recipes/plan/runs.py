@@ -1,0 +1,113 @@
+"""The committed runs, as the planner and the docs read them: one reader of `recipes/*/results/`.
+
+A committed run is a folder under `recipes/<id>/results/` with a summary.json (written by
+`verl_recipes.measure.report`, read through `rundir.read_summary`), the verl_config.yaml it trained
+with and its provenance.json. Every module that walks the committed results (the planner's checks
+against measurements, the layer fit, its cost lookup, the README's tables) goes through
+`committed_runs`, so what counts as a run is decided here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import GIB, RecipeError, rundir
+from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary
+from verl_recipes.worker.verl_fixes import recorded_off
+
+# The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
+# outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
+_ALIASES = {"outside": "loaded"}
+
+
+@dataclass
+class MeasuredRun:
+    path: Path  # the summary.json
+    recipe: str  # the recipe id: the folder above results/ ("" outside a recipe)
+    gpu_totals: dict[int, int]  # GPU index -> total memory, bytes
+    gpu_name: str
+    phases: dict[str, dict[int, int]]  # planner phase -> GPU index -> peak device bytes
+    per_gpu_throughput: float | None = None  # verl's perf/throughput (tokens/s per GPU), after step 1
+    raw: dict[str, Any] = field(default_factory=dict)  # the summary as written
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def provenance(self) -> Provenance:
+        return read_provenance(self.run_dir)
+
+    @property
+    def fixes_off(self) -> tuple[str, ...]:
+        """The verl fixes the run ran without (`verl_fixes.recorded_off`)."""
+        return recorded_off(self.provenance)
+
+
+def read_run(run_dir: Path) -> MeasuredRun:
+    """A run's summary as the planner needs it."""
+    s = read_summary(run_dir)
+    path = run_dir / SUMMARY
+    totals = {int(g["index"]): round(float(g["total_gib"]) * GIB) for g in s.get("gpus") or []}
+    phases: dict[str, dict[int, int]] = {}
+    for name, pk in (s.get("phases") or {}).items():
+        per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
+        if per:
+            phases[_ALIASES.get(name, name)] = per
+    rates = [x for st in (s.get("steps") or [])[1:] if (x := st.get("throughput"))]
+    parts = path.parts
+    recipe = parts[len(parts) - 1 - parts[::-1].index("results") - 1] if "results" in parts else ""
+    gpus = s.get("gpus") or []
+    name = str(gpus[0].get("name", "")) if gpus else ""
+    return MeasuredRun(path, recipe, totals, name, phases, statistics.mean(rates) if rates else None, dict(s))
+
+
+def results_dir(recipe_dir: Path) -> Path:
+    """Where a recipe's committed runs live."""
+    return recipe_dir / "results"
+
+
+def committed_runs(root: Path | None = None, recipe: str | None = None) -> list[MeasuredRun]:
+    """Every committed run with a summary (of one recipe, with `recipe`), in path order."""
+    from verl_recipes.paths import repo_root
+
+    base = root or repo_root()
+    pattern = f"recipes/{recipe or '*'}"
+    return [
+        read_run(d) for recipe_dir in sorted(base.glob(pattern)) for d in rundir.measured_runs(results_dir(recipe_dir))
+    ]
+
+
+def run_setup(run: MeasuredRun) -> Any:
+    """The Setup the run trained with, from the verl_config.yaml the launcher saved beside it and
+    the model's config.json (`model_config.json` beside it, else the one at the config's model
+    path, else the recipe's bundled architecture)."""
+    from omegaconf import OmegaConf
+
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.workload.arch import arch_config_path
+
+    saved = run.run_dir / CONFIG
+    if not saved.is_file():
+        raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
+    cfg = OmegaConf.load(saved)
+    model_path = OmegaConf.select(cfg, "actor_rollout_ref.model.path")
+    for cand in (run.run_dir / MODEL_CONFIG, Path(str(model_path or "/nonexistent")) / "config.json"):
+        if cand.is_file():
+            arch = Arch.from_file(cand)
+            break
+    else:
+        from verl_recipes.recipe.metadata import get_recipe
+
+        arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
+    return setup_from_config(cfg, arch, run.fixes_off)
+
+
+def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
+    """The mean of (measured - predicted) bytes per phase or moment: the data to refit `what` from."""
+    means = ", ".join(f"{k} {statistics.mean(v) / GIB:+.2f}" for k, v in sorted(residuals.items()))
+    return f"mean residual (measured - predicted), GiB, to refit {what} from: {means}"

@@ -1,0 +1,112 @@
+"""How run folders and bounds files are named: the rule of recipes/README.md, as code.
+
+    <gpu>x<n>-<algo>[-<variant>...][-l<L>][-cap<G>][-rank<R>of<N>][-<label>...][-<k>]
+
+`gpu` is the GPU family (h200, h100, a100), `n` the GPUs the run used, `algo` ppo or grpo (verl's
+adv_estimator: gae is PPO), then the recipe's variants in the order they compose (the variant
+named like the algorithm is not repeated), `l<L>` a model truncated to L layers (`train
+--layers`), `cap<G>` a `--cap-gib G` budget, `rank<R>of<N>` a rank rehearsal; labels are lowercase
+words for what else sets the run apart (a fix turned off, a --set, a start mode, `partial`); `k`
+(2, 3, ...) is a repeat of one configuration. A bounds file (`expected/<name>.yaml`) is named by
+the configuration its runs share: the same rule without rank and repeat.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from verl_recipes import RecipeError
+
+RULE = "<gpu>x<n>-<algo>[-<variant>...][-l<L>][-cap<G>][-rank<R>of<N>][-<label>...][-<k>]"
+ALGOS = ("ppo", "grpo")
+_HEAD = re.compile(r"([a-z]+[0-9]+)x([1-9][0-9]*)-(ppo|grpo)(?=-|$)")
+_LAYERS = re.compile(r"-l([1-9][0-9]*)(?=-|$)")
+_CAP = re.compile(r"-cap([0-9]+(?:\.[0-9]+)?)(?=-|$)")
+_RANK = re.compile(r"-rank([0-9]+)of([1-9][0-9]*)(?=-|$)")
+_LABEL = re.compile(r"-([a-z0-9.]*[a-z][a-z0-9.]*)(?=-|$)")
+_REPEAT = re.compile(r"-([2-9]|[1-9][0-9]+)$")
+
+
+@dataclass(frozen=True)
+class RunName:
+    gpu: str  # the GPU family: h200, h100, a100
+    n: int  # GPUs the run used
+    algo: str  # ppo or grpo
+    variants: tuple[str, ...]  # the recipe's variants, in compose order, less the one named `algo`
+    layers: int | None  # `train --layers`
+    cap_gib: float | None  # `train --cap-gib`
+    rank: tuple[int, int] | None  # (R, N) of a rank rehearsal
+    labels: tuple[str, ...]
+    repeat: int | None  # 2, 3, ...: another run of the same configuration
+
+
+def gpu_family(nvml_name: str) -> str:
+    """NVML's name -> the family a name starts with: 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    m = re.search(r"\b([A-Z]+[0-9]+)", nvml_name.replace("NVIDIA", ""))
+    return m.group(1).lower() if m else ""
+
+
+def parse_run_name(name: str, variants: Iterable[str], *, bounds: bool = False) -> RunName:
+    """A run folder's name (or, with `bounds`, a bounds file's name without .yaml) as its parts;
+    a RecipeError says where it leaves the rule."""
+    what = "bounds file" if bounds else "run folder"
+    m = _HEAD.match(name)
+    if not m:
+        raise RecipeError(f"{what} {name!r}: must start <gpu>x<n>-<algo> (e.g. h200x1-ppo); the rule: {RULE}")
+    pos = m.end()
+    names = sorted((v for v in variants if v not in ALGOS), key=len, reverse=True)
+    found: list[str] = []
+    while True:
+        v = next(
+            (
+                v
+                for v in names
+                if name.startswith(f"-{v}", pos) and name[pos + len(v) + 1 : pos + len(v) + 2] in ("", "-")
+            ),
+            None,
+        )
+        if v is None:
+            break
+        found.append(v)
+        pos += len(v) + 1
+    parts: dict[str, re.Match[str]] = {}
+    for key, pattern in (("layers", _LAYERS), ("cap", _CAP), ("rank", _RANK)):
+        if key == "rank" and bounds:
+            continue
+        hit = pattern.match(name, pos)
+        if hit:
+            parts[key] = hit
+            pos = hit.end()
+    repeat = None if bounds else _REPEAT.search(name, pos)
+    end = repeat.start() if repeat else len(name)
+    labels: list[str] = []
+    while pos < end:
+        hit = _LABEL.match(name, pos, end)
+        if not hit:
+            raise RecipeError(f"{what} {name!r}: {name[pos:end]!r} is not a lowercase label; the rule: {RULE}")
+        label = hit.group(1)
+        if label in names or re.fullmatch(r"l[0-9]+|cap[0-9.]+|rank[0-9]+of[0-9]+", label):
+            raise RecipeError(f"{what} {name!r}: {label!r} is out of order; the rule: {RULE}")
+        labels.append(label)
+        pos = hit.end()
+    layers, cap, rank = parts.get("layers"), parts.get("cap"), parts.get("rank")
+    return RunName(
+        gpu=m.group(1),
+        n=int(m.group(2)),
+        algo=m.group(3),
+        variants=tuple(found),
+        layers=int(layers.group(1)) if layers else None,
+        cap_gib=float(cap.group(1)) if cap else None,
+        rank=(int(rank.group(1)), int(rank.group(2))) if rank else None,
+        labels=tuple(labels),
+        repeat=int(repeat.group(1)) if repeat else None,
+    )
+
+
+def parse_bounds_name(filename: str, variants: Iterable[str]) -> RunName:
+    """A bounds file's name (`<configuration>.yaml`) as its parts."""
+    if not filename.endswith(".yaml"):
+        raise RecipeError(f"bounds file {filename!r}: must end .yaml")
+    return parse_run_name(filename.removesuffix(".yaml"), variants, bounds=True)

@@ -1,0 +1,37 @@
+"""noxfile.py: sessions derived from the recipe metadata, four per recipe, none listed by hand."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from verl_recipes.recipe.metadata import discover
+
+
+def test_nox_lists_four_sessions_per_recipe(root: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "nox", "-l", "-f", str(root / "noxfile.py")], capture_output=True, text=True, check=True
+    ).stdout
+    for rid in discover():
+        for kind in ("recipe", "smoke", "build", "validate"):
+            assert f"{kind}-{rid} " in out, f"nox -l lacks {kind}-{rid}"
+    assert "* tests" in out and "validate-planner" in out
+
+
+def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(root, tmp_path / "tree", ignore=shutil.ignore_patterns(".git", ".venv", ".nox", "results", "runs"))
+    src = tmp_path / "tree" / "recipes" / "7b-lora"
+    dst = tmp_path / "tree" / "recipes" / "7b-lora-copy"
+    shutil.copytree(src, dst)
+    text = (dst / "recipe.yaml").read_text().replace("id: 7b-lora", "id: 7b-lora-copy")
+    (dst / "recipe.yaml").write_text(text)
+    out = subprocess.run(
+        [sys.executable, "-m", "nox", "-l", "-f", str(tmp_path / "tree" / "noxfile.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "recipe-7b-lora-copy" in out and "validate-7b-lora-copy" in out

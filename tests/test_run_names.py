@@ -1,0 +1,130 @@
+"""verl_recipes.recipe.run_names: every committed run folder and bounds file follows the naming rule
+of recipes/README.md, and each name says what the run's own records say ran."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from verl_recipes import RecipeError
+from verl_recipes.recipe.metadata import discover
+from verl_recipes.recipe.run_names import RULE, RunName, gpu_family, parse_bounds_name, parse_run_name
+from verl_recipes.rundir import CONFIG, MODEL_CONFIG, PROVENANCE, read_provenance
+from verl_recipes.workload.arch import resolve_arch
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = discover()
+
+
+def run_folders() -> list[tuple[str, Path]]:
+    """(recipe id, folder) for every entry of results/ and results/failed/; a file there is listed
+    too, so that it fails: results/ holds run folders only."""
+    out = []
+    for rid in RECIPES:
+        results = ROOT / "recipes" / rid / "results"
+        for entry in sorted(results.iterdir()) if results.is_dir() else []:
+            if entry.name == "failed" and entry.is_dir():
+                out += [(rid, e) for e in sorted(entry.iterdir())]
+            else:
+                out.append((rid, entry))
+    return out
+
+
+def _record_dir(run: Path) -> Path | None:
+    """The folder holding the run's provenance.json: the run, or its one verl part (a comparison
+    run keeps verl's run in verl/ beside the other framework's)."""
+    for d in (run, run / "verl"):
+        if (d / PROVENANCE).is_file() and (d / CONFIG).is_file():
+            return d
+    return None
+
+
+def what_ran(run: Path, rid: str) -> RunName | None:
+    """The name the rule gives the run's own records (None for a run folder without them)."""
+    d = _record_dir(run)
+    if d is None:
+        return None
+    prov = read_provenance(d)
+    cfg = yaml.safe_load((d / CONFIG).read_text())
+    algo = "ppo" if cfg["algorithm"]["adv_estimator"] == "gae" else cfg["algorithm"]["adv_estimator"]
+    layers = prov.argv_value("--layers")
+    if layers is None and (d / MODEL_CONFIG).is_file():  # the model the run saved: the recipe's, cut short?
+        model = json.loads((d / MODEL_CONFIG).read_text())
+        full = resolve_arch(RECIPES[rid].model.arch)
+        if model["hidden_size"] == full["hidden_size"] and model["num_hidden_layers"] < full["num_hidden_layers"]:
+            layers = str(model["num_hidden_layers"])
+    return RunName(
+        gpu=gpu_family(prov.gpu_names[0]) if prov.gpu_names else "",
+        n=cfg["trainer"]["n_gpus_per_node"] * cfg["trainer"]["nnodes"],
+        algo=algo,
+        variants=tuple(v for v in prov.variants if v != algo),
+        layers=int(layers) if layers is not None else None,
+        cap_gib=prov.cap_gib,
+        rank=None,
+        labels=(),
+        repeat=None,
+    )
+
+
+def _configuration(name: RunName) -> tuple:
+    return (name.gpu, name.n, name.algo, name.variants, name.layers, name.cap_gib)
+
+
+@pytest.mark.parametrize(("rid", "run"), run_folders(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_every_committed_run_is_named_by_what_ran(rid: str, run: Path) -> None:
+    assert run.is_dir(), f"{run.relative_to(ROOT)}: results/ holds run folders only; move it beside results/"
+    name = parse_run_name(run.name, RECIPES[rid].variants)
+    ran = what_ran(run, rid)
+    if ran is not None:
+        assert _configuration(name) == _configuration(ran), f"{run.relative_to(ROOT)} ran {ran}"
+
+
+def _bounds_files() -> list[tuple[str, Path]]:
+    return [(rid, f) for rid in RECIPES for f in sorted((ROOT / "recipes" / rid / "expected").glob("*"))]
+
+
+@pytest.mark.parametrize(("rid", "path"), _bounds_files(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_every_bounds_file_is_named_by_the_configuration_of_its_runs(rid: str, path: Path) -> None:
+    name = parse_bounds_name(path.name, RECIPES[rid].variants)
+    doc = yaml.safe_load(path.read_text())
+    if doc.get("status") == "predicted":  # a prediction names its target: GPU type and count
+        target = doc["target"]
+        assert (name.gpu, name.n) == (target["gpu"].split("-")[0], target["gpus"]), path.name
+        return
+    runs = [path.parent.parent / r for r in doc.get("source_runs") or [doc["source_run"]]]
+    for run in runs:
+        assert run.is_dir(), f"{path.name}: source run {run} is not a folder"
+        ran = what_ran(run, rid)
+        assert ran is not None and _configuration(name) == _configuration(ran), f"{path.name}: {run.name} ran {ran}"
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("32gib-cap-grpo", "must start <gpu>x<n>-<algo>"),
+        ("h200x1-24gib-cap24-grpo", "must start <gpu>x<n>-<algo>"),
+        ("h200x1-ppo-cap24-24gib", "'24gib' is out of order"),
+        ("h200x1-ppo-L4-sync-check", "'-L4-sync-check' is not a lowercase label"),
+        ("comparison-verl-example.json", "must start"),
+    ],
+)
+def test_a_name_off_the_rule_is_refused_saying_where(name: str, says: str) -> None:
+    with pytest.raises(RecipeError) as e:
+        parse_run_name(name, ["grpo", "24gib", "verl-example"])
+    assert says in str(e.value) and RULE in str(e.value)
+
+
+def test_the_rule_reads_every_part() -> None:
+    got = parse_run_name(
+        "h200x2-grpo-24gib-verl-example-l2-cap22.5-rank1of4-verl-sync-3", ["grpo", "24gib", "verl-example"]
+    )
+    assert got == RunName("h200", 2, "grpo", ("24gib", "verl-example"), 2, 22.5, (1, 4), ("verl", "sync"), 3)
+    assert gpu_family("NVIDIA H100 80GB HBM3") == "h100" and gpu_family("NVIDIA A100-SXM4-80GB") == "a100"
+    with pytest.raises(RecipeError, match="not a lowercase label"):  # bounds span repeats: no <k>
+        parse_bounds_name("h200x1-ppo-2.yaml", [])
+
+
+def test_the_rule_in_the_readme_is_the_rule_in_code() -> None:
+    assert RULE in (ROOT / "recipes" / "README.md").read_text()

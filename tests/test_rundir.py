@@ -1,0 +1,36 @@
+"""verl_recipes.rundir: the run folder's records, read through one typed reader each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from verl_recipes import RecipeError
+from verl_recipes.rundir import PROVENANCE, read_provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_committed_provenance_reads_as_the_typed_record() -> None:
+    """Every provenance.json under recipes/ reads, and each field holds what the raw record holds."""
+    paths = sorted(ROOT.glob(f"recipes/*/results/**/{PROVENANCE}"))
+    assert len(paths) >= 20
+    for path in paths:
+        raw = json.loads(path.read_text())
+        prov = read_provenance(path.parent)
+        assert prov.raw == raw
+        assert prov.variants == list(raw.get("variants") or [])
+        assert prov.cap_gib == raw.get("cap_gib")
+        assert prov.gpu_names == [g["name"] for g in raw["gpu"]["gpus"]]
+        assert (prov.verl_fixes_off is None) == ("verl_fixes_off" not in raw)
+
+
+def test_a_record_before_a_key_existed_says_so_and_a_broken_one_is_one_line(tmp_path: Path) -> None:
+    assert read_provenance(tmp_path).raw == {} and read_provenance(tmp_path).verl_fixes is None
+    (tmp_path / PROVENANCE).write_text(json.dumps({"argv": ["verl-recipes", "train", "x", "--layers", "2"]}))
+    prov = read_provenance(tmp_path)
+    assert prov.verl_fixes_off is None and prov.argv_value("--layers") == "2" and prov.argv_value("--gpus") is None
+    (tmp_path / PROVENANCE).write_text("{not json")
+    with pytest.raises(RecipeError, match="not readable JSON"):
+        read_provenance(tmp_path)
