@@ -55,21 +55,22 @@ def what_ran(run: Path, rid: str) -> RunName | None:
         full = resolve_arch(RECIPES[rid].model.arch)
         if model["hidden_size"] == full["hidden_size"] and model["num_hidden_layers"] < full["num_hidden_layers"]:
             layers = str(model["num_hidden_layers"])
+    world = cfg["trainer"]["n_gpus_per_node"] * cfg["trainer"]["nnodes"]
     return RunName(
         gpu=gpu_family(prov.gpu_names[0]) if prov.gpu_names else "",
-        n=cfg["trainer"]["n_gpus_per_node"] * cfg["trainer"]["nnodes"],
+        n=1 if prov.rank_rehearsal else world,  # a rehearsed rank ran on one GPU of the job's N
         algo=algo,
         variants=tuple(v for v in prov.variants if v != algo),
         layers=int(layers) if layers is not None else None,
         cap_gib=prov.cap_gib,
-        rank=None,
+        rank=prov.rank_rehearsal,
         labels=(),
         repeat=None,
     )
 
 
 def _configuration(name: RunName) -> tuple:
-    return (name.gpu, name.n, name.algo, name.variants, name.layers, name.cap_gib)
+    return (name.gpu, name.n, name.algo, name.variants, name.layers, name.cap_gib, name.rank)
 
 
 @pytest.mark.parametrize(("rid", "run"), run_folders(), ids=lambda x: x if isinstance(x, str) else x.name)

@@ -213,6 +213,8 @@ class Provenance:
     verl_fixes_off: list[str] | None
     #: the verl fixes the run applied; None: recorded before the key existed
     verl_fixes: list[str] | None
+    #: (R, N) when one GPU ran rank R of a job of N GPUs (`train --rank`); None: a full run
+    rank_rehearsal: tuple[int, int] | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -223,7 +225,7 @@ class Provenance:
         def listed(key: str) -> list[str] | None:
             return strs(key) if key in raw else None
 
-        cap, steps = raw.get("cap_gib"), raw.get("steps")
+        cap, steps, rank = raw.get("cap_gib"), raw.get("steps"), raw.get("rank_rehearsal")
         return cls(
             date_utc=str(raw["date_utc"]) if raw.get("date_utc") else None,
             command=strs("command"),
@@ -236,6 +238,7 @@ class Provenance:
             gpu_names=[str(g.get("name", "")) for g in (raw.get("gpu") or {}).get("gpus") or ()],
             verl_fixes_off=listed("verl_fixes_off"),
             verl_fixes=listed("verl_fixes"),
+            rank_rehearsal=(int(rank["rank"]), int(rank["world"])) if rank else None,
             raw=raw,
         )
 

@@ -119,13 +119,24 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
             "steps",
             "verl_fixes_off",
             "compile_cache",
+            "rank_rehearsal",
         )
         return {k: p.get(k) for k in keys}
+
+    # One GPU standing in for rank R of N (`train --rank`) measures that rank, never the whole job:
+    # the file says so, and one file holds one such configuration.
+    ranks = {read_provenance(r).rank_rehearsal for r in run_dirs}
+    if len(ranks) > 1:
+        raise RecipeError(
+            f"--write-bounds: the runs stand in for different ranks ({sorted(map(str, ranks))}); one file a rank"
+        )
+    rank = ranks.pop()
 
     doc = {
         "schema": SCHEMA,
         "recipe": recipe.id,
         "source_runs": [source(r) for r in run_dirs],
+        **({"rank_rehearsal": {"rank": rank[0], "world": rank[1]}} if rank else {}),
         "note": note,
         "margins": {"upper": UPPER, "lower": LOWER},
         "measured": {source(r): m for r, m in zip(run_dirs, ms, strict=True)},

@@ -8,7 +8,9 @@ named like the algorithm is not repeated), `l<L>` a model truncated to L layers 
 --layers`), `cap<G>` a `--cap-gib G` budget, `rank<R>of<N>` a rank rehearsal; labels are lowercase
 words for what else sets the run apart (a fix turned off, a --set, a start mode, `partial`); `k`
 (2, 3, ...) is a repeat of one configuration. A bounds file (`expected/<name>.yaml`) is named by
-the configuration its runs share: the same rule without rank and repeat.
+the configuration its runs share: the same rule without the repeat. A rehearsed rank keeps its
+`rank<R>of<N>`: one GPU standing in for rank 0 of 2 is another configuration than the same job on
+one GPU, and its figures are a rank's, never the whole job's.
 """
 
 from __future__ import annotations
@@ -73,8 +75,6 @@ def parse_run_name(name: str, variants: Iterable[str], *, bounds: bool = False) 
         pos += len(v) + 1
     parts: dict[str, re.Match[str]] = {}
     for key, pattern in (("layers", _LAYERS), ("cap", _CAP), ("rank", _RANK)):
-        if key == "rank" and bounds:
-            continue
         hit = pattern.match(name, pos)
         if hit:
             parts[key] = hit
