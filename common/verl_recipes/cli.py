@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from verl_recipes import RecipeError, __version__
+from verl_recipes import RecipeError, __version__, inflight
 
 # subcommand -> (module that implements it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -59,17 +60,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the exit status of a command stopped by Ctrl-C or a kill (128 + SIGINT, as a shell reports it)
+INTERRUPTED = 130
+
+
+def _term_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. Bad input is one `error:` line and exit 2; Ctrl-C or a kill (SIGTERM) is
+    one `interrupted:` line naming what was being written and what was kept, and exit 130: every
+    writer cleans up on the way out (`verl_recipes.inflight`), so nothing half-written stays."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    return run_guarded(args.command, lambda: args.func(args))
+
+
+def run_guarded(command: str, body: Callable[[], int | None]) -> int:
+    """Run a subcommand's body with the two endings every command shares (see `main`)."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # a subcommand may still set its own
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
-        return int(args.func(args) or 0)
+        return int(body() or 0)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the line short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(inflight.interrupted_line(command), file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":
