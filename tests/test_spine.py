@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from verl_recipes.cli import SUBCOMMANDS, main
-from verl_recipes.docs import plans_table, recipe_table, render_readme, results_table
+from verl_recipes.docs import INDEX, plans_table, recipe_index, recipe_table, render_readme, results_table
 from verl_recipes.recipe.metadata import discover
 
 
@@ -32,6 +32,8 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
     shutil.copytree(src, dst)
     text = (dst / "recipe.yaml").read_text().replace("id: 7b-lora", "id: 7b-lora-copy")
     (dst / "recipe.yaml").write_text(text)
+    # what `verl-recipes docs --write` does to the index noxfile.py reads (test_recipe_index_is_fresh)
+    (tmp_path / "tree" / INDEX).write_text(recipe_index(discover(tmp_path / "tree" / "recipes")))
     out = subprocess.run(
         [sys.executable, "-m", "nox", "-l", "-f", str(tmp_path / "tree" / "noxfile.py")],
         capture_output=True,
@@ -44,6 +46,11 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def plans() -> str:
     return plans_table()  # composes every recipe and variant against verl's config: ~20 s
+
+
+def test_recipe_index_is_fresh(root: Path) -> None:
+    """noxfile.py names its sessions from recipes/index.json (no YAML parser before install)."""
+    assert (root / INDEX).read_text() == recipe_index(), "run `verl-recipes docs --write`"
 
 
 def test_readme_table_is_fresh(root: Path, plans: str) -> None:

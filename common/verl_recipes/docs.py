@@ -3,8 +3,9 @@
 The README's recipe table sits between `<!-- recipes:begin -->` and `<!-- recipes:end -->`, the
 measured-results table (with cost) between `<!-- results:begin -->` and `<!-- results:end -->`,
 the planner's predicted fit per GPU type between `<!-- plans:begin -->` and `<!-- plans:end -->`;
-`verl-recipes docs --write` regenerates all three, `verl-recipes report --summary` prints the second,
-and tests/test_spine.py fails when the README is stale. Every number comes from an
+`verl-recipes docs --write` regenerates all three (and recipes/index.json, which noxfile.py reads),
+`verl-recipes report --summary` prints the second, and tests/test_spine.py fails when the README is
+stale. Every number comes from an
 `expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
 shows "not measured yet", never a guess. The plans table is a prediction and says so in its
 heading; its error against every measured run is `validation/planner-errors.md`.
@@ -208,6 +209,29 @@ def render_readme(text: str, table: str, results: str | None = None, plans: str 
     return _splice(out, PBEGIN, PEND, plans) if plans is not None else out
 
 
+#: what noxfile.py reads to name its sessions (JSON: nox runs before PyYAML or this package is installed)
+INDEX = "recipes/index.json"
+
+
+def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
+    """recipes/index.json: each recipe's id, title, GPU count and smoke steps, as noxfile.py needs them.
+
+    `pip install nox` brings no YAML parser, and `nox -l` must work on a machine that has only
+    Python and nox; so the sessions are named from this file, generated from recipe.yaml by the
+    same `docs --write` as the README tables, and tests/test_spine.py fails when it is stale.
+    """
+    import json
+
+    recipes = recipes if recipes is not None else discover()
+    body = {
+        "generated_by": "verl-recipes docs --write, from recipes/*/recipe.yaml",
+        "recipes": {
+            r.id: {"title": r.title, "gpus": r.gpus.count, "smoke_steps": r.smoke.steps} for r in recipes.values()
+        },
+    }
+    return json.dumps(body, indent=1) + "\n"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("docs", help="regenerate the README's recipe table from the metadata")
     p.add_argument("--write", action="store_true", help="rewrite README.md in place")
@@ -219,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     new = render_readme(readme.read_text(), recipe_table(), results_table(), plans_table())
     if args.write:
         readme.write_text(new)
-        print(f"wrote {readme}")
+        (repo_root() / INDEX).write_text(recipe_index())
+        print(f"wrote {readme} and {INDEX}")
     else:
         print(recipe_table())
     return 0
