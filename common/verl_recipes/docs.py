@@ -224,12 +224,39 @@ def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
 
     recipes = recipes if recipes is not None else discover()
     body = {
-        "generated_by": "verl-recipes docs --write, from recipes/*/recipe.yaml",
+        "generated_by": "verl-recipes docs --write, from recipes/*/recipe.yaml composed against verl's config",
         "recipes": {
-            r.id: {"title": r.title, "gpus": r.gpus.count, "smoke_steps": r.smoke.steps} for r in recipes.values()
+            r.id: {
+                "title": r.title,
+                "gpus": r.gpus.count,
+                "smoke_steps": r.smoke.steps,
+                "layouts": {v or "default": _layout_facts(r, v) for v in [None, *r.variants]},
+            }
+            for r in recipes.values()
         },
     }
     return json.dumps(body, indent=1) + "\n"
+
+
+def _layout_facts(recipe: Recipe, variant: str | None) -> dict[str, Any]:
+    """What the Slurm launcher's check needs to apply `train`'s layout rules without verl or PyYAML
+    (it runs on a node's bare python3): the batch and parallel sizes of the composed job."""
+    from verl_recipes.plan.cli import load_setup
+
+    _, s, _ = load_setup(recipe.id, [variant] if variant else [], [])
+    a = s.actor
+    return {
+        "train_batch_size": s.train_batch_size,
+        "rollout_n": s.rollout.n,
+        "ppo_mini_batch_size": s.ppo_mini_batch_size,
+        "backend": a.backend,
+        "tp": a.tp,
+        "pp": a.pp,
+        "cp": a.cp,
+        "micro_train": a.micro_train,
+        "dynamic_bsz": a.dynamic_bsz,
+        "rollout_tp": s.rollout.tp,
+    }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
