@@ -13,6 +13,7 @@ import importlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from verl_recipes import RecipeError, __version__, inflight
 
@@ -43,8 +44,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as the project's one line (`error: ...`, exit 2); `--help`
+    still prints the usage. Subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (--help lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verl-recipes", description=__doc__.splitlines()[0])
+    parser = Parser(prog="verl-recipes", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"verl-recipes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in SUBCOMMANDS.items():

@@ -74,7 +74,7 @@ from typing import Any
 
 import psutil
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, cli_types
 from verl_recipes.procs import TreeGuard, all_pids, die_with_parent, end, has_marker, marked_pids, run_marker
 from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 
@@ -670,16 +670,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Example: verl-recipes monitor --out runs/a -- python -m verl.trainer.main_ppo ...",
     )
     p.add_argument("--out", required=True, help="run directory (created); samples.jsonl goes here")
-    p.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
+    p.add_argument("--interval", type=cli_types.positive, default=0.1, help="seconds between samples (default 0.1)")
     p.add_argument(
         "--full-mem-interval",
-        type=float,
+        type=cli_types.positive,
         default=2.0,
         help="seconds between USS/PSS reads (smaps_rollup, costly for large CUDA processes; default 2)",
     )
     p.add_argument(
         "--detail-interval",
-        type=float,
+        type=cli_types.positive,
         default=0.5,
         help="seconds between host RSS and NVML per-process reads (default 0.5; the device total is read every "
         "--interval)",

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, cli_types
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
@@ -47,12 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--arch", help="bundled arch name or path to a config.json (for a config path)")
     p.add_argument(
         "--gpus",
-        type=int,
+        type=cli_types.count,
         help="GPUs on one node, as `train --gpus N` runs it (a scaled-down run; default: the recipe's layout)",
     )
-    p.add_argument("--layers", type=int, help="the model truncated to this many layers, as `train --layers N` makes it")
+    p.add_argument(
+        "--layers", type=cli_types.count, help="the model truncated to this many layers, as `train --layers N` makes it"
+    )
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
-    p.add_argument("--tokens-per-s", type=float, help="whole-job tokens/s, for a cost estimate per step")
+    p.add_argument("--tokens-per-s", type=cli_types.positive, help="whole-job tokens/s, for a cost estimate per step")
     p.add_argument("--provider", help="price this provider's offer (validation/prices.yaml) instead of the cheapest")
     p.add_argument(
         "--verl-fix-off",
@@ -63,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--validate", action="store_true", help="compare with every committed measured run")
-    p.add_argument("--tolerance", type=float, default=0.10, help="--validate: allowed relative error (0.10)")
+    p.add_argument(
+        "--tolerance", type=cli_types.positive, default=0.10, help="--validate: allowed relative error (0.10)"
+    )
     p.add_argument("--allow-empty", action="store_true", help="--validate: pass when no run is committed")
     p.add_argument(
         "--from-layers",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, inflight
+from verl_recipes import RecipeError, cli_types, inflight
 
 DATA_SOURCE = "verl_recipes/arith"
 ABILITY = "math"
@@ -197,9 +197,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("--out", type=Path, required=True, help="folder for train.parquet and test.parquet")
-    p.add_argument("--train", type=int, default=4096, help="training rows (default 4096)")
-    p.add_argument("--test", type=int, default=256, help="test rows (default 256)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train", type=cli_types.count, default=4096, help="training rows (default 4096)")
+    p.add_argument("--test", type=cli_types.count, default=256, help="test rows (default 256)")
+    p.add_argument("--seed", type=cli_types.non_negative, default=0)
     p.set_defaults(func=run)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_recipes import RecipeError, __version__, inflight
+from verl_recipes import RecipeError, __version__, cli_types, inflight
 from verl_recipes.paths import cache_dir
 from verl_recipes.workload.arch import bundled_archs, resolve_arch
 
@@ -502,11 +502,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("--arch", required=True, help=f"bundled ({', '.join(bundled_archs())}) or a config.json path")
-    p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
+    p.add_argument("--layers", type=cli_types.count, default=None, help="keep the first N decoder layers")
     p.add_argument("--scale", choices=["full-width", "tiny"], default="full-width")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where weights are drawn")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli_types.non_negative, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, __version__, inflight
+from verl_recipes import RecipeError, __version__, cli_types, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.stack.lock import Pin, Target, canonical, compile_lock, parse_freeze, parse_lock, stack_requirements
 from verl_recipes.stack.pins import load_pins
@@ -360,7 +360,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="target platform tag for its glibc, e.g. manylinux_2_39_x86_64 (glibc 2.39)",
     )
     p.add_argument("--have", required=True, help="the target's `pip freeze` output; those versions are not carried")
-    p.add_argument("--chunk-mib", type=float, default=60, help="chunk size in MiB (default 60, at most 64)")
+    p.add_argument(
+        "--chunk-mib", type=cli_types.positive, default=60, help="chunk size in MiB (default 60, at most 64)"
+    )
     p.add_argument("--out", help="output folder (default wheelhouse/py<XY>-<platform>, ignored by git)")
     p.add_argument("--only", help="comma-separated distributions to carry (default: everything needed)")
     p.add_argument("--lock", help="lock file to use or write (default images/lock/gpu-py<XY>.txt)")
