@@ -34,6 +34,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 PINS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
 CPU_TORCH = f"torch=={PINS['cpu']['torch']}"
+# The stack's pinned versions from images/lock/ (verl_recipes.stack.lock.constraints_text): without
+# them pip takes the newest of what verl leaves open (peft), and `verify` warns on every run.
+LOCKED = ("-c", str(ROOT / "images" / "lock" / "constraints.txt"))
 
 
 def _recipes() -> dict[str, dict]:
@@ -57,7 +60,7 @@ def _install_project(session: nox.Session, *extras: str) -> None:
     else:
         session.install(CPU_TORCH, silent=False)
     spec = ",".join(("verl", *extras))
-    session.install("-e", f".[{spec}]", silent=False)
+    session.install("-e", f".[{spec}]", *LOCKED, silent=False)
 
 
 @nox.session(python=False, tags=["cpu"])
@@ -71,9 +74,11 @@ def tests(session: nox.Session) -> None:
     gpu = _has_gpu()
     session.run(*pip, "-q", "--upgrade", "pip")
     session.run(*pip, f"torch=={PINS['gpu']['torch']}" if gpu else CPU_TORCH)
-    session.run(*pip, "-e", ".[verl,dev]", f"ray[default]=={PINS['gpu']['ray']}")
+    session.run(*pip, "-e", ".[verl,dev]", f"ray[default]=={PINS['gpu']['ray']}", *LOCKED)
     # DeepSpeed is an sdist whose setup.py imports torch: build it against the torch above.
-    session.run(*pip, "--no-build-isolation", f"deepspeed=={PINS['gpu']['deepspeed']}", env={"DS_BUILD_OPS": "0"})
+    session.run(
+        *pip, "--no-build-isolation", f"deepspeed=={PINS['gpu']['deepspeed']}", *LOCKED, env={"DS_BUILD_OPS": "0"}
+    )
     # No -m filter: on a CPU host tests/conftest.py skips the `gpu` tests with the reason, so the
     # summary line counts them as skipped instead of hiding them.
     args = session.posargs or ["tests"]
