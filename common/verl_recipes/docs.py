@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe, discover
 from verl_recipes.rundir import measured_runs, read_provenance
@@ -269,8 +269,8 @@ def run(args: argparse.Namespace) -> int:
     readme = repo_root() / "README.md"
     new = render_readme(readme.read_text(), recipe_table(), results_table(), plans_table())
     if args.write:
-        readme.write_text(new)
-        (repo_root() / INDEX).write_text(recipe_index())
+        inflight.write_text(readme, new, "the README")
+        inflight.write_text(repo_root() / INDEX, recipe_index(), "the recipe index")
         print(f"wrote {readme} and {INDEX}")
     else:
         print(recipe_table())

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, inflight
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.rundir import Summary, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.phases import VERL_PHASES
@@ -139,7 +139,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
         "provenance": {source(r): prov(r) for r in run_dirs},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inflight.write_text(out, yaml.safe_dump(doc, sort_keys=False), "the bounds")
     return doc
 
 

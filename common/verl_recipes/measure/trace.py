@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, cli_types
+from verl_recipes import RecipeError, cli_types, inflight
 
 #: family -> regex on the lower-cased event name; the first match wins, so order matters.
 FAMILIES: tuple[tuple[str, str], ...] = (
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         if args.out.exists():
             raise RecipeError(f"{args.out} exists; give a new --out path")
-        args.out.write_text(text)
+        inflight.write_text(args.out, text, "the trace summary")
         print(f"wrote {args.out}")
     else:
         print(text, end="")

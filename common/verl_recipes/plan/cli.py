@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, cli_types
+from verl_recipes import RecipeError, cli_types, inflight
 from verl_recipes.plan.gpus import GIB, GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
@@ -586,6 +586,6 @@ def _from_layers(args: argparse.Namespace, s: Setup) -> int:
             "# PREDICTED, not measured: the full-depth configuration was never run. Written by\n"
             f"# `{command}`\n# from the truncated-depth runs under `fit` (verl_recipes/plan/layers.py says how).\n"
         )
-        args.write.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110))
+        inflight.write_text(args.write, header + yaml.safe_dump(doc, sort_keys=False, width=110), "the prediction")
         print(f"wrote {args.write}")
     return 0

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, rundir
+from verl_recipes import RecipeError, inflight, rundir
 from verl_recipes.plan.gpus import GIB, GPU
 from verl_recipes.plan.model import Arch
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
@@ -235,7 +235,8 @@ def main_validate(
             "`validate-planner` fails while any device error is beyond the tolerance).\n\n"
         )
         notes = load_notes(base)
-        write.write_text(head + markdown_table(rows, tolerance, notes) + "\n" + host_markdown(hrows, tolerance, notes))
+        text = head + markdown_table(rows, tolerance, notes) + "\n" + host_markdown(hrows, tolerance, notes)
+        inflight.write_text(write, text, "the error table")
         print(f"wrote {write}")
     bad = [r for r in rows if abs(r.error) > tolerance]
     print(f"{len(rows)} comparisons, {len(bad)} beyond ±{tolerance:.0%}: " + ("PASS" if ok else "FAIL"))
