@@ -11,6 +11,12 @@ recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; 
 model as `train --layers` does); a path is a file of deltas
 on verl's `ppo_trainer` (or `--config-name`). The model's config.json comes from the recipe, or
 `--arch` (a bundled name or a path), or `actor_rollout_ref.model.path`/config.json.
+
+A gate a script can trust: with `--gpu`, the exit status is 1 unless the job fits every GPU named
+(2 for bad input, as everywhere). Where the recipe commits a calibrated prediction for the layout
+(`expected/*.yaml`, status predicted), it decides the verdict, beside the planner's own figure
+(`verl_recipes.plan.advice`); a recipe variant that fits is named before any knob, and every
+suggestion shows its host RAM.
 """
 
 from __future__ import annotations
