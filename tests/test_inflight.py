@@ -264,3 +264,16 @@ def test_jsonl_with_a_torn_last_line_says_so(tmp_path: Path, cut: str, capsys: p
     assert recs == [{"a": 1}, {"a": 2}]
     err = capsys.readouterr().err
     assert ("line 3 is cut short" in err) == (cut == "torn"), err
+
+
+def test_a_dataset_cut_short_by_an_older_writer_is_not_complete(tmp_path: Path) -> None:
+    from verl_recipes.workload import dataset
+
+    out = tmp_path / "arith"
+    dataset.write(out, 64, 8)
+    assert dataset.complete(out)
+    raw = (out / "test.parquet").read_bytes()
+    (out / "test.parquet").write_bytes(raw[: len(raw) // 2])  # as a writer killed mid-file left it
+    assert not dataset.complete(out)
+    dataset.write(out, 64, 8)  # the cache's own folder (its marker is there): written again, whole
+    assert dataset.complete(out)

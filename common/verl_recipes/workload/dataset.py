@@ -180,6 +180,21 @@ def write(out: Path, n_train: int, n_test: int, seed: int = 0) -> dict[str, Path
     return paths
 
 
+def complete(out: Path) -> bool:
+    """Whether `out` holds a whole dataset this command wrote: its marker, and both parquet files
+    with a readable footer (a file an older writer left cut short has none), so a cache entry that
+    is not whole is written again rather than trusted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not (out / MARKER).is_file():
+        return False
+    try:
+        return all(pq.read_metadata(out / f"{s}.parquet").num_rows > 0 for s in ("train", "test"))
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def corpus(n: int, seed: int = 0) -> list[str]:
     """Text for training the synthetic tokenizer: chat turns of prompts and worked answers."""
     stream = problems(seed, "tokenizer")
