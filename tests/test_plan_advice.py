@@ -83,3 +83,11 @@ def test_the_whole_fix_and_the_closing_line_agree_with_the_plan() -> None:
     _, s24, _ = load_setup("7b-lora", ["24gib"], [])
     ok = closing_line(get_recipe("7b-lora"), ["24gib"], [], s24, parse_gpu("a10g-24g"), "no GPU here")
     assert "fits a10g-24g" in ok and "run the same command on a GPU host" in ok
+
+
+def test_a_committed_run_of_the_job_on_that_gpu_is_shown_and_decides() -> None:
+    r = _plan("7b-lora", "--gpu", "h200-141g")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("h200-141g: measured run"))
+    assert line.startswith("h200-141g: measured run (recipes/7b-lora/results/") and "on NVIDIA H200" in line
+    assert "the planner alone says" in line

@@ -7,6 +7,8 @@ Three sources can say whether a recipe fits a GPU, and they must not disagree in
   (`recipes/<id>/expected/*.yaml`, `status: predicted`, written by `plan --from-layers` from
   truncated-depth runs): it corrects the planner by what real runs measured, so where one exists
   it decides the verdict, and the planner's figure is shown beside it;
+* a committed run of exactly this job on that GPU kind (`measured`), more reliable still: its
+  NVML peak decides where there is one;
 * the recipe's variants: when the asked job does not fit, a variant that does is named first,
   with its peak and its host RAM, before any knob.
 
@@ -33,12 +35,15 @@ PREDICTED_SCHEMA = "verl-recipes/predicted/1"
 
 @dataclass(frozen=True)
 class Calibrated:
-    """A committed prediction for one layout on one GPU kind (`plan --from-layers --write`)."""
+    """Evidence beyond the planner for one job on one GPU kind: a committed prediction
+    (`plan --from-layers --write`) or a committed run of this very configuration on that GPU."""
 
     path: Path
     peak_bytes: int
     peak_phase: str
     fits: bool
+    kind: str = "calibrated prediction"
+    how: str = "from truncated-depth runs"
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,32 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
     return None
 
 
+def measured(recipe: Any, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | None:
+    """The recipe's committed run of exactly this job on this GPU kind, as evidence (the most
+    reliable: NVML's device peak over the whole run), or None. `run` is `plan.cli._rate_run`'s
+    answer when the caller has it (finding it composes every committed run's config)."""
+    from verl_recipes.rundir import read_provenance
+
+    if recipe is None:
+        return None
+    if run is None:
+        from verl_recipes.plan.cli import _rate_run
+
+        run = _rate_run(s, recipe.id)
+    if run is None or read_provenance(run.run_dir).get("cap_gib") is not None:
+        return None
+    names = (gpu.name.lower(), str(run.gpu_name).lower())
+    if not names[1] or (names[0] not in names[1] and names[1] not in names[0]):
+        return None
+    peaks = {ph: max(per.values()) for ph, per in run.phases.items() if per}
+    if not peaks:
+        return None
+    phase = max(peaks, key=lambda k: peaks[k])
+    return Calibrated(
+        run.run_dir, peaks[phase], phase, peaks[phase] <= gpu.visible_bytes, "measured run", f"on {run.gpu_name}"
+    )
+
+
 def excess(plan: GPUPlan, cal: Calibrated | None) -> int:
     """Bytes the calibrated prediction adds to the planner's peak for this layout (0 without one)."""
     return max(0, cal.peak_bytes - plan.peak.total) if cal is not None else 0
@@ -127,10 +158,10 @@ def verdict_line(plan: GPUPlan, cal: Calibrated | None, root: Path | None = None
         return None
     where = _rel(cal.path, root)
     return (
-        f"{plan.gpu.id}: calibrated prediction ({where}, from truncated-depth runs): "
+        f"{plan.gpu.id}: {cal.kind} ({where}, {cal.how}): "
         f"{cal.peak_phase} {_gib(cal.peak_bytes)} of {_gib(plan.gpu.visible_bytes)} GiB: "
         f"{'fits' if cal.fits else 'does NOT fit'}; the planner alone says {plan.peak.phase} "
-        f"{_gib(plan.peak.total)} GiB; the verdict follows the calibrated figure"
+        f"{_gib(plan.peak.total)} GiB; the verdict follows the {cal.kind.split()[0]} figure"
     )
 
 

@@ -536,14 +536,17 @@ def judge(
 ) -> tuple[str, dict[str, bool]]:
     """`report`, and the verdict per GPU id: the calibrated prediction where the recipe has one
     for this layout (`plan.advice`), else the planner's."""
-    from verl_recipes.plan.advice import calibrated, excess, fitting_variants, judged_gpu, verdict
+    from verl_recipes.plan.advice import calibrated, excess, fitting_variants, judged_gpu, measured, verdict
     from verl_recipes.plan.knobs import helpful, path_to_fit
 
     job = job or Job()
     gpus = gpus or list(catalogue().values())
     c = Constants()
     plans = [plan_gpu(s, g, c) for g in gpus]
-    cals = {p.gpu.id: calibrated(recipe, job.variants, s, p.gpu) for p in plans}
+    # the most reliable evidence per GPU: a committed run of this job there, else a committed
+    # calibrated prediction, else the planner alone
+    rate_run = _rate_run(s, recipe.id) if recipe is not None else None
+    cals = {p.gpu.id: measured(recipe, s, p.gpu, rate_run) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
     suggestions: dict[str, Any] = {}
     for p in plans:
