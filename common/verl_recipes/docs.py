@@ -163,8 +163,11 @@ def plans_table(recipes: dict[str, Recipe] | None = None) -> str:
     recipes not measured yet, answered by the same planner `validate-planner` checks against every
     measured run. A cell is the predicted peak over the step's phases in GiB per GPU, with the GPU
     count the recipe is written for; "no" marks a GPU it does not fit and names the phase, or
-    says why vLLM cannot run when the phases' sum would fit.
+    says why vLLM cannot run when the phases' sum would fit. Where the recipe commits a calibrated
+    prediction for the layout on that GPU, its figure fills the cell ("calibrated"), as `plan`
+    judges it.
     """
+    from verl_recipes.plan.advice import calibrated
     from verl_recipes.plan.cli import load_setup
     from verl_recipes.plan.gpus import GIB, catalogue
     from verl_recipes.plan.phases import Constants, plan_gpu
@@ -183,7 +186,11 @@ def plans_table(recipes: dict[str, Recipe] | None = None) -> str:
             for g in gpus:
                 p = plan_gpu(setup, g, c)
                 peak = p.peak.total / GIB
-                if p.fits:
+                cal = calibrated(r, [variant] if variant else [], setup, g)
+                if cal is not None:  # the same verdict `plan` gives: the calibrated figure decides
+                    fig = f"{cal.peak_bytes / GIB:.1f} calibrated"
+                    cells.append(fig if cal.fits else f"no: {fig} ({cal.peak_phase})")
+                elif p.fits:
                     cells.append(f"{peak:.1f}")
                 elif p.peak.total > g.visible_bytes:
                     cells.append(f"no: {peak:.1f} ({p.peak.phase})")
@@ -241,9 +248,12 @@ def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
 def _layout_facts(recipe: Recipe, variant: str | None) -> dict[str, Any]:
     """What the Slurm launcher's check needs to apply `train`'s layout rules without verl or PyYAML
     (it runs on a node's bare python3): the batch and parallel sizes of the composed job."""
-    from verl_recipes.plan.cli import load_setup
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
-    _, s, _ = load_setup(recipe.id, [variant] if variant else [], [])
+    cfg = compose_run(recipe, [variant] if variant else [], [], gpu_layout(recipe))
+    s = setup_from_config(cfg, Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json"))
     a = s.actor
     return {
         "train_batch_size": s.train_batch_size,

@@ -55,9 +55,10 @@ class Claim:
     fd: int
     what: str
     released: bool = field(default=False)
+    pid: int = field(default_factory=os.getpid)
 
     def release(self) -> None:
-        if self.released:
+        if self.released or os.getpid() != self.pid:  # a forked child does not release its parent's claim
             return
         self.released = True
         _held.pop(self.target, None)

@@ -73,8 +73,9 @@ def _gib(b: float) -> str:
 def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Calibrated | None:
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
-    A file matches when it predicts the same variants on the same catalogued GPU, with the same GPU
-    count, nodes and depth; a truncated plan (`--layers`) or another `--gpus` is another job.
+    A file matches when it predicts the same variants on the same catalogued GPU (or one exposing
+    the same memory), with the same GPU count, nodes and depth; a truncated plan (`--layers`) or
+    another `--gpus` is another job.
     """
     import yaml
 
@@ -88,8 +89,11 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
         if not isinstance(doc, dict) or doc.get("schema") != PREDICTED_SCHEMA:
             continue
         t = doc.get("target") or {}
+        # the prediction depends on the GPU only through its visible memory (vLLM's budget is a
+        # fraction of it): another card of the same size gets the same figure
+        size = t.get("visible_gib")
         same = (
-            t.get("gpu") == gpu.id
+            (t.get("gpu") == gpu.id or (size is not None and abs(float(size) - gpu.visible_gib) < 0.05))
             and list(doc.get("variants") or []) == list(variants)
             and int(t.get("gpus") or 0) == s.world
             and int(t.get("nnodes") or 0) == s.nnodes
