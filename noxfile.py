@@ -5,14 +5,19 @@ rehearse on a CPU), `smoke-<id>` (the tiny smoke run), `build-<id>` (its contain
 `validate-<id>` (its committed runs against its bounds). Nothing is listed by hand: add a
 recipe folder and its sessions appear in `nox -l`, in CI and in the README table.
 
-The metadata is read with plain PyYAML here (nox runs before the package is installed); the
-package's pydantic schema validates it again inside every session.
+The metadata is read from recipes/index.json, which `verl-recipes docs --write` generates from
+every recipe.yaml (tests/test_spine.py fails when it is stale): nox runs before anything else is
+installed, and `pip install nox` brings no YAML parser, so `nox -l` works on a machine that has
+only Python and nox. The package's pydantic schema validates recipe.yaml inside every session.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -27,18 +32,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-import yaml  # noqa: E402  (after the tomllib fallback above)
-
 PINS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
 CPU_TORCH = f"torch=={PINS['cpu']['torch']}"
+# The stack's pinned versions from images/lock/ (verl_recipes.stack.lock.constraints_text): without
+# them pip takes the newest of what verl leaves open (peft), and `verify` warns on every run.
+LOCKED = ("-c", str(ROOT / "images" / "lock" / "constraints.txt"))
 
 
 def _recipes() -> dict[str, dict]:
-    out = {}
-    for path in sorted(ROOT.glob("recipes/*/recipe.yaml")):
-        meta = yaml.safe_load(path.read_text())
-        out[str(meta.get("id", path.parent.name))] = meta
-    return out
+    """id -> {title, gpus, smoke_steps} from recipes/index.json (see the module doc)."""
+    return dict(json.loads((ROOT / "recipes" / "index.json").read_text())["recipes"])
 
 
 RECIPES = _recipes()
@@ -51,12 +54,13 @@ def _has_gpu() -> bool:
 def _install_project(session: nox.Session, *extras: str) -> None:
     """The package with verl, on the host's torch: the pinned GPU torch where a GPU is, the CPU
     build otherwise (verl does not pin torch; images/versions.toml [gpu] and [cpu] do)."""
+    # silent=False: these installs take minutes (torch, verl, vLLM); pip's own progress shows
     if _has_gpu():
-        session.install(f"torch=={PINS['gpu']['torch']}")
+        session.install(f"torch=={PINS['gpu']['torch']}", silent=False)
     else:
-        session.install(CPU_TORCH)
+        session.install(CPU_TORCH, silent=False)
     spec = ",".join(("verl", *extras))
-    session.install("-e", f".[{spec}]")
+    session.install("-e", f".[{spec}]", *LOCKED, silent=False)
 
 
 @nox.session(python=False, tags=["cpu"])
@@ -66,13 +70,15 @@ def tests(session: nox.Session) -> None:
     py = str(venv / "bin" / "python")
     if not Path(py).exists():
         session.run("python3", "-m", "venv", str(venv))
-    pip = [py, "-m", "pip", "install", "-q"]
+    pip = [py, "-m", "pip", "install"]  # not -q: the installs below take minutes, and pip shows its progress
     gpu = _has_gpu()
-    session.run(*pip, "--upgrade", "pip")
+    session.run(*pip, "-q", "--upgrade", "pip")
     session.run(*pip, f"torch=={PINS['gpu']['torch']}" if gpu else CPU_TORCH)
-    session.run(*pip, "-e", ".[verl,dev]", f"ray[default]=={PINS['gpu']['ray']}")
+    session.run(*pip, "-e", ".[verl,dev]", f"ray[default]=={PINS['gpu']['ray']}", *LOCKED)
     # DeepSpeed is an sdist whose setup.py imports torch: build it against the torch above.
-    session.run(*pip, "--no-build-isolation", f"deepspeed=={PINS['gpu']['deepspeed']}", env={"DS_BUILD_OPS": "0"})
+    session.run(
+        *pip, "--no-build-isolation", f"deepspeed=={PINS['gpu']['deepspeed']}", *LOCKED, env={"DS_BUILD_OPS": "0"}
+    )
     # No -m filter: on a CPU host tests/conftest.py skips the `gpu` tests with the reason, so the
     # summary line counts them as skipped instead of hiding them.
     args = session.posargs or ["tests"]
@@ -96,7 +102,7 @@ def lint(session: nox.Session) -> None:
 
 
 def _recipe_session(rid: str, meta: dict) -> None:
-    gpus = int(meta.get("gpus", {}).get("count", 0))
+    gpus = int(meta["gpus"])
 
     @nox.session(name=f"recipe-{rid}", tags=["recipe", "gpu" if gpus else "cpu"])
     def recipe(session: nox.Session) -> None:
@@ -110,9 +116,7 @@ def _recipe_session(rid: str, meta: dict) -> None:
         _install_project(session)
         session.run("verl-recipes", "train", rid, "--smoke", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
 
-    smoke.__doc__ = (
-        f"{rid}: the tiny smoke model for {meta.get('smoke', {}).get('steps', 1)} step(s); rehearses on CPU."
-    )
+    smoke.__doc__ = f"{rid}: the tiny smoke model for {meta['smoke_steps']} step(s); rehearses on CPU."
 
     @nox.session(name=f"build-{rid}", python=False, tags=["build", "docker"])
     def build(session: nox.Session) -> None:
@@ -178,3 +182,32 @@ def image_gpu(session: nox.Session) -> None:
     # Debian 12 and a CPython 3.12 built on this host (images/README.md). posargs go to build.sh.
     args = image_gpu_args(session.posargs, dict(os.environ))
     session.run("bash", str(ROOT / "images" / "build.sh"), *args, external=True)
+
+
+def _unknown_session_hint(argv: list[str]) -> None:
+    """A session name that is not one of these gets the close one and `nox -l` on stderr, before
+    nox's own "Sessions not found" (nox exits non-zero as usual; this only adds the hint)."""
+    import nox.registry
+
+    known = set(nox.registry.get())
+    argv = argv[: argv.index("--")] if "--" in argv else argv  # what follows -- is the session's
+    asked: list[str] = []
+    taking = False
+    for a in argv:
+        if a in ("-s", "-e", "--session", "--sessions"):  # nox takes one or more names after each
+            taking = True
+        elif a.startswith(("--session=", "--sessions=")):
+            asked.append(a.split("=", 1)[1])
+            taking = False
+        elif a.startswith("-"):
+            taking = False
+        elif taking:
+            asked.append(a)
+    for name in (n for x in asked for n in x.split(",") if n):
+        if name not in known and name.split("(")[0] not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            print(f"nox: no session {name!r} in this noxfile; {hint}`nox -l` lists them", file=sys.stderr)
+
+
+_unknown_session_hint(sys.argv[1:])

@@ -181,3 +181,17 @@ def test_every_capped_bounds_run_fits_under_its_cap_for_three_steps(root: Path) 
             assert peak < float(prov["cap_gib"]), (name, src, peak)
             assert measured(summary)["steps"] >= 3 and summary["ended"]["ok"], (name, src)
     assert capped >= 5
+
+
+def test_a_summary_cut_short_fails_its_check_and_the_others_still_run(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "cut"
+    shutil.copytree(root / RUN, run)
+    text = (run / "summary.json").read_text()
+    (run / "summary.json").write_text(text[: len(text) // 3])  # a copy that stopped a third of the way
+    assert main(["validate", "7b-lora", "--run", str(run)]) == 1
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith(("FAIL", "ok"))]
+    assert len(lines) == len(get_recipe("7b-lora").expected)  # every bounds file still checked
+    assert "ends early" in out

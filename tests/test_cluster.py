@@ -592,3 +592,33 @@ def test_usr1_requeues_and_scancel_tears_down(tmp_path: Path, cancel_on_exit: li
     time.sleep(2)
     assert ray_left(job) == [], out.read_text(errors="replace")
     assert not (tmp_path / "job" / "auth_token").exists()
+
+
+def test_check_applies_trains_batch_rule_over_data_parallel_ranks() -> None:
+    """3 nodes x 8 GPUs divide by TP4 x PP2, but leave 3 data-parallel ranks for 70b-3d's batch of
+    32: `train` would refuse it on the head after the queue wait, so the check refuses it first."""
+    msg = err(env70(SLURM_JOB_NODELIST="n1,n2,n3"))
+    assert msg.startswith("data.train_batch_size x rollout.n = 32 is not a multiple of 3"), msg
+    # the batch a --set in TRAIN_CMD gives is the one judged
+    ok = settings.check(
+        env70(
+            SLURM_JOB_NODELIST="n1,n2,n3",
+            TRAIN_CMD="verl-recipes train 70b-3d --set data.train_batch_size=48 "
+            "--set actor_rollout_ref.actor.ppo_mini_batch_size=48",
+        ),
+        "bare",
+    )
+    assert ok.dp == 3
+    # TP/PP that the recipe's own layout does not use are named with the recipe's
+    msg = err(env70(TP="8", PP="1"))
+    assert "70b-3d trains with Megatron TP4 x PP2" in msg and "set TP=4 PP=2" in msg
+    assert settings.check(env70(TP="8", PP="1", TRAIN_CMD="verl-recipes train 70b-3d --variant tp8pp1"), "bare").tp == 8
+
+
+def test_dry_run_refuses_what_train_would_refuse(tmp_path: Path) -> None:
+    res = dry_run(T70 / "bare.sbatch", tmp_path, SLURM_JOB_NODELIST="gpu0[1-3]")
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        "error: data.train_batch_size x rollout.n = 32 is not a multiple of 3 (verl's minimal batch: the GPUs, "
+        "or Megatron DP x micro-batch); change the batch or the GPUs"
+    ]

@@ -609,3 +609,38 @@ def test_pss_is_read_at_a_host_peak_between_periodic_reads(tmp_path: Path) -> No
     assert mon.peak_reads == len(peaks) <= 4
     recs, _ = read_jsonl(tmp_path / SAMPLES_FILE)
     assert recs[-1]["kind"] == "exit" and recs[-1]["peak_reads"] == len(peaks)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_the_monitor_ends_the_whole_tree_it_started(tmp_path: Path, sig: signal.Signals) -> None:
+    """A wrapper shell with two background jobs: the shell dies of the signal, its children would
+    live on, reparented, holding whatever they hold. Killing the monitor ends all of them."""
+    run = tmp_path / "run"
+    wrapper = "sleep 301 & sleep 302 & wait"
+    mon = subprocess.Popen([*CLI, "--out", str(run), "--", "bash", "-c", wrapper])
+    marker = f"{RUN_DIR_ENV}={run.resolve()}".encode()
+
+    def tree() -> list[int]:
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                env = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker in env and p.pid != mon.pid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        return found
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(tree()) < 3:  # bash and its two sleeps
+        time.sleep(0.1)
+    assert len(tree()) == 3, tree()
+    mon.send_signal(sig)
+    mon.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and tree():
+        time.sleep(0.1)
+    left = tree()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after the monitor was killed with {sig.name}: {left}"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from verl_recipes.docs import INDEX, recipe_index
 from verl_recipes.recipe.metadata import discover
 
 
@@ -28,6 +29,8 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
     shutil.copytree(src, dst)
     text = (dst / "recipe.yaml").read_text().replace("id: 7b-lora", "id: 7b-lora-copy")
     (dst / "recipe.yaml").write_text(text)
+    # what `verl-recipes docs --write` does to the index noxfile.py reads (test_docs checks it is fresh)
+    (tmp_path / "tree" / INDEX).write_text(recipe_index(discover(tmp_path / "tree" / "recipes")))
     out = subprocess.run(
         [sys.executable, "-m", "nox", "-l", "-f", str(tmp_path / "tree" / "noxfile.py")],
         capture_output=True,

@@ -308,3 +308,50 @@ def test_the_image_builds_tools_refuse_bad_input_in_one_line(root: Path, tool: s
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
     assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_constraints_are_the_locks_versions_of_the_pinned_stack(root: Path) -> None:
+    """images/lock/constraints.txt, which the nox venvs install with, is what the lock says: a pin
+    changed in versions.toml and the lock without it (or by hand) fails here."""
+    from verl_recipes.stack.lock import _NOT_PACKAGES, CONSTRAINTS, constraints_text, gpu_target, parse_lock
+    from verl_recipes.stack.pins import gpu_pins
+
+    lock = gpu_target(root).default_lock(root)
+    names = [n for n in gpu_pins(root / "images" / "versions.toml") if n not in _NOT_PACKAGES]
+    want = constraints_text(parse_lock(lock), names, lock.relative_to(root).as_posix())
+    assert (root / CONSTRAINTS).read_text() == want, "run `nox -s lock` (or write_constraints)"
+    assert "peft==0.18.1" in want.splitlines() and not any(x.startswith("torch==") for x in want.splitlines())
+
+
+def test_installed_stack_has_the_pinned_versions(root: Path) -> None:
+    """The environment the tests run in (`nox -s tests`, built with the constraints) holds the
+    pinned versions of the stack it has: a drift (peft 0.21.2 against 0.18.1) is a failure here, not
+    a warning in every `verify`."""
+    import importlib.metadata as md
+
+    from verl_recipes.stack.lock import CONSTRAINTS
+
+    drift = []
+    for line in (root / CONSTRAINTS).read_text().splitlines():
+        if line.startswith("#") or "==" not in line:
+            continue
+        name, version = line.split("==", 1)
+        try:
+            have = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+        if have.split("+", 1)[0] != version:
+            drift.append(f"{name} {have} (pinned {version})")
+    assert not drift, f"installed against the pins: {', '.join(drift)}; rebuild with `nox -s tests`"
+
+
+def test_pip_resolves_the_pinned_peft_with_the_constraints(root: Path, pypi: None) -> None:
+    """What the nox sessions install: verl leaves peft open, and without the constraints pip takes
+    the newest; with them it takes the pin."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+         "--disable-pip-version-check", "-c", str(root / "images" / "lock" / "constraints.txt"), "peft"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "Would install peft-0.18.1" in r.stdout, r.stdout

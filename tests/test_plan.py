@@ -368,11 +368,15 @@ def test_cost_by_hand_and_prices_file(root: Path, tmp_path: Path) -> None:
 
 
 def test_cli_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "7b-lora", "--gpu", "a10g-24g", "--gpu", "h200-141g", "--json"]) == 0
+    # a gate: one --gpu it does not fit makes the exit status 1, with the JSON still printed
+    assert main(["plan", "7b-lora", "--gpu", "a10g-24g", "--gpu", "h200-141g", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     by = {g["gpu"]["id"]: g for g in out["gpus"]}
     assert by["h200-141g"]["fits"] and not by["a10g-24g"]["fits"]
     assert by["a10g-24g"]["path_to_fit"] and by["a10g-24g"]["best_knob"]["sets"]
+    assert all(k["host_bytes"] > 0 for k in [by["a10g-24g"]["best_knob"], *by["a10g-24g"]["path_to_fit"]])
+    fit = by["a10g-24g"]["variants_that_fit"]
+    assert fit and fit[0]["variants"] == ["24gib"] and fit[0]["host_bytes"] > 0
     assert out["model"]["params"] == 6738415616
     host = out["host"]  # the host RAM of node 0, labelled as a prediction
     assert host["predicted"] is True and host["peak_pss_bytes"] <= host["peak_rss_bytes"]

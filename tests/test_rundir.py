@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from verl_recipes import RecipeError
 from verl_recipes.rundir import PROVENANCE, read_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +25,13 @@ def test_every_committed_provenance_reads_as_the_typed_record() -> None:
         assert (prov.verl_fixes_off is None) == ("verl_fixes_off" not in raw)
 
 
-def test_a_record_before_a_key_existed_says_so_and_a_broken_one_is_one_line(tmp_path: Path) -> None:
+def test_a_record_before_a_key_existed_says_so_and_a_broken_one_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert read_provenance(tmp_path).raw == {} and read_provenance(tmp_path).verl_fixes is None
     (tmp_path / PROVENANCE).write_text(json.dumps({"argv": ["verl-recipes", "train", "x", "--layers", "2"]}))
     prov = read_provenance(tmp_path)
     assert prov.verl_fixes_off is None and prov.argv_value("--layers") == "2" and prov.argv_value("--gpus") is None
-    (tmp_path / PROVENANCE).write_text("{not json")
-    with pytest.raises(RecipeError, match="not readable JSON"):
-        read_provenance(tmp_path)
+    (tmp_path / PROVENANCE).write_text('{"argv": ["verl-recipes", "tr')  # cut short: read as none
+    assert read_provenance(tmp_path).raw == {}
+    assert "ends early" in capsys.readouterr().err

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-from verl_recipes import RecipeError, __version__
+from verl_recipes import RecipeError, __version__, inflight
 
 # subcommand -> (module that implements it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -46,8 +48,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 ALIASES: dict[str, str] = {"validate": "check-bounds"}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as the project's one line (`error: ...`, exit 2); `--help`
+    still prints the usage. Subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (--help lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verl-recipes", description=__doc__.splitlines()[0])
+    parser = Parser(prog="verl-recipes", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"verl-recipes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in SUBCOMMANDS.items():
@@ -63,7 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the exit status of a command stopped by Ctrl-C or a kill (128 + SIGINT, as a shell reports it)
+INTERRUPTED = 130
+
+
+def _term_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. Bad input is one `error:` line and exit 2; Ctrl-C or a kill (SIGTERM) is
+    one `interrupted:` line naming what was being written and what was kept, and exit 130: every
+    writer cleans up on the way out (`verl_recipes.inflight`), so nothing half-written stays."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ALIASES:
         print(f"note: `verl-recipes {argv[0]}` is the old name of `verl-recipes {ALIASES[argv[0]]}`", file=sys.stderr)
@@ -73,11 +94,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    return run_guarded(args.command, lambda: args.func(args))
+
+
+def run_guarded(command: str, body: Callable[[], int | None]) -> int:
+    """Run a subcommand's body with the two endings every command shares (see `main`)."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # a subcommand may still set its own
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
-        return int(args.func(args) or 0)
+        return int(body() or 0)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the line short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(inflight.interrupted_line(command), file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ The front README carries one table, the user's: each job in plain words and the 
 (`<!-- gpus:begin -->` ... `<!-- gpus:end -->`). recipes/README.md carries the depth: the recipe
 table (`recipes`), the measured results with cost (`results`) and the planner's predicted peak per
 GPU type (`plans`), each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs
---write` regenerates all four, `verl-recipes docs --results` prints the measured results, and
+--write` regenerates all four (and recipes/index.json, which noxfile.py reads), `verl-recipes docs --results` prints the measured results, and
 tests/test_docs.py fails when a file is stale. Every measured number comes from an
 `expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
 shows "not measured yet", never a guess. The plans table is a prediction and says so in its
@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import GIB, RecipeError
+from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe, discover
 from verl_recipes.rundir import Provenance, read_provenance
@@ -164,12 +164,15 @@ class PlanRow:
     recipe: Recipe
     variant: str | None
     world: int
-    cells: list[tuple[Any, float, str | None]]  # (GPU, predicted peak GiB, why it does not fit or None)
+    #: (GPU, peak GiB, why it does not fit or None, "calibrated" where a committed calibrated
+    #: prediction for the layout on that GPU decides, as `plan` judges it, else None)
+    cells: list[tuple[Any, float, str | None, str | None]]
 
 
 def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
     """Every recipe and variant planned on every catalogued GPU, with the GPU count it is written for
     (composes each against verl's config: the slow part of both plan tables)."""
+    from verl_recipes.plan.advice import calibrated
     from verl_recipes.plan.cli import load_setup
     from verl_recipes.plan.gpus import catalogue
     from verl_recipes.plan.phases import Constants, plan_gpu
@@ -181,17 +184,21 @@ def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
     for r in recipes.values():
         for variant in [None, *r.variants]:
             _, setup, _ = load_setup(r.id, [variant] if variant else [], [])
-            cells: list[tuple[Any, float, str | None]] = []
+            cells: list[tuple[Any, float, str | None, str | None]] = []
             for g in gpus:
                 p = plan_gpu(setup, g, c)
                 peak = p.peak.total / GIB
-                if p.fits:
-                    cells.append((g, peak, None))
+                cal = calibrated(r, [variant] if variant else [], setup, g)
+                if cal is not None:  # the same verdict `plan` gives: the calibrated figure decides
+                    fig = cal.peak_bytes / GIB
+                    cells.append((g, fig, None if cal.fits else f"{fig:.1f} ({cal.peak_phase})", "calibrated"))
+                elif p.fits:
+                    cells.append((g, peak, None, None))
                 elif p.peak.total > g.visible_bytes:
-                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})"))
+                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})", None))
                 else:  # the sum fits, vLLM does not (no KV cache, or no room to start)
                     why = next((q for q in p.problems if " needs " not in q), "does not fit")
-                    cells.append((g, peak, why.split(":")[0]))
+                    cells.append((g, peak, why.split(":")[0], None))
             out.append(PlanRow(r, variant, setup.world, cells))
     return out
 
@@ -206,13 +213,16 @@ def plans_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | 
     says why vLLM cannot run when the phases' sum would fit.
     """
     rows = rows if rows is not None else plan_rows(recipes)
-    gpus = [g for g, _, _ in rows[0].cells] if rows else []
+    gpus = [c[0] for c in rows[0].cells] if rows else []
     out = [
         "| recipe | configuration | GPUs | " + " | ".join(f"{g.id} ({g.visible_gib:.0f})" for g in gpus) + " |",
         "|---|---|---|" + "---|" * len(gpus),
     ]
     for row in rows:
-        cells = [f"{peak:.1f}" if why is None else f"no: {why}" for _, peak, why in row.cells]
+        cells = [
+            (f"{peak:.1f}" if why is None else f"no: {why}") + (f" {basis}" if basis else "")
+            for _, peak, why, basis in row.cells
+        ]
         out.append(f"| {row.recipe.id} | {row.variant or 'default'} | {row.world} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -238,7 +248,7 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
     Predicted by the planner for the GPU count the recipe is written for; the measured figures
     and the planner's error against them are one link away."""
     rows = rows if rows is not None else plan_rows(recipes)
-    gpus = [g for g, _, _ in rows[0].cells] if rows else []
+    gpus = [c[0] for c in rows[0].cells] if rows else []
     out = [
         "| job | setting | GPUs | "
         + " | ".join(f"{g.id.split('-')[0].upper()} {g.memory_bytes / GIB:.0f} GB" for g in gpus)
@@ -247,7 +257,10 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
     ]
     for row in rows:
         r = row.recipe
-        cells = [f"yes ({peak:.0f} GiB)" if why is None else "no" for _, peak, why in row.cells]
+        cells = [
+            (f"yes ({peak:.0f} GiB" if why is None else f"no ({peak:.0f} GiB") + (f", {basis})" if basis else ")")
+            for _, peak, why, basis in row.cells
+        ]
         job = f"[{r.title}](recipes/{r.id}/README.md)" if row.variant is None else ""
         setting = variant_summary(r, row.variant) + ("" if row.variant is None else f" (`--variant {row.variant}`)")
         measured = ""
@@ -288,6 +301,60 @@ def generated(root: Path | None = None) -> dict[Path, str]:
         detail: render(
             detail.read_text(), {k: v.replace("](recipes/", "](") for k, v in tables.items()}, "recipes/README.md"
         ),
+        root / INDEX: recipe_index(),
+    }
+
+
+#: what noxfile.py reads to name its sessions (JSON: nox runs before PyYAML or this package is installed)
+INDEX = "recipes/index.json"
+
+
+def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
+    """recipes/index.json: each recipe's id, title, GPU count and smoke steps, as noxfile.py needs them.
+
+    `pip install nox` brings no YAML parser, and `nox -l` must work on a machine that has only
+    Python and nox; so the sessions are named from this file, generated from recipe.yaml by the
+    same `docs --write` as the README tables, and tests/test_docs.py fails when it is stale.
+    """
+    import json
+
+    recipes = recipes if recipes is not None else discover()
+    body = {
+        "generated_by": "verl-recipes docs --write, from recipes/*/recipe.yaml composed against verl's config",
+        "recipes": {
+            r.id: {
+                "title": r.title,
+                "gpus": r.gpus.count,
+                "smoke_steps": r.smoke.steps,
+                "layouts": {v or "default": _layout_facts(r, v) for v in [None, *r.variants]},
+            }
+            for r in recipes.values()
+        },
+    }
+    return json.dumps(body, indent=1) + "\n"
+
+
+def _layout_facts(recipe: Recipe, variant: str | None) -> dict[str, Any]:
+    """What the Slurm launcher's check needs to apply `train`'s layout rules without verl or PyYAML
+    (it runs on a node's bare python3): the batch and parallel sizes of the composed job."""
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
+
+    cfg = compose_run(recipe, [variant] if variant else [], [], gpu_layout(recipe))
+    s = setup_from_config(cfg, Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json"))
+    a = s.actor
+    return {
+        "train_batch_size": s.train_batch_size,
+        "rollout_n": s.rollout.n,
+        "ppo_mini_batch_size": s.ppo_mini_batch_size,
+        "backend": a.backend,
+        "tp": a.tp,
+        "pp": a.pp,
+        "cp": a.cp,
+        "micro_train": a.micro_train,
+        "dynamic_bsz": a.dynamic_bsz,
+        "rollout_tp": s.rollout.tp,
     }
 
 
@@ -310,6 +377,6 @@ def run(args: argparse.Namespace) -> int:
         print(recipe_table())
         return 0
     for path, text in generated().items():
-        path.write_text(text)
+        inflight.write_text(path, text, str(path.relative_to(repo_root())))
         print(f"wrote {path}")
     return 0

@@ -140,6 +140,45 @@ def reap(run_dir: Path, grace_s: float = 5.0, under: bool = False) -> list[int]:
     return found
 
 
+# The guard: a small process that outlives a SIGKILLed monitor by exactly as long as it takes to end
+# the run's tree. It reads its stdin, a pipe only the monitor holds: "done" means the monitor ended
+# on its own; end-of-file without it means the monitor died, and the run's processes are reaped.
+_GUARD_SRC = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "if sys.stdin.buffer.read() != b'done':\n"
+    "    from verl_recipes.procs import reap\n"
+    "    reap(Path(sys.argv[1]), grace_s=float(sys.argv[2]))\n"
+)
+
+
+class TreeGuard:
+    """Ends every process of a run (`reap`) if the process that started the guard dies first."""
+
+    def __init__(self, run_dir: Path, grace_s: float = 5.0) -> None:
+        import subprocess
+        import sys
+
+        env = {k: v for k, v in os.environ.items() if k not in (RUN_DIR_ENV,)}  # the guard is not the run's
+        pkg = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _GUARD_SRC, str(run_dir), str(grace_s)],
+            stdin=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # a Ctrl-C at the terminal is for the run, not for its guard
+        )
+
+    def disarm(self) -> None:
+        """The starter ends normally: the guard exits without touching anything."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.write(b"done")
+                self._proc.stdin.close()
+        with contextlib.suppress(Exception):
+            self._proc.wait(timeout=10)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reap",

@@ -16,7 +16,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import threading
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ METRICS = "metrics.jsonl"  # the phase markers: what verl's Tracking.log logged,
 VERL_METRICS = "verl_metrics.jsonl"  # verl's own file logger (VERL_FILE_LOGGER_PATH)
 LOG = "train.log"  # stdout and stderr of the monitored trainer
 EXIT_CODE = "exit_code"
+INCOMPLETE = "incomplete.json"  # while the launcher works in the folder (pid, command): gone when it finishes
 RAY_LOGS = "ray-logs"  # tails of the run's Ray worker logs that carry an error (measure.ending)
 RAY_ERRORS = "ray-logs/errors.json"  # their last error lines: {"session", "errors": [{file, last_error}]}
 PROFILE = "profile"  # verl's torch profiler traces, when global_profiler.tool is set
@@ -170,9 +173,13 @@ def read_summary(run_dir: Path) -> Summary:
     if not path.is_file():
         raise RecipeError(f"{run_dir}: no {SUMMARY}; run `verl-recipes report {run_dir}` first")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise RecipeError(f"{path}: not readable JSON: {e}") from None
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as e:
+        raise RecipeError(
+            f"{path}: not whole JSON (it ends early: {e.msg} at line {e.lineno}); rerun `verl-recipes report {run_dir}`"
+        ) from None
+    except OSError as e:
+        raise RecipeError(f"{path}: not readable: {e}") from None
     if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else None
         raise RecipeError(f"{path}: schema {found!r}, expected {SUMMARY_SCHEMA!r}; rerun `verl-recipes report`")
@@ -181,14 +188,30 @@ def read_summary(run_dir: Path) -> Summary:
 
 
 def write_summary(out_dir: Path, summary: Mapping[str, Any]) -> Path:
+    """summary.json, written under a temporary name and renamed: a reader sees all of it or none."""
     path = out_dir / SUMMARY
-    path.write_text(json.dumps(summary, indent=1) + "\n")
+    tmp = out_dir / f".{SUMMARY}.partial-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(summary, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
 def measured_runs(base: Path) -> list[Path]:
-    """The run folders under `base` that have a summary (committed results nest them: run/verl/)."""
-    return sorted(p.parent for p in base.glob(f"**/{SUMMARY}"))
+    """The run folders under `base` that have a readable summary (committed results nest them:
+    run/verl/). A summary that is cut short or not this schema is named in one line and left out,
+    so every table is still written from the others."""
+    runs = []
+    for p in sorted(base.glob(f"**/{SUMMARY}")):
+        try:
+            read_summary(p.parent)
+        except RecipeError as e:
+            warn_once(p, f"{e}; left out of the tables")
+            continue
+        runs.append(p.parent)
+    return runs
 
 
 # --- provenance.json ----------------------------------------------------------------------------
@@ -248,17 +271,18 @@ class Provenance:
 
 
 def read_provenance(run_dir: Path) -> Provenance:
-    """The run's provenance record (every field empty for a run folder without one: `raw` is {})."""
+    """The run's provenance record (every field empty for a run folder without one, or one cut
+    short: a line says where it ends, and the run's tables are still written; `raw` is then {})."""
     path = run_dir / PROVENANCE
     if not path.is_file():
         return Provenance.from_record({})
+    text = path.read_text(encoding="utf-8", errors="replace")
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise RecipeError(f"{path}: not readable JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise RecipeError(f"{path}: not a JSON object")
-    return Provenance.from_record(raw)
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        warn_once(path, f"not whole JSON (it ends early: {e.msg} at line {e.lineno}); read as no provenance")
+        return Provenance.from_record({})
+    return Provenance.from_record(raw if isinstance(raw, dict) else {})
 
 
 def write_provenance(run_dir: Path, record: dict[str, Any]) -> Path:
@@ -332,23 +356,54 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 
     Committed results keep their samples gzipped (PATH.gz, a tenth of the size, so the repository
     still travels to a GPU host beside a wheelhouse chunk); either form is read.
+
+    A file that ends early (a killed writer's torn last line, a gzip cut short by a copy) is read
+    up to where it ends, and one line on stderr says where; the callers' tables are still written.
     """
     records: list[dict[str, Any]] = []
     bad = 0
     gz = path.with_name(path.name + ".gz")
     if not path.is_file() and not gz.is_file():
         return records, bad
+    src = path if path.is_file() else gz
     text: IO[str] = (
         open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
         if path.is_file()
         else gzip.open(gz, "rt", encoding="utf-8", errors="replace")  # noqa: SIM115
     )
+    n = 0
+    last = ""
     with text as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1
+        try:
+            for line in f:
+                n += 1
+                last = line
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    bad += 1
+        except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            warn_once(
+                src,
+                f"ends early after line {n} ({type(e).__name__}: {e}); read the {len(records)} records before it",
+            )
+            return records, bad
+    if last and not last.endswith("\n") and last.strip():
+        try:
+            json.loads(last)
+        except json.JSONDecodeError:
+            warn_once(src, f"ends early: line {n} is cut short; read the {len(records)} records before it")
     return records, bad
+
+
+_warned: set[str] = set()
+
+
+def warn_once(path: Path, text: str) -> None:
+    """One line on stderr about a run file that is cut short or unreadable, once per file and process."""
+    if str(path) in _warned:
+        return
+    _warned.add(str(path))
+    print(f"warning: {path}: {text}", file=sys.stderr)

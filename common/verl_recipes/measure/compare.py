@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, inflight
 from verl_recipes.rundir import METRICS, STEADY_FROM, read_jsonl, read_provenance, read_summary
 
 
@@ -103,5 +103,5 @@ def run(args: argparse.Namespace) -> int:
     doc = compare(args.baseline, args.runs)
     print(render(doc), end="")
     if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        inflight.write_text(args.json, json.dumps(doc, indent=2) + "\n", "the comparison")
     return 0

@@ -74,8 +74,8 @@ from typing import Any
 
 import psutil
 
-from verl_recipes import RecipeError
-from verl_recipes.procs import all_pids, die_with_parent, has_marker, run_marker
+from verl_recipes import RecipeError, cli_types
+from verl_recipes.procs import TreeGuard, all_pids, die_with_parent, end, has_marker, marked_pids, run_marker
 from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 
 # USS/PSS reads may take at most this share of one core: on the H200 one read of 51-68 verl
@@ -607,8 +607,10 @@ def monitor_command(
     """Run `cmd` under the monitor; return its exit code (128+N when killed by signal N).
 
     SIGTERM and SIGHUP sent to the monitor are forwarded to the command; SIGINT is not (see below).
-    A monitor that dies of a signal it cannot catch (SIGKILL) takes the command with it
-    (`procs.die_with_parent`).
+    Stopped by any of them, the monitor ends the whole tree it started once the command has exited
+    (every process carrying the run's marker, grandchildren under a wrapper shell included). A
+    monitor that dies of a signal it cannot catch (SIGKILL) takes the command with it
+    (`procs.die_with_parent`) and its guard (`procs.TreeGuard`) ends the rest.
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -619,14 +621,22 @@ def monitor_command(
     except OSError as e:
         raise RecipeError(f"cannot start {cmd[0]!r}: {e.strerror}; give a runnable command after --") from None
 
+    stopped: list[int] = []  # the signals that asked the monitor to stop
+
     def forward(signum: int, _frame: FrameType | None) -> None:
+        stopped.append(signum)
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    def keep_sampling(_signum: int, _frame: FrameType | None) -> None:
+    def keep_sampling(signum: int, _frame: FrameType | None) -> None:
         """Ctrl-C reaches the child directly (same process group); a second copy would make Ray and
         torchrun treat it as a forced kill. Keep sampling until the child exits."""
+        stopped.append(signum)
 
+    # A SIGKILLed monitor runs no handler: its guard ends the tree. A stopped one (SIGTERM, SIGHUP,
+    # Ctrl-C) ends it itself once the child has exited: a wrapper shell dies of the signal and
+    # leaves its own children (a background job ignores SIGINT) running, holding the GPU.
+    guard = TreeGuard(out)
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
     old[signal.SIGINT] = signal.signal(signal.SIGINT, keep_sampling)
     try:
@@ -641,10 +651,13 @@ def monitor_command(
             procs_s=detail_s,
         ) as mon:
             rc = proc.wait()
+            if stopped:
+                end(lambda: marked_pids(out), grace_s=5.0)
             mon.set_exit(rc)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        guard.disarm()
     return rc if rc >= 0 else 128 - rc
 
 
@@ -657,16 +670,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Example: verl-recipes monitor --out runs/a -- python -m verl.trainer.main_ppo ...",
     )
     p.add_argument("--out", required=True, help="run directory (created); samples.jsonl goes here")
-    p.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
+    p.add_argument("--interval", type=cli_types.positive, default=0.1, help="seconds between samples (default 0.1)")
     p.add_argument(
         "--full-mem-interval",
-        type=float,
+        type=cli_types.positive,
         default=2.0,
         help="seconds between USS/PSS reads (smaps_rollup, costly for large CUDA processes; default 2)",
     )
     p.add_argument(
         "--detail-interval",
-        type=float,
+        type=cli_types.positive,
         default=0.5,
         help="seconds between host RSS and NVML per-process reads (default 0.5; the device total is read every "
         "--interval)",

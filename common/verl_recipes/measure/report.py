@@ -31,10 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, inflight
 from verl_recipes.measure import ending, startup
 from verl_recipes.measure.monitor import CLASSES, GIB
-from verl_recipes.rundir import METRICS, PHASES, REPORT, SAMPLES, SUMMARY_SCHEMA, TIMELINE, read_jsonl, write_summary
+from verl_recipes.rundir import (
+    METRICS,
+    PHASES,
+    REPORT,
+    SAMPLES,
+    SUMMARY,
+    SUMMARY_SCHEMA,
+    TIMELINE,
+    read_jsonl,
+    write_summary,
+)
 
 OUTSIDE = "outside"
 
@@ -475,7 +485,7 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
             frameon=False,
         )
     fig.tight_layout(rect=(0, 0, 1, 0.93 if colors else 1))
-    fig.savefig(out_png, dpi=110)
+    fig.savefig(out_png, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -487,9 +497,13 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     out = (out_dir or run_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(run_dir)
-    write_summary(out, summary)
-    render_timeline(run_dir, out / TIMELINE)
-    (out / REPORT).write_text(render_markdown(summary, TIMELINE))
+    # each file is renamed into place whole; summary.json last, so a report cut short is redone by
+    # the next `report` and never read as complete (the tables read summary.json)
+    with inflight.staged_file(out / TIMELINE, "the timeline") as tmp:
+        render_timeline(run_dir, tmp)
+    inflight.write_text(out / REPORT, render_markdown(summary, TIMELINE), "the report")
+    with inflight.writing("the summary", out / SUMMARY):
+        write_summary(out, summary)
     return summary
 
 

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, cli_types, inflight
 
 #: family -> regex on the lower-cased event name; the first match wins, so order matters.
 FAMILIES: tuple[tuple[str, str], ...] = (
@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "trace", type=Path, help="a Chrome trace from torch.profiler (*.json or *.json.gz), or a folder of them"
     )
-    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--top", type=cli_types.count, default=15)
     p.add_argument("--out", type=Path, help="write the table here (markdown) instead of printing it")
     p.set_defaults(func=run)
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         if args.out.exists():
             raise RecipeError(f"{args.out} exists; give a new --out path")
-        args.out.write_text(text)
+        inflight.write_text(args.out, text, "the trace summary")
         print(f"wrote {args.out}")
     else:
         print(text, end="")

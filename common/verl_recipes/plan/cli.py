@@ -11,6 +11,12 @@ recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; 
 model as `train --layers` does); a path is a file of deltas
 on verl's `ppo_trainer` (or `--config-name`). The model's config.json comes from the recipe, or
 `--arch` (a bundled name or a path), or `actor_rollout_ref.model.path`/config.json.
+
+A gate a script can trust: with `--gpu`, the exit status is 1 unless the job fits every GPU named
+(2 for bad input, as everywhere). Where the recipe commits a calibrated prediction for the layout
+(`expected/*.yaml`, status predicted), it decides the verdict, beside the planner's own figure
+(`verl_recipes.plan.advice`); a recipe variant that fits is named before any knob, and every
+suggestion shows its host RAM.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import GIB, RecipeError
+from verl_recipes import GIB, RecipeError, cli_types, inflight
 from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup, setup_from_config
@@ -48,12 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--arch", help="bundled arch name or path to a config.json (for a config path)")
     p.add_argument(
         "--gpus",
-        type=int,
+        type=cli_types.count,
         help="GPUs on one node, as `train --gpus N` runs it (a scaled-down run; default: the recipe's layout)",
     )
-    p.add_argument("--layers", type=int, help="the model truncated to this many layers, as `train --layers N` makes it")
+    p.add_argument(
+        "--layers", type=cli_types.count, help="the model truncated to this many layers, as `train --layers N` makes it"
+    )
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
-    p.add_argument("--tokens-per-s", type=float, help="whole-job tokens/s, for a cost estimate per step")
+    p.add_argument("--tokens-per-s", type=cli_types.positive, help="whole-job tokens/s, for a cost estimate per step")
     p.add_argument("--provider", help="price this provider's offer (validation/prices.yaml) instead of the cheapest")
     p.add_argument(
         "--verl-fix-off",
@@ -66,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
     # the old name of --errors, kept working; it says so when used
     p.add_argument("--validate", dest="errors_old_name", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--tolerance", type=float, default=0.10, help="--errors: allowed relative error (0.10)")
+    p.add_argument("--tolerance", type=cli_types.positive, default=0.10, help="--errors: allowed relative error (0.10)")
     p.add_argument("--allow-empty", action="store_true", help="--errors: pass when no run is committed")
     p.add_argument(
         "--from-layers",
@@ -185,7 +193,18 @@ def render_text(
     costs: list[str],
     c: Constants,
     host: HostPlan | None = None,
+    fixes_off: Sequence[str] = (),
+    cals: dict[str, Any] | None = None,
+    fits: dict[str, bool] | None = None,
 ) -> str:
+    from verl_recipes.plan.advice import host_bytes, variant_line, verdict_line
+
+    cals = cals or {}
+    fits = fits if fits is not None else {p.gpu.id: p.fits for p in plans}
+
+    def ram(setup: Setup) -> str:
+        return f"host RAM about {host_bytes(setup, fixes_off) / GIB:.0f} GiB"
+
     out = [f"plan: {label}", *describe(s), _constants_line(c), ""]
     names = [p.gpu.id for p in plans]
     w = max(10, *(len(n) for n in names))
@@ -199,7 +218,7 @@ def render_text(
             row += f"{_g(tot) + mark:>{w + 2}s}"
         out.append(row)
     out.append(f"{'  vLLM KV tokens':18s}" + "".join(f"{p.kv_tokens:>{w + 2}d}" for p in plans))
-    out.append(f"{'  fits':18s}" + "".join(f"{'yes' if p.fits else 'NO':>{w + 2}s}" for p in plans))
+    out.append(f"{'  fits':18s}" + "".join(f"{'yes' if fits[p.gpu.id] else 'NO':>{w + 2}s}" for p in plans))
     ref = plans[0]
     out += ["", f"dominant terms per phase ({ref.gpu.id}; the vLLM budget scales with the GPU):"]
     for ph in ref.phases:
@@ -207,21 +226,33 @@ def render_text(
         out.append(f"  {ph.phase:15s} {_g(ph.total):>6s}  {terms}")
     out.append("")
     for p in plans:
-        if p.fits:
+        cal_line = verdict_line(p, cals.get(p.gpu.id))
+        if cal_line:
+            out.append(cal_line)
+        sg = suggestions.get(p.gpu.id) or {}
+        if fits[p.gpu.id]:
             out.append(
                 f"{p.gpu.id}: fits; highest phase {p.peak.phase} {_g(p.peak.total)} of "
                 f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
                 f"(batch: {p.batch_seqs_per_replica} sequences of {s.seq_len} per vLLM replica)"
             )
             continue
-        out.append(f"{p.gpu.id}: does NOT fit: " + "; ".join(p.problems))
-        sg = suggestions.get(p.gpu.id) or {}
+        why = p.problems or [f"the calibrated prediction exceeds {_g(p.gpu.visible_bytes)} GiB"]
+        out.append(f"{p.gpu.id}: does NOT fit: " + "; ".join(why))
+        judged = sg.get("judged_against")
+        if judged is not None:
+            out.append(
+                f"  variants and knobs below are judged against {_g(judged.visible_bytes)} GiB: the planner's figure "
+                f"plus the {_g(p.gpu.visible_bytes - judged.visible_bytes)} GiB the calibration adds must fit"
+            )
+        for vf in sg.get("variants") or []:  # a variant the recipe ships comes before any knob
+            out.append(variant_line(vf, judged or p.gpu))
         best = sg.get("best")
         if best:
-            verdict = "then fits" if best.plan.fits else f"still short by {_g(best.plan.shortfall)} GiB"
+            then = "then fits" if best.plan.fits else f"still short by {_g(best.plan.shortfall)} GiB"
             out.append(
                 f"  best single knob: {best.knob.name}: --set {' --set '.join(best.knob.sets)} "
-                f"(saves {_g(best.saves)} GiB; {verdict})"
+                f"(saves {_g(best.saves)} GiB; {then}; {ram(best.knob.setup)})"
             )
         path, more = sg.get("path"), sg.get("more_gpus_path")
         for title, steps in ((f"to fit on {s.world} GPU(s)", path), ("to fit with more GPUs", more)):
@@ -229,7 +260,7 @@ def render_text(
                 sets = [x for step in steps for x in step.knob.sets]
                 out.append(
                     f"  {title}: {' + '.join(st.knob.name for st in steps)}: --set {' --set '.join(sets)} "
-                    f"(peak {_g(steps[-1].plan.peak.total)} GiB)"
+                    f"(peak {_g(steps[-1].plan.peak.total)} GiB; {ram(steps[-1].knob.setup)})"
                 )
         if not path:
             out.append(
@@ -251,7 +282,15 @@ def plan_json(
     cost: list[dict[str, Any]],
     c: Constants,
     host: HostPlan | None = None,
+    fixes_off: Sequence[str] = (),
+    cals: dict[str, Any] | None = None,
+    fits: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
+    from verl_recipes.plan.advice import host_bytes
+
+    cals = cals or {}
+    fits = fits if fits is not None else {p.gpu.id: p.fits for p in plans}
+
     def knob(sg: Any) -> dict[str, Any]:
         return {
             "name": sg.knob.name,
@@ -259,7 +298,13 @@ def plan_json(
             "saves_bytes": sg.saves,
             "peak_bytes": sg.plan.peak.total,
             "fits": sg.plan.fits,
+            "host_bytes": host_bytes(sg.knob.setup, fixes_off),
         }
+
+    def calib(cal: Any) -> dict[str, Any] | None:
+        if cal is None:
+            return None
+        return {"file": str(cal.path), "peak_bytes": cal.peak_bytes, "peak_phase": cal.peak_phase, "fits": cal.fits}
 
     gpus = []
     for p in plans:
@@ -267,7 +312,18 @@ def plan_json(
         gpus.append(
             {
                 "gpu": asdict(p.gpu),
-                "fits": p.fits,
+                "fits": fits[p.gpu.id],
+                "planner_fits": p.fits,
+                "calibrated": calib(cals.get(p.gpu.id)),
+                "variants_that_fit": [
+                    {
+                        "variants": list(v.variants),
+                        "peak_bytes": v.peak_bytes,
+                        "peak_phase": v.peak_phase,
+                        "host_bytes": v.host_bytes,
+                    }
+                    for v in sg.get("variants") or []
+                ],
                 "problems": p.problems,
                 "peak_phase": p.peak.phase,
                 "peak_bytes": p.peak.total,
@@ -425,8 +481,22 @@ def run(args: argparse.Namespace) -> int:
     if args.write:
         raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
-    print(report(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off))
-    return 0
+    job = Job(args.variant, args.sets, args.gpus, args.layers)
+    text, fits = judge(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off, job)
+    print(text)
+    # a gate: with --gpu, exit 1 unless the job fits every GPU named (without it, plan only informs)
+    return 0 if not gpus or all(fits.values()) else 1
+
+
+@dataclass(frozen=True)
+class Job:
+    """What `plan` was asked beyond the setup: the recipe's variants and --set lines, train's
+    --gpus and --layers; the variants that fit are planned with the same."""
+
+    variants: Sequence[str] = ()
+    sets: Sequence[str] = ()
+    gpus: int | None = None
+    layers: int | None = None
 
 
 def report(
@@ -438,29 +508,63 @@ def report(
     provider: str | None = None,
     as_json: bool = False,
     fixes_off: list[str] | None = None,
+    job: Job | None = None,
 ) -> str:
     """The plan of one configuration on `gpus` (default: every catalogued GPU), with the knobs that
     would make it fit where it does not, as text or JSON; what `plan` prints and the rehearsal shows."""
+    return judge(label, s, recipe, gpus, tokens_per_s, provider, as_json, fixes_off, job)[0]
+
+
+def judge(
+    label: str,
+    s: Setup,
+    recipe: Any = None,
+    gpus: list[GPU] | None = None,
+    tokens_per_s: float | None = None,
+    provider: str | None = None,
+    as_json: bool = False,
+    fixes_off: list[str] | None = None,
+    job: Job | None = None,
+) -> tuple[str, dict[str, bool]]:
+    """`report`, and the verdict per GPU id: the calibrated prediction where the recipe has one
+    for this layout (`plan.advice`), else the planner's."""
+    from verl_recipes.plan.advice import calibrated, excess, fitting_variants, judged_gpu, measured, verdict
     from verl_recipes.plan.knobs import helpful, path_to_fit
 
+    job = job or Job()
     gpus = gpus or list(catalogue().values())
     c = Constants()
     plans = [plan_gpu(s, g, c) for g in gpus]
+    # the most reliable evidence per GPU: a committed run of this job there, else a committed
+    # calibrated prediction, else the planner alone
+    rate_run = _rate_run(s, recipe.id) if recipe is not None else None
+    cals = {p.gpu.id: measured(recipe, s, p.gpu, rate_run) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
+    fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
     suggestions: dict[str, Any] = {}
     for p in plans:
-        if not p.fits:
-            sg = helpful(s, p.gpu, c)
-            same = path_to_fit(s, p.gpu, c, more_gpus=False)
-            suggestions[p.gpu.id] = {
-                "best": sg[0] if sg else None,
-                "path": same,
-                "more_gpus_path": None if same else path_to_fit(s, p.gpu, c),
-            }
+        if fits[p.gpu.id]:
+            continue
+        # where the calibration shows the planner short, knobs and variants are judged on a card
+        # smaller by that much, so nothing is suggested that the calibrated figure would not hold
+        extra = excess(p, cals[p.gpu.id])
+        g = judged_gpu(p.gpu, extra)
+        sg = helpful(s, g, c)
+        same = path_to_fit(s, g, c, more_gpus=False)
+        suggestions[p.gpu.id] = {
+            "judged_against": g if extra else None,
+            "variants": fitting_variants(
+                recipe, job.variants, job.sets, g, gpus=job.gpus, layers=job.layers, fixes_off=fixes_off or ()
+            ),
+            "best": sg[0] if sg else None,
+            "path": same,
+            "more_gpus_path": None if same else path_to_fit(s, g, c),
+        }
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
     host = plan_host(s, fixes_off or [])
     if as_json:
-        return json.dumps(plan_json(label, s, plans, suggestions, cost_js, c, host), indent=2)
-    return render_text(label, s, plans, suggestions, cost_lines, c, host)
+        js = plan_json(label, s, plans, suggestions, cost_js, c, host, fixes_off or [], cals, fits)
+        return json.dumps(js, indent=2), fits
+    return render_text(label, s, plans, suggestions, cost_lines, c, host, fixes_off or [], cals, fits), fits
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:
@@ -483,6 +587,6 @@ def _from_layers(args: argparse.Namespace, s: Setup) -> int:
             "# PREDICTED, not measured: the full-depth configuration was never run. Written by\n"
             f"# `{command}`\n# from the truncated-depth runs under `fit` (verl_recipes/plan/layers.py says how).\n"
         )
-        args.write.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110))
+        inflight.write_text(args.write, header + yaml.safe_dump(doc, sort_keys=False, width=110), "the prediction")
         print(f"wrote {args.write}")
     return 0

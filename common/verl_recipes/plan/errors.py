@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_recipes import GIB, RecipeError
+from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.plan.gpus import GPU
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 from verl_recipes.plan.runs import committed_runs, residual_line, run_setup
@@ -154,7 +154,8 @@ def main_errors(
             "`validate-planner` fails while any device error is beyond the tolerance).\n\n"
         )
         notes = load_notes(base)
-        write.write_text(head + markdown_table(rows, tolerance, notes) + "\n" + host_markdown(hrows, tolerance, notes))
+        text = head + markdown_table(rows, tolerance, notes) + "\n" + host_markdown(hrows, tolerance, notes)
+        inflight.write_text(write, text, "the error table")
         print(f"wrote {write}")
     bad = [r for r in rows if abs(r.error) > tolerance]
     print(f"{len(rows)} comparisons, {len(bad)} beyond ±{tolerance:.0%}: " + ("PASS" if ok else "FAIL"))

@@ -169,6 +169,52 @@ def parse_sets(sets: Iterable[str]) -> Any:
     return OmegaConf.from_dotlist(items)
 
 
+def hydra_prefixes(base: Any, sets: Iterable[str]) -> list[str]:
+    """`--set` lines with Hydra's override prefixes answered in terms of the key meant.
+
+    `++key=value` (set or add) is `key=value` here, judged as strictly as any other key. `+key=value`
+    adds a key: on a key verl already has, Hydra refuses it, and so does this, saying to drop the +;
+    on a new key it is `key=value`, which only a free-form mapping takes. `~key` deletes a key: verl's
+    schema keeps every key it defines, so it is refused with the value to set instead.
+    """
+    from omegaconf import OmegaConf
+
+    def exists(key: str) -> bool:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(base, parent) if parent else base
+        return OmegaConf.is_dict(node) and leaf in node
+
+    out = []
+    for line in sets:
+        key, _, value = line.partition("=")
+        if line.startswith("~"):
+            key = key[1:]
+            if not exists(key):
+                hint = _suggest(base, key)
+                did = f"; did you mean '{hint}'?" if hint else ""
+                raise RecipeError(f"--set {line}: Hydra's ~ deletes a key, and verl's config has no '{key}'{did}")
+            raise RecipeError(
+                f"--set {line}: Hydra's ~ deletes '{key}', but verl reads every key of its schema: "
+                f"set a value instead, e.g. --set {key}=null"
+            )
+        if line.startswith("++"):
+            out.append(line[2:])
+        elif line.startswith("+"):
+            if exists(key[1:]):
+                raise RecipeError(
+                    f"--set {line}: '{key[1:]}' is already in verl's config, and Hydra's + only adds a new key: "
+                    f"drop the +, --set {key[1:]}={value}"
+                )
+            out.append(line[1:])
+        else:
+            out.append(line)
+    return out
+
+
+def _merge_sets(cfg: Any, overrides: Sequence[str]) -> Any:
+    return merge_strict(cfg, parse_sets(hydra_prefixes(cfg, overrides)), "--set")
+
+
 def compose_recipe(
     recipe: Recipe,
     variant: str | Sequence[str] | None = None,
@@ -182,7 +228,7 @@ def compose_recipe(
     if extra is not None:
         cfg = merge_strict(cfg, extra, "launcher settings")
     if overrides:
-        cfg = merge_strict(cfg, parse_sets(overrides), "--set")
+        cfg = _merge_sets(cfg, overrides)
     return cfg
 
 
@@ -190,7 +236,7 @@ def compose_file(path: Path, config_name: str = "ppo_trainer", overrides: Sequen
     """Compose a stand-alone deltas file (a user's copy of a recipe config)."""
     cfg = merge_strict(compose_verl(config_name), load_delta(path), str(path))
     if overrides:
-        cfg = merge_strict(cfg, parse_sets(overrides), "--set")
+        cfg = _merge_sets(cfg, overrides)
     return cfg
 
 
@@ -214,7 +260,10 @@ def run(args: argparse.Namespace) -> int:
     if target.suffix in (".yaml", ".yml") and target.exists():
         cfg = compose_file(target, args.config_name or "ppo_trainer", args.sets)
     else:
-        cfg = compose_recipe(get_recipe(args.recipe), args.variant, args.sets)
+        recipe = get_recipe(args.recipe)
+        cfg = compose_recipe(recipe, args.variant, args.sets)
+        for line in refusals(recipe, args.variant, args.sets):
+            print(f"warning: {line}", file=sys.stderr)
     if args.only:
         node = OmegaConf.select(cfg, args.only)
         if node is None:
@@ -225,3 +274,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(cfg)
     return 0
+
+
+def refusals(recipe: Recipe, variants: Sequence[str], sets: Sequence[str]) -> list[str]:
+    """What `plan` and `train` would refuse in this job, for `show` to warn about (it prints the
+    config either way): the GPU layout rules, and a memory plan that fits no GPU the planner knows."""
+    from verl_recipes.plan.gpus import catalogue
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.plan.phases import plan_gpu
+    from verl_recipes.recipe.run_config import compose_run, gpu_layout
+
+    try:
+        cfg = compose_run(recipe, variants, sets, gpu_layout(recipe))
+        setup = setup_from_config(cfg, Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json"))
+    except RecipeError as e:
+        return [f"train refuses this job: {e}"]
+    plans = [plan_gpu(setup, g) for g in catalogue().values()]
+    if not any(p.fits for p in plans):
+        big = max(plans, key=lambda p: p.gpu.visible_bytes)
+        return [
+            f"plan and train refuse this job: it fits no GPU the planner knows, not even {big.gpu.id} "
+            f"({big.problems[0]}); `verl-recipes plan {recipe.id}` names the fix"
+        ]
+    return []

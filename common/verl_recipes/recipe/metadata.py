@@ -45,6 +45,10 @@ class GPUSpec(_Strict):
     nodes: int = Field(1, ge=1)
     per_gpu_gib: float = Field(gt=0, description="per-GPU memory the recipe targets, GiB")
     target: str = Field(description="the hardware the recipe is written for, in words")
+    variant: str | None = Field(
+        None,
+        description="the variant that fits per_gpu_gib, where the default does not (checked against the planner)",
+    )
     measured_on: list[str] = Field(default_factory=list, description="device kinds it was measured on")
 
 
@@ -136,6 +140,11 @@ def load_recipe(path: Path) -> Recipe:
         raise RecipeError(_format_error(path, e)) from None
     if recipe.id != path.parent.name:
         raise RecipeError(f"{path}: id: {recipe.id!r} must equal the folder name {path.parent.name!r}")
+    if recipe.gpus.variant is not None and recipe.gpus.variant not in recipe.variants:
+        raise RecipeError(
+            f"{path}: gpus.variant: {recipe.gpus.variant!r} is not a variant; variants: "
+            f"{', '.join(recipe.variants) or 'none'}"
+        )
     for name in [recipe.config, *recipe.variants.values(), *recipe.expected]:
         if not (path.parent / name).is_file():
             raise RecipeError(f"{path}: {name}: file does not exist")

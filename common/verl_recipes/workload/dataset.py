@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, cli_types, inflight
 
 DATA_SOURCE = "verl_recipes/arith"
 ABILITY = "math"
@@ -146,27 +146,53 @@ def write(out: Path, n_train: int, n_test: int, seed: int = 0) -> dict[str, Path
     """Write train.parquet and test.parquet under `out`; returns split -> path.
 
     Parquet files this command did not write (no dataset.json beside them) are someone's data:
-    they are refused, never replaced.
+    they are refused, never replaced. `out` is claimed while it is written (a second writer gets
+    one line naming this one), and each file is renamed into place whole, so an interrupted write
+    leaves the earlier file or none, and `train`'s check for both files means "complete".
     """
     import json
 
     import pandas as pd
 
-    theirs = [f for f in ("train.parquet", "test.parquet") if (out / f).exists()]
-    if theirs and not (out / MARKER).is_file():
-        raise RecipeError(
-            f"--out {out} holds {' and '.join(theirs)} that this command did not write; pass a new folder "
-            "(nothing was written)"
-        )
-    data = build(n_train, n_test, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"source": DATA_SOURCE, "seed": seed, "train": n_train, "test": n_test}))
-    paths = {}
-    for split, rows in data.items():
-        path = out / f"{split}.parquet"
-        pd.DataFrame(rows).to_parquet(path, index=False)
-        paths[split] = path
+    held = inflight.claim(out, "the dataset")
+    try:
+        theirs = [f for f in ("train.parquet", "test.parquet") if (out / f).exists()]
+        if theirs and not (out / MARKER).is_file():
+            raise RecipeError(
+                f"--out {out} holds {' and '.join(theirs)} that this command did not write; pass a new folder "
+                "(nothing was written)"
+            )
+        data = build(n_train, n_test, seed)
+        out.mkdir(parents=True, exist_ok=True)
+        inflight.clear_partials(out / "train.parquet")
+        inflight.clear_partials(out / "test.parquet")
+        info = {"source": DATA_SOURCE, "seed": seed, "train": n_train, "test": n_test}
+        inflight.write_text(out / MARKER, json.dumps(info), "the dataset's marker")
+        paths = {}
+        for split, rows in data.items():
+            path = out / f"{split}.parquet"
+            # written under a temporary name and renamed: a parquet file here is always whole
+            with inflight.staged_file(path, "the dataset file") as tmp:
+                pd.DataFrame(rows).to_parquet(tmp, index=False)
+            paths[split] = path
+    finally:
+        held.release()
     return paths
+
+
+def complete(out: Path) -> bool:
+    """Whether `out` holds a whole dataset this command wrote: its marker, and both parquet files
+    with a readable footer (a file an older writer left cut short has none), so a cache entry that
+    is not whole is written again rather than trusted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not (out / MARKER).is_file():
+        return False
+    try:
+        return all(pq.read_metadata(out / f"{s}.parquet").num_rows > 0 for s in ("train", "test"))
+    except (OSError, pa.ArrowException):
+        return False
 
 
 def corpus(n: int, seed: int = 0) -> list[str]:
@@ -186,9 +212,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("--out", type=Path, required=True, help="folder for train.parquet and test.parquet")
-    p.add_argument("--train", type=int, default=4096, help="training rows (default 4096)")
-    p.add_argument("--test", type=int, default=256, help="test rows (default 256)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train", type=cli_types.count, default=4096, help="training rows (default 4096)")
+    p.add_argument("--test", type=cli_types.count, default=256, help="test rows (default 256)")
+    p.add_argument("--seed", type=cli_types.non_negative, default=0)
     p.set_defaults(func=run)
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_recipes import RecipeError, __version__
+from verl_recipes import RecipeError, __version__, cli_types, inflight
+from verl_recipes.paths import cache_dir
 from verl_recipes.workload.arch import bundled_archs, resolve_arch
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ TINY = {
     "layers": 2,
 }
 DTYPES = {"bf16": ("bfloat16", "BF16"), "fp16": ("float16", "F16"), "fp32": ("float32", "F32")}
+SYNTH_JSON = "synth.json"  # written last: a folder holding it is a complete synth-model output
 TRAINED_VOCAB = 4096  # BPE tokens learned from the corpus; the rest of the vocabulary is filler
 CORPUS_LINES = 3000
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -234,7 +238,8 @@ def write_weights(
                     f.write(_header(tensors, st_dtype, itemsize))
                     for _ in tensors:
                         x = q.get()
-                        assert x is not None
+                        if x is None:  # the producer stopped early (an error or Ctrl-C in its thread)
+                            return
                         f.write(x.contiguous().view(-1).view(torch.uint8).numpy().data)
         except BaseException as e:  # surfaced in the caller's thread
             errors.append(e)
@@ -383,16 +388,50 @@ def synthesize(
     seed: int = 0,
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict[str, Any]:
-    """Write the checkpoint, tokenizer and synth.json into `out`; returns the provenance dict."""
+    """Write the checkpoint, tokenizer and synth.json into `out`; returns the provenance dict.
+
+    `out` is claimed (a second writer gets one line naming this one) and built under a temporary
+    name, renamed into place only when complete: an interrupted or killed writer leaves `out` as
+    it was, so a later run never finds half a model there. A cache entry that an older writer left
+    without its synth.json is its own incomplete entry, and is written again.
+    """
     import torch
-    import transformers
-    from transformers import GenerationConfig
 
     t0 = time.perf_counter()
     if device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("--device cuda but torch sees no CUDA device; use --device cpu")
-    if out.exists() and any(out.iterdir()) and not (out / "synth.json").is_file():
-        raise RecipeError(f"--out {out} is not empty and not a synth-model output; pass a new folder")
+    out = Path(os.path.abspath(out))
+    held = inflight.claim(out, "the synthetic model")
+    try:
+        if out.exists() and not out.is_dir():
+            raise RecipeError(f"--out {out} is a file; pass a new folder")
+        if out.exists() and any(out.iterdir()) and not (out / SYNTH_JSON).is_file():
+            if not out.is_relative_to(os.path.abspath(cache_dir())):
+                raise RecipeError(f"--out {out} is not empty and not a synth-model output; pass a new folder")
+            # the cache's own entry, left by a writer that stopped before its synth.json: replaced
+            print(f"{out}: an incomplete synthetic model in the cache; writing it again", file=sys.stderr)
+        with inflight.staged_dir(out, "the synthetic model") as tmp:
+            info = _synthesize_into(tmp, arch, layers, scale, dtype, device, seed, max_shard_bytes, t0)
+    finally:
+        held.release()
+    return info
+
+
+def _synthesize_into(
+    out: Path,
+    arch: str,
+    layers: int | None,
+    scale: str,
+    dtype: str,
+    device: str,
+    seed: int,
+    max_shard_bytes: int,
+    t0: float,
+) -> dict[str, Any]:
+    """`synthesize` into the fresh folder `out`; synth.json, written last, marks it complete."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
 
     cfg = shape_config(resolve_arch(arch), layers, scale)
     config = hf_config(cfg, dtype)
@@ -401,10 +440,6 @@ def synthesize(
     config.architectures = [type(model).__name__]
     plan = tensor_plan(model)
     params = sum(t.numel for t in plan)
-
-    out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]:
-        old.unlink()  # a rerun with fewer shards must not leave stale ones behind
 
     config.save_pretrained(out)
     gen = GenerationConfig.from_model_config(config)
@@ -434,7 +469,7 @@ def synthesize(
             "verl_recipes": __version__,
         },
     }
-    (out / "synth.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / SYNTH_JSON).write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
@@ -467,11 +502,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("--arch", required=True, help=f"bundled ({', '.join(bundled_archs())}) or a config.json path")
-    p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
+    p.add_argument("--layers", type=cli_types.count, default=None, help="keep the first N decoder layers")
     p.add_argument("--scale", choices=["full-width", "tiny"], default="full-width")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where weights are drawn")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli_types.non_negative, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
 

@@ -22,13 +22,23 @@ A model folder needs what verl's workers load with the Auto classes: config.json
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, rundir
+from verl_recipes import RecipeError, inflight, rundir
 
 # What `train` and `report` write into a run folder; one of them marks a folder as a run.
-RUN_FILES = (rundir.COMMAND, rundir.CONFIG, rundir.PROVENANCE, rundir.LOG, rundir.EXIT_CODE, rundir.SUMMARY)
+RUN_FILES = (
+    rundir.COMMAND,
+    rundir.CONFIG,
+    rundir.PROVENANCE,
+    rundir.LOG,
+    rundir.EXIT_CODE,
+    rundir.SUMMARY,
+    rundir.INCOMPLETE,
+)
 # Kept in place when a run is resumed; everything else of the earlier attempt moves to attempt-N/.
 RESUME_KEEP = (rundir.COMMAND, rundir.CONFIG, rundir.CHECKPOINTS)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json + merges.txt")
@@ -155,7 +165,11 @@ def check_run_dir(path: Path, resume: bool) -> bool:
     found = holds_run(path)
     if found and resume:
         if not (path / rundir.CONFIG).is_file():
-            raise RecipeError(f"--run-dir {path}: no {rundir.CONFIG} to resume; pass a new folder")
+            again = " (it was stopped before its config was written: run again without --resume)"
+            raise RecipeError(
+                f"--run-dir {path}: no {rundir.CONFIG} to resume; pass a new folder"
+                + (again if is_incomplete(path) else "")
+            )
         return True
     if found:
         raise RecipeError(
@@ -191,10 +205,11 @@ def check_model_out(path: Path, arch: str, layers: int, scale: str) -> None:
         )
 
 
-def set_aside(run_dir: Path) -> Path | None:
+def set_aside(run_dir: Path, keep: tuple[str, ...] = RESUME_KEEP) -> Path | None:
     """Move an earlier attempt's log and measurements to run_dir/attempt-N/ (checkpoints and the
-    config stay, so verl resumes); returns the folder, or None when there was nothing to move."""
-    moving = [p for p in run_dir.iterdir() if p.name not in RESUME_KEEP and not p.name.startswith("attempt-")]
+    config stay, so verl resumes; `keep=()` moves them too); returns the folder, or None when there
+    was nothing to move."""
+    moving = [p for p in run_dir.iterdir() if p.name not in keep and not p.name.startswith("attempt-")]
     if not moving:
         return None
     n = 1 + sum(1 for p in run_dir.glob("attempt-*") if p.is_dir())
@@ -203,3 +218,48 @@ def set_aside(run_dir: Path) -> Path | None:
     for p in moving:
         p.rename(dest / p.name)
     return dest
+
+
+# --- the run folder while a launcher works in it ---------------------------------------------
+# `train` claims its run folder for as long as it runs (a second launch into it gets one line
+# naming the first) and marks it incomplete until it has finished writing it. A folder so marked
+# was stopped (Ctrl-C, a kill, a crash of the launcher): it never blocks a retry. The same command
+# again moves the stopped attempt whole to attempt-N/ and starts over; --resume continues it.
+
+RETRY = (
+    "marked incomplete: the same command starts it again (this attempt moves to attempt-N/), "
+    "--resume continues it from its checkpoints"
+)
+
+
+def is_incomplete(run_dir: Path) -> bool:
+    return (run_dir / rundir.INCOMPLETE).is_file()
+
+
+def claim_run_dir(path: Path, resume: bool) -> bool:
+    """`check_run_dir` under a claim this process holds until it exits; returns True to resume.
+
+    Of two launches into one folder exactly one proceeds; the other gets one line naming it. A
+    folder a stopped launch left marked incomplete is set aside whole (attempt-N/) unless
+    `resume`, so the retry starts in a fresh folder of the same name.
+    """
+    inflight.claim(path, "the run folder")
+    if path.is_dir() and is_incomplete(path) and not resume:
+        aside = set_aside(path, keep=())
+        print(f"--run-dir {path}: an earlier attempt was stopped before it finished; it is kept in {aside}")
+        return False
+    return check_run_dir(path, resume)
+
+
+def mark_incomplete(run_dir: Path) -> None:
+    """Create the run folder (if new) and mark it incomplete until `mark_complete`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    info = {"pid": os.getpid(), "command": inflight.this_command(), "since": time.time()}
+    inflight.write_text(run_dir / rundir.INCOMPLETE, json.dumps(info) + "\n", "the run folder's marker")
+    inflight.keep_note(run_dir, RETRY)
+
+
+def mark_complete(run_dir: Path) -> None:
+    """The launcher has written everything it writes into the folder (a failed run included)."""
+    (run_dir / rundir.INCOMPLETE).unlink(missing_ok=True)
+    inflight.keep_note(run_dir, None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, __version__
+from verl_recipes import RecipeError, __version__, cli_types, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.stack.lock import Pin, Target, canonical, compile_lock, parse_freeze, parse_lock, stack_requirements
 from verl_recipes.stack.pins import load_pins
@@ -181,6 +181,11 @@ def build(
         group_paths = dict(zip(group_files, got, strict=True))
 
     out.mkdir(parents=True, exist_ok=True)
+    # claimed while written (a second build into it gets one line naming this one), and READY, the
+    # mark of a complete wheelhouse, goes first and comes back last: a build stopped in between
+    # leaves a folder nobody takes for a wheelhouse
+    held = inflight.claim(out, "the wheelhouse")
+    (out / "READY").unlink(missing_ok=True)
     stage = out / ".stage"
     shutil.rmtree(stage, ignore_errors=True)
     (stage / "wheels").mkdir(parents=True)
@@ -274,12 +279,13 @@ def build(
         "stripped": strips_done,
         "on_target": [f"{q.name}=={q.version}" for q in p.on_target],
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    inflight.write_text(out / "manifest.json", json.dumps(manifest, indent=1) + "\n", "the manifest")
     script = out / "install.sh"
-    script.write_text(render_install_sh(chunks, entries))
+    inflight.write_text(script, render_install_sh(chunks, entries), "the install script")
     script.chmod(0o755)
-    (out / "READY").write_text(ready_text(manifest))
     shutil.rmtree(stage)
+    inflight.write_text(out / "READY", ready_text(manifest), "the READY mark")
+    held.release()
     return manifest
 
 
@@ -354,7 +360,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="target platform tag for its glibc, e.g. manylinux_2_39_x86_64 (glibc 2.39)",
     )
     p.add_argument("--have", required=True, help="the target's `pip freeze` output; those versions are not carried")
-    p.add_argument("--chunk-mib", type=float, default=60, help="chunk size in MiB (default 60, at most 64)")
+    p.add_argument(
+        "--chunk-mib", type=cli_types.positive, default=60, help="chunk size in MiB (default 60, at most 64)"
+    )
     p.add_argument("--out", help="output folder (default wheelhouse/py<XY>-<platform>, ignored by git)")
     p.add_argument("--only", help="comma-separated distributions to carry (default: everything needed)")
     p.add_argument("--lock", help="lock file to use or write (default images/lock/gpu-py<XY>.txt)")

@@ -26,7 +26,7 @@ from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, inflight
 from verl_recipes.paths import cache_dir
 from verl_recipes.stack.lock import Pin, Target
 
@@ -119,10 +119,14 @@ def download(f: dict[str, Any]) -> Path:
         return dest
     tmp = dest.with_name(f"{dest.name}.{os.getpid()}.part")  # concurrent builds share the cache
     h = hashlib.sha256()
-    with urllib.request.urlopen(f["url"], timeout=300, context=_ssl_context()) as r, open(tmp, "wb") as out:
-        for block in iter(lambda: r.read(1 << 20), b""):
-            h.update(block)
-            out.write(block)
+    try:
+        with urllib.request.urlopen(f["url"], timeout=300, context=_ssl_context()) as r, open(tmp, "wb") as out:
+            for block in iter(lambda: r.read(1 << 20), b""):
+                h.update(block)
+                out.write(block)
+    except BaseException:  # Ctrl-C or a network error: no part file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     if h.hexdigest() != want:
         tmp.unlink()
         raise RecipeError(f"{f['filename']}: sha256 differs from PyPI's; retry, or check the network path")
@@ -160,13 +164,14 @@ def build_sdist(sdist: Path, sha: str, hint: str = "") -> Path:
                 f"building {sdist.name} needs {' and '.join(missing)} in this interpreter ({sys.executable}; "
                 "sdists build without isolation): run `nox -s wheelhouse -- ARGS`, which installs them"
             )
-        out.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "DS_BUILD_OPS": "0"}
-        proc = _pip_wheel(sdist, out, env)
+        # built under a temporary name and renamed: a build stopped halfway leaves no wheel here
+        with inflight.staged_dir(out, "the sdist build") as tmp:
+            proc = _pip_wheel(sdist, tmp, env)
+            if proc.returncode != 0 or not list(tmp.glob("*.whl")):
+                tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+                raise RecipeError(f"building {sdist.name} failed: {tail}{hint or '; pin a version with a wheel'}")
         found = list(out.glob("*.whl"))
-        if proc.returncode != 0 or not found:
-            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-            raise RecipeError(f"building {sdist.name} failed: {tail}{hint or '; pin a version with a wheel'}")
     wheel = found[0]
     if any(t.platform != "any" or t.abi != "none" for t in parse_wheel_filename(wheel.name)[3]):
         raise RecipeError(f"{sdist.name} builds a platform wheel ({wheel.name}); pin a version with a wheel")

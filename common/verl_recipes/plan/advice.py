@@ -1,0 +1,271 @@
+"""The verdict a script can trust, and what to do when a job does not fit: one story per recipe.
+
+Three sources can say whether a recipe fits a GPU, and they must not disagree in front of a user:
+
+* the planner's own figure (`plan.phases`);
+* a calibrated prediction committed for that recipe, variant set and layout
+  (`recipes/<id>/expected/*.yaml`, `status: predicted`, written by `plan --from-layers` from
+  truncated-depth runs): it corrects the planner by what real runs measured, so where one exists
+  it decides the verdict, and the planner's figure is shown beside it;
+* a committed run of exactly this job on that GPU kind (`measured`), more reliable still: its
+  NVML peak decides where there is one;
+* the recipe's variants: when the asked job does not fit, a variant that does is named first,
+  with its peak and its host RAM, before any knob.
+
+`whole_fix` is the one line a refusal ends with: every knob of the planner's path to fit, at
+once, with the peak and host RAM it leads to, rather than the single knob that helps most.
+`closing_line` is the rehearsal's last line, which says the same thing as the plan above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import RecipeError
+from verl_recipes.plan.gpus import GIB, GPU
+from verl_recipes.plan.host import plan_host
+from verl_recipes.plan.inputs import Setup
+from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+
+PREDICTED_SCHEMA = "verl-recipes/predicted/1"
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """Evidence beyond the planner for one job on one GPU kind: a committed prediction
+    (`plan --from-layers --write`) or a committed run of this very configuration on that GPU."""
+
+    path: Path
+    peak_bytes: int
+    peak_phase: str
+    fits: bool
+    kind: str = "calibrated prediction"
+    how: str = "from truncated-depth runs"
+
+
+@dataclass(frozen=True)
+class VariantFit:
+    """A recipe variant (layered on the asked ones) and its plan on one GPU."""
+
+    variants: tuple[str, ...]
+    peak_bytes: int
+    peak_phase: str
+    host_bytes: int
+    calibrated: Calibrated | None
+
+    @property
+    def flags(self) -> str:
+        return " ".join(f"--variant {v}" for v in self.variants)
+
+
+def host_bytes(s: Setup, fixes_off: Sequence[str] = ()) -> int:
+    """The planner's host RAM of node 0 for `s` (its PSS peak), the figure every suggestion shows."""
+    return plan_host(s, fixes_off).peak.pss
+
+
+def _gib(b: float) -> str:
+    return f"{b / GIB:.1f}"
+
+
+def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Calibrated | None:
+    """The recipe's committed prediction for exactly this job on `gpu`, or None.
+
+    A file matches when it predicts the same variants on the same catalogued GPU (or one exposing
+    the same memory), with the same GPU count, nodes and depth; a truncated plan (`--layers`) or
+    another `--gpus` is another job.
+    """
+    import yaml
+
+    if recipe is None:
+        return None
+    for path in sorted((recipe.dir / "expected").glob("*.yaml")):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != PREDICTED_SCHEMA:
+            continue
+        t = doc.get("target") or {}
+        # the prediction depends on the GPU only through its visible memory (vLLM's budget is a
+        # fraction of it): another card of the same size gets the same figure
+        size = t.get("visible_gib")
+        same = (
+            (t.get("gpu") == gpu.id or (size is not None and abs(float(size) - gpu.visible_gib) < 0.05))
+            and list(doc.get("variants") or []) == list(variants)
+            and int(t.get("gpus") or 0) == s.world
+            and int(t.get("nnodes") or 0) == s.nnodes
+            and int(t.get("layers") or 0) == s.arch.layers
+        )
+        if not same:
+            continue
+        pred = {str(k): float(v) for k, v in (doc.get("predicted_gib") or {}).items()}
+        if not pred:
+            continue
+        phase = max(pred, key=lambda k: pred[k])
+        peak = round(pred[phase] * GIB)
+        fits = bool(doc.get("fits")) and peak <= gpu.visible_bytes
+        return Calibrated(path, peak, phase, fits)
+    return None
+
+
+def measured(recipe: Any, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | None:
+    """The recipe's committed run of exactly this job on this GPU kind, as evidence (the most
+    reliable: NVML's device peak over the whole run), or None. `run` is `plan.cli._rate_run`'s
+    answer when the caller has it (finding it composes every committed run's config)."""
+    from verl_recipes.rundir import read_provenance
+
+    if recipe is None:
+        return None
+    if run is None:
+        from verl_recipes.plan.cli import _rate_run
+
+        run = _rate_run(s, recipe.id)
+    if run is None or read_provenance(run.run_dir).cap_gib is not None:
+        return None
+    names = (gpu.name.lower(), str(run.gpu_name).lower())
+    if not names[1] or (names[0] not in names[1] and names[1] not in names[0]):
+        return None
+    peaks = {ph: max(per.values()) for ph, per in run.phases.items() if per}
+    if not peaks:
+        return None
+    phase = max(peaks, key=lambda k: peaks[k])
+    return Calibrated(
+        run.run_dir, peaks[phase], phase, peaks[phase] <= gpu.visible_bytes, "measured run", f"on {run.gpu_name}"
+    )
+
+
+def excess(plan: GPUPlan, cal: Calibrated | None) -> int:
+    """Bytes the calibrated prediction adds to the planner's peak for this layout (0 without one)."""
+    return max(0, cal.peak_bytes - plan.peak.total) if cal is not None else 0
+
+
+def judged_gpu(gpu: GPU, extra: int) -> GPU:
+    """The GPU a planner-only figure is judged against when this recipe's calibration shows the
+    planner short by `extra` bytes: the same card, `extra` smaller. Knobs and variants are then
+    suggested only where they would also fit the calibrated figure."""
+    if extra <= 0:
+        return gpu
+    return replace(gpu, id=gpu.id, visible_bytes=gpu.visible_bytes - extra)
+
+
+def verdict(plan: GPUPlan, cal: Calibrated | None) -> bool:
+    """Whether the job fits: the calibrated prediction where one exists, else the planner."""
+    return cal.fits if cal is not None else plan.fits
+
+
+def verdict_line(plan: GPUPlan, cal: Calibrated | None, root: Path | None = None) -> str | None:
+    """The line that puts a calibrated prediction beside the planner's figure, or None."""
+    if cal is None:
+        return None
+    where = _rel(cal.path, root)
+    return (
+        f"{plan.gpu.id}: {cal.kind} ({where}, {cal.how}): "
+        f"{cal.peak_phase} {_gib(cal.peak_bytes)} of {_gib(plan.gpu.visible_bytes)} GiB: "
+        f"{'fits' if cal.fits else 'does NOT fit'}; the planner alone says {plan.peak.phase} "
+        f"{_gib(plan.peak.total)} GiB; the verdict follows the {cal.kind.split()[0]} figure"
+    )
+
+
+def _rel(path: Path, root: Path | None) -> str:
+    from verl_recipes.paths import repo_root
+
+    try:
+        return str(path.resolve().relative_to((root or repo_root()).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def fitting_variants(
+    recipe: Any,
+    variants: Sequence[str],
+    sets: Sequence[str],
+    gpu: GPU,
+    *,
+    gpus: int | None = None,
+    layers: int | None = None,
+    fixes_off: Sequence[str] = (),
+) -> list[VariantFit]:
+    """The recipe's variants that fit `gpu` when added to `variants` (or, where they do not
+    compose with them, alone), smallest peak first."""
+    from verl_recipes.plan.cli import load_setup
+
+    if recipe is None:
+        return []
+    out: list[VariantFit] = []
+    c = Constants()
+    for v in recipe.variants:
+        if v in variants:
+            continue
+        for trial in ((*variants, v), (v,)):
+            try:
+                _, s, _ = load_setup(recipe.id, list(trial), list(sets), layers=layers, gpus=gpus, fixes_off=fixes_off)
+            except RecipeError:
+                continue
+            p = plan_gpu(s, gpu, c)
+            cal = calibrated(recipe, trial, s, gpu)
+            if verdict(p, cal):
+                peak = cal.peak_bytes if cal else p.peak.total
+                phase = cal.peak_phase if cal else p.peak.phase
+                out.append(VariantFit(tuple(trial), peak, phase, host_bytes(s, fixes_off), cal))
+            break
+    return sorted(out, key=lambda f: f.peak_bytes)
+
+
+def variant_line(f: VariantFit, gpu: GPU) -> str:
+    src = "calibrated" if f.calibrated else "planner"
+    return (
+        f"  a recipe variant fits: {f.flags} (peak {f.peak_phase} {_gib(f.peak_bytes)} of "
+        f"{_gib(gpu.visible_bytes)} GiB, {src}; host RAM about {f.host_bytes / GIB:.0f} GiB)"
+    )
+
+
+def whole_fix(s: Setup, gpu: GPU, fixes_off: Sequence[str] = ()) -> str:
+    """Every knob the planner's path to fit needs, as one set of `--set`s, with the peak and host
+    RAM it leads to; or what no knob can do."""
+    from verl_recipes.plan.knobs import path_to_fit
+
+    c = Constants()
+    for more, where in ((False, f"on {s.world} GPU(s)"), (True, "with more GPUs")):
+        steps = path_to_fit(s, gpu, c, more_gpus=more)
+        if steps:
+            sets = " ".join(f"--set {x}" for st in steps for x in st.knob.sets)
+            last = steps[-1]
+            return (
+                f"to fit {where}: {' + '.join(st.knob.name for st in steps)}: {sets} "
+                f"(peak {_gib(last.plan.peak.total)} GiB, host RAM about "
+                f"{host_bytes(last.knob.setup, fixes_off) / GIB:.0f} GiB)"
+            )
+    return f"no combination of the planner's knobs fits {gpu.id}, on {s.world} GPU(s) or more"
+
+
+def closing_line(
+    recipe: Any,
+    variants: Sequence[str],
+    sets: Sequence[str],
+    s: Setup,
+    gpu: GPU,
+    reason: str,
+    *,
+    gpus: int | None = None,
+    layers: int | None = None,
+    fixes_off: Sequence[str] = (),
+) -> str:
+    """The rehearsal's last line, judged on `gpu` (train's --gpu, else the recipe's per-GPU
+    target) exactly as the plan above it: a job that fits is sent to a GPU host; one that does not
+    names the variant that fits, else the whole fix, and is never told to just run."""
+    p = plan_gpu(s, gpu)
+    cal = calibrated(recipe, variants, s, gpu)
+    head = f"training needs an NVIDIA GPU ({s.world} x {gpu.id}); {reason}."
+    if verdict(p, cal):
+        return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
+    fits = fitting_variants(recipe, variants, sets, gpu, gpus=gpus, layers=layers, fixes_off=fixes_off)
+    if fits:
+        f = fits[0]
+        return (
+            f"{head} As it stands the job does not fit {gpu.id}; {f.flags} does (peak "
+            f"{_gib(f.peak_bytes)} GiB, host RAM about {f.host_bytes / GIB:.0f} GiB): rehearse and train with it."
+        )
+    return f"{head} As it stands the job does not fit {gpu.id}: {whole_fix(s, gpu, fixes_off)}."

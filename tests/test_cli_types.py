@@ -1,0 +1,64 @@
+"""Numbers and keys a user types: numeric options that mean nothing, Hydra's override prefixes in
+`--set`, and what `show` warns about. Each through the real CLI in its own process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "common"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["plan", "7b-lora", "--gpus", "0"], "argument --gpus: 0 is below 1"),
+        (["plan", "7b-lora", "--layers", "-2"], "argument --layers: -2 is below 1"),
+        (["plan", "7b-lora", "--tokens-per-s", "0"], "argument --tokens-per-s: 0 is not above 0"),
+        (["dataset", "--out", "OUT", "--train", "0"], "argument --train: 0 is below 1"),
+        (["synth-model", "--arch", "llama-2-7b", "--out", "OUT", "--layers", "0"], "argument --layers: 0 is below 1"),
+        (["monitor", "--out", "OUT", "--interval", "nan", "--", "true"], "argument --interval: 'nan' is not a finite"),
+    ],
+)
+def test_numbers_that_mean_nothing_are_one_line(args: list[str], want: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = _cli(*[str(out) if a == "OUT" else a for a in args])
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and want in r.stderr, r.stderr
+    assert not out.exists()  # nothing made
+
+
+def test_hydra_prefixes_in_set_are_answered_for_the_key_meant() -> None:
+    r = _cli("show", "7b-lora", "--set", "++data.train_batch_size=16", "--only", "data.train_batch_size")
+    assert r.returncode == 0 and r.stdout.strip() == "16", r.stderr
+    r = _cli("show", "7b-lora", "--set", "+data.train_batch_size=16")
+    assert r.returncode == 2
+    assert (
+        "'data.train_batch_size' is already in verl's config" in r.stderr
+        and "--set data.train_batch_size=16" in r.stderr
+    )
+    r = _cli("show", "7b-lora", "--set", "~data.max_prompt_length")
+    assert r.returncode == 2 and "Hydra's ~ deletes 'data.max_prompt_length'" in r.stderr
+    r = _cli("show", "7b-lora", "--set", "+data.train_batch_sise=16")
+    assert r.returncode == 2 and "unknown verl config key 'data.train_batch_sise'" in r.stderr
+    assert "did you mean 'data.train_batch_size'" in r.stderr
+    assert all(len(x.stderr.strip().splitlines()) == 1 for x in [r])
+
+
+def test_show_warns_about_what_train_would_refuse() -> None:
+    r = _cli("show", "7b-lora", "--set", "data.train_batch_size=4", "--only", "data.train_batch_size")
+    assert r.returncode == 0 and r.stdout.strip() == "4"
+    assert r.stderr.startswith("warning: train refuses this job: data.train_batch_size=4 is below"), r.stderr
+    r = _cli("show", "7b-lora", "--only", "data.train_batch_size")
+    assert r.returncode == 0 and r.stderr == ""

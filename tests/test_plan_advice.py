@@ -1,0 +1,93 @@
+"""`plan` as a gate a script can trust, and one story per recipe (verl_recipes.plan.advice).
+
+Real compositions against verl's Hydra config and the committed calibrated prediction; the CLI runs
+as a separate process, as a script calls it, and its exit status is what is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from verl_recipes.plan.advice import calibrated, closing_line, whole_fix
+from verl_recipes.plan.cli import Job, judge, load_setup
+from verl_recipes.plan.gpus import parse_gpu
+from verl_recipes.recipe.metadata import discover, get_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "common"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_plan_exits_1_when_the_job_does_not_fit_the_gpu_named() -> None:
+    r = _plan("7b-lora", "--variant", "24gib", "--gpu", "a10g-24g")
+    assert r.returncode == 0, r.stderr
+    r = _plan("13b-fsdp", "--gpu", "a100-40g")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("a100-40g: does NOT fit"))
+    # the variant the recipe ships for this card comes first, with its peak and its host RAM
+    assert lines[i + 1].startswith("  a recipe variant fits: --variant 40gib (peak ")
+    assert "host RAM about" in lines[i + 1]
+    knobs = [ln for ln in lines[i + 1 :] if ln.startswith(("  best single knob", "  to fit "))]
+    assert knobs and all("host RAM about" in ln for ln in knobs), knobs
+
+
+def test_a_calibrated_prediction_decides_the_verdict_beside_the_planners_figure() -> None:
+    """70b-3d on 32 x 80 GB: the planner says 76.8 GiB, the committed prediction from
+    truncated-depth runs 85.8 GiB; the calibrated figure decides, and the exit status says so."""
+    r = _plan("70b-3d", "--gpu", "h100-80g")
+    assert r.returncode == 1, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "calibrated prediction" in ln)
+    assert "expected/h100x32-ppo.yaml" in line and "85.8 of 80.0 GiB" in line and "76.8 GiB" in line
+    assert "h100-80g: does NOT fit" in r.stdout
+    # the same job truncated in depth is another job: the prediction does not apply
+    recipe = get_recipe("70b-3d")
+    _, s, _ = load_setup("70b-3d", [], [], layers=2)
+    assert calibrated(recipe, [], s, parse_gpu("h100-80g")) is None
+
+
+@pytest.mark.parametrize("rid", sorted(discover()))
+def test_each_recipe_fits_the_hardware_its_metadata_names(rid: str) -> None:
+    """The default, or the variant `gpus.variant` names, fits a GPU of `gpus.per_gpu_gib` on
+    `gpus.count` GPUs: the metadata and the plan tell one story."""
+    r = get_recipe(rid)
+    variants = [r.gpus.variant] if r.gpus.variant else []
+    label, s, _ = load_setup(rid, variants, [])
+    gpu = parse_gpu(f"{r.gpus.per_gpu_gib:g}GiB")
+    _, fits = judge(label, s, r, [gpu], job=Job(variants))
+    assert s.world == r.gpus.count
+    assert fits[gpu.id], f"{rid} {variants or 'default'} does not fit {r.gpus.per_gpu_gib} GiB; fix recipe.yaml"
+
+
+def test_the_whole_fix_and_the_closing_line_agree_with_the_plan() -> None:
+    recipe = get_recipe("13b-fsdp")
+    gpu = parse_gpu("a100-40g")
+    _, s, _ = load_setup("13b-fsdp", [], [])
+    fix = whole_fix(s, gpu)
+    assert fix.count("--set ") >= 2 and "host RAM about" in fix  # every knob at once, not one
+    line = closing_line(recipe, [], [], s, gpu, "this host has 0 NVIDIA GPU(s)")
+    assert "does not fit a100-40g" in line and "--variant 40gib does" in line and "run the same command" not in line
+    _, s24, _ = load_setup("7b-lora", ["24gib"], [])
+    ok = closing_line(get_recipe("7b-lora"), ["24gib"], [], s24, parse_gpu("a10g-24g"), "no GPU here")
+    assert "fits a10g-24g" in ok and "run the same command on a GPU host" in ok
+
+
+def test_a_committed_run_of_the_job_on_that_gpu_is_shown_and_decides() -> None:
+    r = _plan("7b-lora", "--gpu", "h200-141g")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("h200-141g: measured run"))
+    assert line.startswith("h200-141g: measured run (recipes/7b-lora/results/") and "on NVIDIA H200" in line
+    assert "the planner alone says" in line
