@@ -503,8 +503,9 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
     """The measured rate behind `plan`'s cost line is the committed run that trained the asked-for
     configuration with every fix on, not any run of the recipe: verl's merged sync
     (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
-    from verl_recipes.plan.cli import _rate_run, load_setup
+    from verl_recipes.plan.runs import rate_run as _rate_run
     from verl_recipes.plan.runs import run_setup
+    from verl_recipes.plan.setup import load_setup
 
     for variants in ([], ["grpo"]):
         _, s, _ = load_setup("7b-lora", variants, [])

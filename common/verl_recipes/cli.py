@@ -20,7 +20,7 @@ from verl_recipes import RecipeError, __version__, inflight
 # subcommand -> (module that implements it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("verl_recipes.recipe.listing", "list the recipes found under recipes/*/recipe.yaml"),
-    "show": ("verl_recipes.recipe.compose", "compose a recipe against verl's Hydra config and print it"),
+    "show": ("verl_recipes.show", "compose a recipe against verl's Hydra config and print it"),
     "synth-model": (
         "verl_recipes.workload.synth",
         "write a random-weight HF checkpoint and tokenizer from a config.json",

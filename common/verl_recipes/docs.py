@@ -4,10 +4,10 @@ The front README carries one table, the user's: each job in plain words and the 
 (`<!-- gpus:begin -->` ... `<!-- gpus:end -->`). recipes/README.md carries the depth: the recipe
 table (`recipes`), the measured results with cost (`results`) and the planner's predicted peak per
 GPU type (`plans`), each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs
---write` regenerates all four (and recipes/index.json, which noxfile.py reads), `verl-recipes docs --results` prints the measured results, and
-tests/test_docs.py fails when a file is stale. Every measured number comes from an
-`expected/*.yaml` file, which names the committed runs it came from: a recipe with no measured run
-shows "not measured yet", never a guess. The plans table is a prediction and says so in its
+--write` regenerates all four (and recipes/index.json, which noxfile.py reads), `verl-recipes docs
+--results` prints the measured results, and tests/test_docs.py fails when a file is stale. Every
+measured number comes from an `expected/*.yaml` file, which names the committed runs it came from: a
+recipe with no measured run shows "not measured yet", never a guess. The plans table is a prediction and says so in its
 heading; its error against every measured run is `validation/planner-errors.md`.
 
 Cost per million tokens = GPUs x (1e6 / job tokens/s) / 3600 x the cheapest on-demand price of the
@@ -28,6 +28,7 @@ import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
+from verl_recipes.plan.evidence import behind
 from verl_recipes.recipe.metadata import Recipe, discover
 from verl_recipes.rundir import Provenance, read_provenance
 
@@ -59,6 +60,10 @@ def _measured_cell(recipe: Recipe) -> str:
         doc = yaml.safe_load((recipe.dir / name).read_text())
         peak, tput, _ = _figures(doc)
         label = Path(name).stem
+        rank = doc.get("rank_rehearsal")
+        if rank:  # a rehearsed rank's memory is that rank's; its speed is never the job's
+            label += f" (rank rehearsal, {rank['rank']} of {rank['world']})"
+            tput = None
         parts = [f"{peak:.1f} GiB peak" if peak is not None else "", f"{tput:,.0f} tok/s" if tput else ""]
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
     if cells:
@@ -123,9 +128,14 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             cap = f", --cap-gib {first.cap_gib:g}" if first.cap_gib else ""
             # a model truncated in depth is not the recipe's model: say so where the figures are
             runs = doc.get("source_runs") or [doc.get("source_run")]
-            layers = read_provenance(r.dir / runs[0]).argv_value("--layers") if runs[0] else None
+            first_run = read_provenance(r.dir / runs[0]) if runs[0] else None
+            layers = first_run.argv_value("--layers") if first_run else None
             if layers is not None:
                 cap += f", --layers {layers}"
+            # and so is the job on fewer GPUs than it is written for
+            fewer = first_run.argv_value("--gpus") if first_run else None
+            if fewer is not None:
+                cap += f", --gpus {fewer}"
             # a configuration measured with one of our verl fixes off is another configuration
             off = sorted({f for p in provs for f in p.verl_fixes_off or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
@@ -134,6 +144,10 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
                 moved = drift_label(r, r.dir / runs[0])
                 cap += f", {moved}" if moved else ""
             peak, tput, step = _figures(doc)
+            rank = doc.get("rank_rehearsal")
+            if rank:  # one GPU stood in for one rank: its memory is that rank's, its speed not the job's
+                cap += f"; rank rehearsal ({rank['rank']} of {rank['world']})"
+                tput = step = None
             offer = pick_offer(offers, _GPU_IDS.get(gpu_name, ""))
             cost = compute_cost(offer, n, from_verl_throughput(tput, n)) if offer and tput else None
             rows.append(
@@ -173,9 +187,9 @@ def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
     """Every recipe and variant planned on every catalogued GPU, with the GPU count it is written for
     (composes each against verl's config: the slow part of both plan tables)."""
     from verl_recipes.plan.advice import calibrated
-    from verl_recipes.plan.cli import load_setup
     from verl_recipes.plan.gpus import catalogue
     from verl_recipes.plan.phases import Constants, plan_gpu
+    from verl_recipes.plan.setup import load_setup
 
     recipes = recipes if recipes is not None else discover()
     gpus = list(catalogue().values())
@@ -245,6 +259,9 @@ def variant_summary(recipe: Recipe, variant: str | None) -> str:
 def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | None = None) -> str:
     """The front door's table: each job in the user's words, and on which GPU types it fits.
 
+    For a job of several GPUs the last column names what stands behind it (`plan.evidence`): a full
+    run, a rank rehearsal (one GPU as one rank: that rank's memory, not the job's speed), or none.
+
     Predicted by the planner for the GPU count the recipe is written for; the measured figures
     and the planner's error against them are one link away."""
     rows = rows if rows is not None else plan_rows(recipes)
@@ -258,7 +275,9 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
     for row in rows:
         r = row.recipe
         cells = [
-            (f"yes ({peak:.0f} GiB" if why is None else f"no ({peak:.0f} GiB") + (f", {basis})" if basis else ")")
+            (f"yes ({peak:.0f} GiB" + (f", {basis})" if basis else ")"))
+            if why is None
+            else ("no" + (f" ({basis})" if basis else ""))
             for _, peak, why, basis in row.cells
         ]
         job = f"[{r.title}](recipes/{r.id}/README.md)" if row.variant is None else ""
@@ -269,6 +288,14 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
             measured = (
                 f"[{n} configuration{'s' if n > 1 else ''}](recipes/README.md#measured-results)" if n else "not yet"
             )
+        if row.world > 1:  # a job of several GPUs: a full run, a rehearsed rank, or nothing behind it
+            found = behind(r, [row.variant] if row.variant else [], row.world)
+            links = [
+                f"[{'rank ' + str(e.rank) + ' of ' + str(e.world) + ' rehearsed' if e.rank is not None else 'full run'}"
+                f"{f' at {e.cap_gib:g} GiB' if e.cap_gib else ''}](recipes/{r.id}/expected/{e.path.name})"
+                for e in found
+            ]
+            measured = "; ".join([x for x in (measured if row.variant is None else "", *links) if x])
         out.append(f"| {job} | {setting} | {row.world} | " + " | ".join(cells) + f" | {measured} |")
     return "\n".join(out)
 

@@ -43,6 +43,7 @@ from verl_recipes.rundir import (
     SUMMARY_SCHEMA,
     TIMELINE,
     read_jsonl,
+    read_provenance,
     write_summary,
 )
 
@@ -307,10 +308,22 @@ def _gpu_cells(pk: dict[str, Any], gpus: list[int]) -> list[str]:
     return cells
 
 
-def render_markdown(summary: dict[str, Any], png: str | None) -> str:
+def rank_line(rank: tuple[int, int]) -> str:
+    """What a rank rehearsal's figures are, and what they leave out, wherever they are shown."""
+    r, n = rank
+    return (
+        f"**rank rehearsal ({r} of {n})**: one GPU ran rank {r} of a {n}-GPU job through PyTorch's fake "
+        "process group, so the memory is that rank's; not measured: NCCL buffers, communication time, "
+        "imbalance between ranks; step time and tokens/s are this rank's compute alone, not the job's speed"
+    )
+
+
+def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, int] | None = None) -> str:
     gpus = [g["index"] for g in summary["gpus"]]
     gh = [f"GPU{i} used GiB (by process class)" for i in gpus]
     lines = [f"# Memory report: {summary['run_dir']}", ""]
+    if rank:
+        lines.append(f"- {rank_line(rank)}")
     cmd = " ".join(summary["cmd"] or ["?"])
     lines.append(f"- command: `{cmd[:300]}`")
     ec = summary["exit_code"]
@@ -501,7 +514,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     # the next `report` and never read as complete (the tables read summary.json)
     with inflight.staged_file(out / TIMELINE, "the timeline") as tmp:
         render_timeline(run_dir, tmp)
-    inflight.write_text(out / REPORT, render_markdown(summary, TIMELINE), "the report")
+    rank = read_provenance(run_dir).rank_rehearsal
+    inflight.write_text(out / REPORT, render_markdown(summary, TIMELINE, rank), "the report")
     with inflight.writing("the summary", out / SUMMARY):
         write_summary(out, summary)
     return summary

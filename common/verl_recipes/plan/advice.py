@@ -113,16 +113,16 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
 
 def measured(recipe: Any, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | None:
     """The recipe's committed run of exactly this job on this GPU kind, as evidence (the most
-    reliable: NVML's device peak over the whole run), or None. `run` is `plan.cli._rate_run`'s
+    reliable: NVML's device peak over the whole run), or None. `run` is `plan.runs.rate_run`'s
     answer when the caller has it (finding it composes every committed run's config)."""
     from verl_recipes.rundir import read_provenance
 
     if recipe is None:
         return None
     if run is None:
-        from verl_recipes.plan.cli import _rate_run
+        from verl_recipes.plan.runs import rate_run
 
-        run = _rate_run(s, recipe.id)
+        run = rate_run(s, recipe.id)
     if run is None or read_provenance(run.run_dir).cap_gib is not None:
         return None
     names = (gpu.name.lower(), str(run.gpu_name).lower())
@@ -190,7 +190,7 @@ def fitting_variants(
 ) -> list[VariantFit]:
     """The recipe's variants that fit `gpu` when added to `variants` (or, where they do not
     compose with them, alone), smallest peak first."""
-    from verl_recipes.plan.cli import load_setup
+    from verl_recipes.plan.setup import load_setup
 
     if recipe is None:
         return []

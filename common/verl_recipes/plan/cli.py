@@ -25,18 +25,18 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, cli_types, inflight
 from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
-from verl_recipes.plan.inputs import Setup, setup_from_config
-from verl_recipes.plan.model import Arch
+from verl_recipes.plan.inputs import Setup
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.plan.runs import capped_runs, rate_run
+from verl_recipes.plan.setup import load_setup
 from verl_recipes.worker.verl_fixes import MERGE_FIX
-from verl_recipes.workload.arch import arch_config_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -90,63 +90,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         help="--errors: also write the error table (Markdown) here; --from-layers: write the predicted file here",
     )
     p.set_defaults(func=run)
-
-
-def _arch_from(spec: str) -> Arch:
-    return Arch.from_file(arch_config_path(spec))
-
-
-def load_setup(
-    target: str,
-    variants: list[str],
-    sets: list[str],
-    arch: str | None = None,
-    config_name: str | None = None,
-    layers: int | None = None,
-    gpus: int | None = None,
-    fixes_off: Sequence[str] = (),
-) -> tuple[str, Setup, Any]:
-    """(label, Setup, recipe or None) for a recipe id or a deltas file; `gpus` is train's --gpus
-    (that many GPUs on one node), `layers` truncates the model."""
-    from verl_recipes.recipe.compose import compose_file
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
-
-    path = Path(target)
-    if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise RecipeError(f"{target}: no such file")
-        if variants:
-            raise RecipeError("--variant applies to recipes; layer a file's variants into it or use --set")
-        cfg = compose_file(path, config_name or "ppo_trainer", sets)
-        if arch:
-            a = _arch_from(arch)
-        else:
-            from omegaconf import OmegaConf
-
-            model = OmegaConf.select(cfg, "actor_rollout_ref.model.hf_config_path") or OmegaConf.select(
-                cfg, "actor_rollout_ref.model.path"
-            )
-            cand = Path(str(model)).expanduser() / "config.json" if model else None
-            if cand is None or not cand.is_file():
-                raise RecipeError(
-                    f"{target}: no config.json at actor_rollout_ref.model.path ({model}); pass --arch NAME|config.json"
-                )
-            a = Arch.from_file(cand)
-        return str(path), setup_from_config(cfg, _truncated(a, layers), fixes_off), None
-    recipe = get_recipe(target)
-    cfg = compose_run(recipe, variants, sets, gpu_layout(recipe, gpus))
-    a = _arch_from(arch) if arch else Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json")
-    label = recipe.id + "".join(f" +{v}" for v in variants) + (f" at {layers} layer(s)" if layers else "")
-    return label, setup_from_config(cfg, _truncated(a, layers), fixes_off), recipe
-
-
-def _truncated(a: Arch, layers: int | None) -> Arch:
-    if layers is None:
-        return a
-    if layers < 1:
-        raise RecipeError(f"--layers {layers}: give at least 1")
-    return replace(a, layers=layers)
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -361,48 +304,6 @@ def plan_json(
     }
 
 
-def _fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
-    """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
-    verl's code with every fix of the recipe on."""
-    from verl_recipes.plan.runs import committed_runs, run_setup
-
-    out = []
-    for run in committed_runs(recipe=recipe_id):
-        if not run.per_gpu_throughput or run.fixes_off:
-            continue
-        try:
-            out.append((run, run_setup(run)))
-        except RecipeError:
-            continue
-    return out
-
-
-def _rate_run(s: Setup, recipe_id: str) -> Any:
-    """The committed run whose rate prices `s`: one that trained this very configuration (the same
-    Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
-    on, the newest such. A run of another variant, batch or weight sync would price a job the user
-    did not ask for: verl's own sync runs 2-3x slower than the recipe's."""
-    same = [(run.provenance.date_utc or "", run.run_dir.name, run) for run, rs in _fixed_runs(recipe_id) if rs == s]
-    return max(same, key=lambda t: t[:2])[2] if same else None
-
-
-def _capped_runs(s: Setup, recipe_id: str) -> list[Any]:
-    """Committed runs of this configuration made under `train --cap-gib`: the same Setup but for
-    vLLM's gpu_memory_utilization, which the cap rescales to a fraction of the larger GPU. They
-    measure a card of the cap's size in memory only: their rate is the larger GPU's compute
-    behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
-    from dataclasses import replace
-
-    util = s.rollout.gpu_memory_utilization
-    out = [
-        run
-        for run, rs in _fixed_runs(recipe_id)
-        if run.provenance.cap_gib is not None
-        and replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s
-    ]
-    return sorted(out, key=lambda r: r.run_dir.name)
-
-
 def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -413,9 +314,9 @@ def _costs(
     if rate is None and recipe is not None:
         from verl_recipes.plan.cost import from_verl_throughput
 
-        run = _rate_run(s, recipe.id)
+        run = rate_run(s, recipe.id)
         if run is None:
-            capped = _capped_runs(s, recipe.id)
+            capped = capped_runs(s, recipe.id)
             if capped:
                 caps = ", ".join(
                     f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under {r.provenance.cap_gib:g} GiB"
@@ -529,6 +430,7 @@ def judge(
     """`report`, and the verdict per GPU id: the calibrated prediction where the recipe has one
     for this layout (`plan.advice`), else the planner's."""
     from verl_recipes.plan.advice import calibrated, excess, fitting_variants, judged_gpu, measured, verdict
+    from verl_recipes.plan.evidence import behind_line
     from verl_recipes.plan.knobs import helpful, path_to_fit
 
     job = job or Job()
@@ -537,8 +439,10 @@ def judge(
     plans = [plan_gpu(s, g, c) for g in gpus]
     # the most reliable evidence per GPU: a committed run of this job there, else a committed
     # calibrated prediction, else the planner alone
-    rate_run = _rate_run(s, recipe.id) if recipe is not None else None
-    cals = {p.gpu.id: measured(recipe, s, p.gpu, rate_run) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
+    priced_by = rate_run(s, recipe.id) if recipe is not None else None
+    cals = {
+        p.gpu.id: measured(recipe, s, p.gpu, priced_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans
+    }
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
     suggestions: dict[str, Any] = {}
     for p in plans:
@@ -561,10 +465,15 @@ def judge(
         }
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
     host = plan_host(s, fixes_off or [])
+    # a job of several GPUs: say whether a full run, a rehearsed rank or nothing stands behind it
+    behind = behind_line(recipe, job.variants, s.world) if recipe is not None and s.world > 1 else None
     if as_json:
         js = plan_json(label, s, plans, suggestions, cost_js, c, host, fixes_off or [], cals, fits)
+        if behind:
+            js["behind"] = behind
         return json.dumps(js, indent=2), fits
-    return render_text(label, s, plans, suggestions, cost_lines, c, host, fixes_off or [], cals, fits), fits
+    text = render_text(label, s, plans, suggestions, cost_lines, c, host, fixes_off or [], cals, fits)
+    return (text + f"\n{behind}" if behind else text), fits
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, rundir
+from verl_recipes.plan.inputs import Setup
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary
 from verl_recipes.worker.verl_fixes import recorded_off
 
@@ -111,3 +112,48 @@ def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
     """The mean of (measured - predicted) bytes per phase or moment: the data to refit `what` from."""
     means = ", ".join(f"{k} {statistics.mean(v) / GIB:+.2f}" for k, v in sorted(residuals.items()))
     return f"mean residual (measured - predicted), GiB, to refit {what} from: {means}"
+
+
+def fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
+    """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
+    verl's code with every fix of the recipe on."""
+    out = []
+    for run in committed_runs(recipe=recipe_id):
+        if not run.per_gpu_throughput or run.fixes_off:
+            continue
+        try:
+            out.append((run, run_setup(run)))
+        except RecipeError:
+            continue
+    return out
+
+
+def rate_run(s: Setup, recipe_id: str) -> Any:
+    """The committed run whose rate prices `s`: one that trained this very configuration (the same
+    Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
+    on, the newest such. A run of another variant, batch or weight sync would price a job the user
+    did not ask for: verl's own sync runs 2-3x slower than the recipe's. A rank rehearsal's rate is
+    one rank's compute with no communication, never the job's: it prices nothing."""
+    same = [
+        (run.provenance.date_utc or "", run.run_dir.name, run)
+        for run, rs in fixed_runs(recipe_id)
+        if rs == s and run.provenance.rank_rehearsal is None
+    ]
+    return max(same, key=lambda t: t[:2])[2] if same else None
+
+
+def capped_runs(s: Setup, recipe_id: str) -> list[Any]:
+    """Committed runs of this configuration made under `train --cap-gib`: the same Setup but for
+    vLLM's gpu_memory_utilization, which the cap rescales to a fraction of the larger GPU. They
+    measure a card of the cap's size in memory only: their rate is the larger GPU's compute
+    behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
+    from dataclasses import replace
+
+    util = s.rollout.gpu_memory_utilization
+    out = [
+        run
+        for run, rs in fixed_runs(recipe_id)
+        if run.provenance.cap_gib is not None
+        and replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s
+    ]
+    return sorted(out, key=lambda r: r.run_dir.name)

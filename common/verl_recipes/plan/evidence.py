@@ -1,0 +1,70 @@
+"""What stands behind a multi-GPU prediction: a full run, a rank rehearsal, or nothing yet.
+
+A recipe written for N GPUs can be measured three ways here: the whole job on its N GPUs (a full
+run), one GPU standing in for one of its ranks (`train --rank R`: PyTorch's fake process group,
+the rank's real allocations, no NCCL buffers or communication), or not at all. `plan` and the
+generated tables name which one stands behind every multi-GPU row, from the committed bounds
+files (`expected/*.yaml`, which carry `rank_rehearsal` when their runs were rehearsals), so a
+reader never takes a prediction or a rehearsed rank for a measured job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import RecipeError
+
+
+@dataclass(frozen=True)
+class Evidence:
+    path: Path  # the bounds file
+    world: int  # the job's GPUs the runs stood for
+    rank: int | None  # the rehearsed rank; None: a full run of `world` GPUs
+    cap_gib: float | None  # the --cap-gib budget the runs ran under
+
+    @property
+    def words(self) -> str:
+        cap = f" at a {self.cap_gib:g} GiB budget" if self.cap_gib else ""
+        what = f"rank rehearsal ({self.rank} of {self.world})" if self.rank is not None else "full run"
+        return f"{what}{cap}: {self.path.parent.name}/{self.path.name}"
+
+
+def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
+    """The committed bounds files of `recipe` measured for exactly these variants at `world` GPUs."""
+    import yaml
+
+    out = []
+    for name in getattr(recipe, "expected", []):
+        path = recipe.dir / name
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise RecipeError(f"{path}: not readable YAML: {e}") from None
+        if not isinstance(doc, dict) or doc.get("status") == "predicted" or "measured" not in doc:
+            continue
+        provs = [p for p in (doc.get("provenance") or {}).values() if isinstance(p, dict)]
+        if not provs or sorted(provs[0].get("variants") or []) != sorted(variants):
+            continue
+        rank = doc.get("rank_rehearsal")
+        if rank:
+            job, r = int(rank["world"]), int(rank["rank"])
+        else:  # a full run used the GPUs it measured
+            job = len(
+                {g for m in doc["measured"].values() for per in (m.get("memory_gib") or {}).values() for g in per}
+            )
+            r = None
+        if job == world:
+            cap = provs[0].get("cap_gib")
+            out.append(Evidence(path, job, r, float(cap) if cap else None))
+    return out
+
+
+def behind_line(recipe: Any, variants: Sequence[str], world: int) -> str:
+    """One line for `plan`: what stands behind the figures of a job of `world` GPUs."""
+    found = behind(recipe, variants, world)
+    if found:
+        return "behind it: " + "; ".join(e.words for e in found)
+    return f"behind it: no run of these {world} GPUs yet, neither full nor rehearsed: a prediction only"

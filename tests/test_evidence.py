@@ -1,0 +1,89 @@
+"""verl_recipes.plan.evidence: what stands behind a multi-GPU figure (full run, rehearsed rank,
+nothing), read from the committed bounds files, and how `plan`, the tables and the reports say it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from verl_recipes.cli import main
+from verl_recipes.docs import gpus_table, results_table
+from verl_recipes.measure.report import render_markdown
+from verl_recipes.plan.evidence import behind, behind_line
+from verl_recipes.recipe.metadata import discover, get_recipe
+from verl_recipes.rundir import read_provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rehearsed_bounds() -> list[tuple[str, str, dict]]:
+    out = []
+    for r in discover().values():
+        for name in r.expected:
+            doc = yaml.safe_load((r.dir / name).read_text())
+            if doc.get("rank_rehearsal"):
+                out.append((r.id, name, doc))
+    return out
+
+
+def test_a_bounds_file_of_rehearsed_runs_says_so_and_matches_its_runs() -> None:
+    found = _rehearsed_bounds()
+    assert found, "no committed rank rehearsal"
+    for rid, name, doc in found:
+        for run in doc["source_runs"]:
+            rank = read_provenance(get_recipe(rid).dir / run).rank_rehearsal
+            assert rank == (doc["rank_rehearsal"]["rank"], doc["rank_rehearsal"]["world"]), (name, run)
+
+
+def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_none_ran(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    recipe = get_recipe("13b-fsdp")
+    words = [e.words for e in behind(recipe, [], 2)]
+    assert any(w.startswith("rank rehearsal (0 of 2): expected/") for w in words), words
+    assert behind(recipe, ["tp2"], 2) == []
+    assert "a prediction only" in behind_line(get_recipe("70b-3d"), [], 32)
+    assert main(["plan", "13b-fsdp", "--gpu", "h200-141g"]) == 0
+    out = capsys.readouterr().out
+    assert "behind it: rank rehearsal (0 of 2)" in out
+    # a rehearsed rank's rate is one rank's compute: it never prices the job
+    assert "per million tokens" not in out
+
+
+def test_the_tables_show_a_rehearsed_ranks_memory_and_never_its_speed() -> None:
+    table = results_table()
+    for _, name, _doc in _rehearsed_bounds():
+        (row,) = [x for x in table.splitlines() if f"/expected/{Path(name).name})" in x]
+        cells = [c.strip() for c in row.split("|")]
+        assert "rank rehearsal (" in cells[2]
+        assert cells[4] != "-" and cells[5:9] == ["-"] * 4, row  # peak yes; tokens/s, step, cost no
+    assert "rank 0 of 2 rehearsed" in gpus_table()
+
+
+def test_a_rehearsed_runs_report_says_what_it_cannot_measure() -> None:
+    summary = {
+        "run_dir": "r",
+        "cmd": ["x"],
+        "exit_code": 0,
+        "samples": 1,
+        "interval_s": 0.1,
+        "wall_s": 1.0,
+        "skipped_lines": 0,
+        "gpus": [],
+        "nvml_error": "none",
+        "phases": {},
+        "steps": [],
+        "peak": {"gpu": {}, "host": {}},
+    }
+    text = render_markdown(summary, None, (1, 4))
+    assert "rank rehearsal (1 of 4)" in text and "NCCL buffers" in text and "not the job's speed" in text
+    assert "rank rehearsal" not in render_markdown(summary, None, None)
+    for rid, _, doc in _rehearsed_bounds():
+        for run in doc["source_runs"]:
+            rank = doc["rank_rehearsal"]
+            report = (get_recipe(rid).dir / run / "report.md").read_text()
+            assert f"rank rehearsal ({rank['rank']} of {rank['world']})" in report, run
+    json.dumps(summary)
