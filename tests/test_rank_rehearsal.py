@@ -157,3 +157,44 @@ def test_the_rehearsal_patches_verl_only_where_it_is_asked_for() -> None:
     assert (asked["spec"], asked["group"], asked["driver"]) == ("0/2", True, True)
     wrong = _patched_in_a_fresh_process("2/2")
     assert wrong["rc"] != 0 and "--rank 2 is not a rank of this job's 2 GPU(s)" in wrong["err"]
+
+
+def test_a_non_zero_rank_gets_finite_shards_where_rank_0s_broadcast_sends_nothing() -> None:
+    """Under the fake group rank R > 0 receives no broadcast from rank 0: its shards keep whatever
+    `to_empty` left (NaN here, on purpose). `fill_unsent` gives them finite values in place, at the
+    same local shapes: what the rank holds is unchanged, only what it computes with."""
+    pytest.importorskip("verl")
+    code = """
+import json, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from transformers import LlamaConfig, LlamaForCausalLM
+from verl_recipes.worker.rank_rehearsal import fill_unsent
+dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=256)
+model = LlamaForCausalLM(cfg)
+for layer in model.model.layers:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+with torch.no_grad():
+    for p in model.parameters():
+        p.to_local().fill_(float("nan"))
+before = [tuple(p.to_local().shape) for p in model.parameters()]
+bad = sum(not torch.isfinite(p.to_local()).all() for p in model.parameters())
+fill_unsent(model)
+after = sum(not torch.isfinite(p.to_local()).all() for p in model.parameters())
+shapes = [tuple(p.to_local().shape) for p in model.parameters()]
+ids = torch.randint(0, 256, (1, 8))
+loss = model(ids, labels=ids).loss
+print(json.dumps({"bad_before": int(bad), "bad_after": int(after), "same_shapes": before == shapes,
+                  "loss_finite": bool(torch.isfinite(loss))}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "common")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["bad_before"] > 0 and got["bad_after"] == 0
+    assert got["same_shapes"] and got["loss_finite"]

@@ -35,6 +35,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check-bounds": ("verl_recipes.measure.bounds", "check a run's memory and throughput against a recipe's bounds"),
     "ray-slurm": ("verl_recipes.cluster.cli", "bootstrap Ray on a Slurm allocation and run a recipe"),
     "trace": ("verl_recipes.measure.trace", "where a torch profiler trace spends its time"),
+    "compare-ranks": (
+        "verl_recipes.plan.rank_check",
+        "rehearsed ranks against the real run they stand for, phase by phase",
+    ),
     "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
     "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
     "wheelhouse": (

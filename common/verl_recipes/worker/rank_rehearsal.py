@@ -119,6 +119,51 @@ def _rebind_process_group(mod: ModuleType) -> None:
         mod.initialize_global_process_group_ray = vdist.initialize_global_process_group_ray  # type: ignore[attr-defined]
 
 
+def _make_load(original: Any, spec: RankSpec) -> Any:
+    def fsdp2_load_full_state_dict(model: Any, full_state: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(model, full_state, *args, **kwargs)
+        if spec.rank != 0:
+            fill_unsent(model)
+        return out
+
+    fsdp2_load_full_state_dict.__wrapped__ = original  # type: ignore[attr-defined]
+    return fsdp2_load_full_state_dict
+
+
+def fill_unsent(model: Any) -> None:
+    """What rank 0's broadcast would have put in a non-zero rank's shards, in values only.
+
+    verl loads the checkpoint on rank 0 and broadcasts it (`fsdp2_load_full_state_dict`); under the
+    fake group the broadcast sends nothing, so rank R > 0 keeps the uninitialised memory of
+    ``to_empty``, whose NaNs and infinities would reach vLLM through the weight sync and the loss.
+    The shards are filled in place with small normal values (the synthetic checkpoint's own
+    init scale): the same tensors at the same sizes, so the memory is the rank's as it would be.
+    """
+    import torch
+
+    with torch.no_grad():
+        for p in list(model.parameters()) + list(model.buffers()):
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.is_floating_point() and local.numel():
+                local.normal_(0.0, 0.02)
+
+
+def _patch_load(spec: RankSpec) -> Any:
+    def patch(mod: ModuleType) -> None:
+        current = mod.fsdp2_load_full_state_dict
+        if not hasattr(current, "__wrapped__"):
+            mod.fsdp2_load_full_state_dict = _make_load(current, spec)  # type: ignore[attr-defined]
+
+    return patch
+
+
+def _rebind_load(mod: ModuleType) -> None:
+    import verl.utils.fsdp_utils as fsdp_utils
+
+    if getattr(mod, "fsdp2_load_full_state_dict", None) is not fsdp_utils.fsdp2_load_full_state_dict:
+        mod.fsdp2_load_full_state_dict = fsdp_utils.fsdp2_load_full_state_dict  # type: ignore[attr-defined]
+
+
 # --- the driver side: the rank's share of the job ---------------------------------------------
 
 
@@ -253,6 +298,8 @@ def apply() -> RankSpec | None:
         return None
     after_import("verl.utils.distributed", _patch_process_group(spec))
     after_import("verl.workers.engine_workers", _rebind_process_group)
+    after_import("verl.utils.fsdp_utils", _patch_load(spec))
+    after_import("verl.workers.engine.fsdp.transformer_impl", _rebind_load)
     after_import("verl.trainer.main_ppo", _patch_run_ppo(spec))
     after_import("verl.trainer.ppo.v1.trainer_base", _patch_batch_multiple(spec))
     return spec

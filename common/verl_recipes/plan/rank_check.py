@@ -1,0 +1,150 @@
+"""`verl-recipes compare-ranks BASELINE RUN...`: a rehearsed rank against the run it stands for.
+
+How far a rank rehearsal (one GPU as rank R of N, `train --rank`) can be trusted is a per-phase
+question: its device peak against the same phase of a real run, GPU by GPU. The baseline is a
+real run; each RUN is compared with the baseline's GPU of its own rank (GPU R of a baseline of N
+GPUs, else the baseline's first GPU: a world of 1, or another layout). Two more columns say why
+they differ where they should: the planner's difference for the two configurations (the sharded
+terms of a rank of N against a world of 1), and the training process's device memory beyond its
+own allocator (NVML per process minus verl's `max_memory_reserved`: CUDA context, NCCL's buffers,
+which a rehearsal lacks). Tokens per step are shown, since a comparison is fair only where they
+match; step time is the baseline's alone (a rehearsal's is one rank's compute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import GIB, inflight
+from verl_recipes.plan.gpus import GPU
+from verl_recipes.plan.phases import Constants, plan_gpu
+from verl_recipes.plan.runs import read_run, run_setup
+from verl_recipes.rundir import read_provenance, read_summary, steady_steps
+
+#: the phases a rank differs in (verl's marked_timer names, as the report attributes them)
+PHASES = ("gen", "update_weights", "old_log_prob", "values", "update_critic", "update_actor")
+
+
+def _peaks(run_dir: Path) -> dict[str, dict[int, float]]:
+    """phase -> position of the GPU in the run -> device peak GiB."""
+    s = read_summary(run_dir)
+    order = {str(g["index"]): pos for pos, g in enumerate(sorted(s.get("gpus") or [], key=lambda g: int(g["index"])))}
+    out: dict[str, dict[int, float]] = {}
+    for phase, pk in (s.get("phases") or {}).items():
+        for idx, g in (pk.get("gpu") or {}).items():
+            out.setdefault(phase, {})[order.get(str(idx), int(idx))] = float(g["used_gib"])
+    return out
+
+
+def _steady(run_dir: Path) -> dict[str, float | None]:
+    """Median step time and, over steps 2+, the training process's device memory beyond its own
+    allocator: its NVML per-process peak (the monitor's `fsdp_worker` class) minus verl's largest
+    `max_memory_reserved`."""
+    steps: list[Any] = list(steady_steps(read_summary(run_dir).get("steps") or []))
+    times = [float(t) for st in steps if (t := st.get("time_s")) is not None]
+    reserved = [float(r) for st in steps if (r := st.get("verl_max_reserved_gib")) is not None]
+    worker = [
+        float(g.get("by_class_gib", {}).get("fsdp_worker", 0.0))
+        for st in steps
+        for g in st.get("peak", {}).get("gpu", {}).values()
+    ]
+    return {
+        "step_s": statistics.median(times) if times else None,
+        # the two peaks of steps 2+: the allocator's reservation only grows, NVML's reading with it
+        "beyond_allocator_gib": max(worker) - max(reserved) if reserved and any(worker) else None,
+    }
+
+
+def _tokens(run_dir: Path) -> float | None:
+    from verl_recipes.rundir import VERL_METRICS, read_jsonl
+
+    rows, _ = read_jsonl(run_dir / VERL_METRICS)
+    xs = [float(d["perf/total_num_tokens"]) for r in rows if (d := r.get("data", r)) and "perf/total_num_tokens" in d]
+    return statistics.median(xs[1:] or xs) if xs else None
+
+
+def _planned(run_dir: Path) -> dict[str, float]:
+    """The planner's per-phase peak for the configuration the run saved, on its own GPU, GiB."""
+    run = read_run(run_dir)
+    total = next(iter(run.gpu_totals.values()), 0)
+    gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
+    plan = plan_gpu(run_setup(run), gpu, Constants())
+    return {ph: p.total / GIB for ph in PHASES if (p := plan.phase(ph)) is not None}
+
+
+def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str, Any]:
+    base_peaks, base_plan = _peaks(baseline), (_planned(baseline) if planner else {})
+    out: dict[str, Any] = {"baseline": baseline.name, **_steady(baseline), "tokens": _tokens(baseline), "runs": []}
+    for run in runs:
+        rank = read_provenance(run).rank_rehearsal
+        n_base = max((len(v) for v in base_peaks.values()), default=1)
+        gpu = rank[0] if rank and rank[1] == n_base else 0
+        peaks, plan = _peaks(run), (_planned(run) if planner else {})
+        rows = []
+        for ph in PHASES:
+            b, m = base_peaks.get(ph, {}).get(gpu), (peaks.get(ph) or {}).get(0)
+            if b is None or m is None:
+                continue
+            pdiff = plan[ph] - base_plan[ph] if ph in plan and ph in base_plan else None
+            rows.append({"phase": ph, "baseline_gib": b, "run_gib": m, "diff_gib": m - b, "planner_diff_gib": pdiff})
+        out["runs"].append(
+            {"run": run.name, "rank": list(rank) if rank else None, "baseline_gpu": gpu, "tokens": _tokens(run)}
+            | _steady(run)
+            | {"rows": rows}
+        )
+    return out
+
+
+def _f(v: float | None, nd: int = 2, sign: bool = False) -> str:
+    return "-" if v is None else (f"{v:+.{nd}f}" if sign else f"{v:.{nd}f}")
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = []
+    for r in doc["runs"]:
+        who = f"rank rehearsal ({r['rank'][0]} of {r['rank'][1]})" if r["rank"] else "full run"
+        lines += [
+            f"### {r['run']} ({who}) against {doc['baseline']}, GPU {r['baseline_gpu']}",
+            "",
+            "| phase | baseline GiB | run GiB | run - baseline GiB | % | planner's difference GiB |",
+            "|---|---|---|---|---|---|",
+        ]
+        for x in r["rows"]:
+            pct = 100 * x["diff_gib"] / x["baseline_gib"] if x["baseline_gib"] else None
+            lines.append(
+                f"| {x['phase']} | {_f(x['baseline_gib'])} | {_f(x['run_gib'])} | {_f(x['diff_gib'], sign=True)} "
+                f"| {_f(pct, 1, sign=True)} | {_f(x['planner_diff_gib'], sign=True)} |"
+            )
+        lines += [
+            "",
+            f"- tokens per step (median of steps 2+): baseline {_f(doc['tokens'], 0)}, run {_f(r['tokens'], 0)}",
+            "- training process beyond its allocator (NVML per process minus verl's max reserved, "
+            "peaks of steps 2+): "
+            f"baseline {_f(doc['beyond_allocator_gib'])} GiB, run {_f(r['beyond_allocator_gib'])} GiB",
+            f"- step time: baseline {_f(doc['step_s'], 1)} s"
+            + (
+                "; a rehearsal's is one rank's compute, not the job's" if r["rank"] else f", run {_f(r['step_s'], 1)} s"
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare-ranks", help="rehearsed ranks against the real run they stand for, phase by phase")
+    p.add_argument("baseline", type=Path, help="a real run (the job on its GPUs, or a world of 1)")
+    p.add_argument("runs", type=Path, nargs="+", help="rank rehearsals (or other runs) to hold against it")
+    p.add_argument("--no-planner", action="store_true", help="leave out the planner's difference")
+    p.add_argument("--out", type=Path, help="also write the tables (Markdown) here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = render(compare(args.baseline, args.runs, planner=not args.no_planner))
+    print(text, end="")
+    if args.out:
+        inflight.write_text(args.out, text, "the comparison")
+    return 0

@@ -1,0 +1,32 @@
+"""verl_recipes.plan.rank_check (`verl-recipes compare-ranks`): a rehearsed rank against the real
+run it stands for, on the committed 13b-fsdp runs; the committed comparison is its output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verl_recipes.plan.rank_check import compare, render
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "13b-fsdp"
+RUNS = RECIPE / "results"
+
+
+def test_each_rehearsed_rank_is_held_against_its_own_gpu_with_the_planners_difference() -> None:
+    doc = compare(RUNS / "h200x1-ppo", [RUNS / "h200x1-ppo-rank0of1", RUNS / "h200x1-ppo-rank0of2"])
+    world1, rank0of2 = doc["runs"]
+    assert world1["rank"] == [0, 1] and rank0of2["rank"] == [0, 2]
+    assert world1["baseline_gpu"] == rank0of2["baseline_gpu"] == 0  # a baseline of one GPU
+    phases = {r["phase"]: r for r in rank0of2["rows"]}
+    assert set(phases) == {"gen", "update_weights", "old_log_prob", "values", "update_critic", "update_actor"}
+    # the rank holds less than the whole job in every phase, and the planner says so too
+    assert all(r["diff_gib"] < 0 and r["planner_diff_gib"] < 0 for r in phases.values())
+    # the rehearsal path at a world of one: the same job, within a few percent, never the rank's halving
+    assert all(abs(r["diff_gib"]) < 0.05 * r["baseline_gib"] for r in world1["rows"])
+    text = render(doc)
+    assert "rank rehearsal (0 of 2)" in text and "not the job's" in text
+
+
+def test_the_committed_comparison_is_what_the_command_writes() -> None:
+    doc = compare(RUNS / "h200x1-ppo", [RUNS / "h200x1-ppo-rank0of1", RUNS / "h200x1-ppo-rank0of2"])
+    committed = (RECIPE / "comparisons" / "rank-rehearsal-fidelity.md").read_text()
+    assert committed == render(doc), "run the compare-ranks command the 13b-fsdp README gives"
