@@ -102,21 +102,34 @@ def _make_initialize(original: Any, spec: RankSpec) -> Any:
     return initialize_global_process_group_ray
 
 
-def _patch_process_group(spec: RankSpec) -> Any:
+def _wrap(name: str, make: Any, spec: RankSpec) -> Any:
+    """An import hook that replaces the module's function `name` (`Class.method` for a method) with
+    `make(original, spec)`, once."""
+
     def patch(mod: ModuleType) -> None:
-        current = mod.initialize_global_process_group_ray
+        *path, attr = name.split(".")
+        owner: Any = mod
+        for part in path:
+            owner = getattr(owner, part)
+        current = getattr(owner, attr)
         if not hasattr(current, "__wrapped__"):
-            mod.initialize_global_process_group_ray = _make_initialize(current, spec)  # type: ignore[attr-defined]
+            setattr(owner, attr, make(current, spec))
 
     return patch
 
 
-def _rebind_process_group(mod: ModuleType) -> None:
-    """Modules that imported verl's function by name before the patch hold the original."""
-    import verl.utils.distributed as vdist
+def _rebind(source: str, name: str) -> Any:
+    """An import hook for a module that imported `source.name` by name: it may hold the original if
+    it was bound before `source` was patched."""
 
-    if getattr(mod, "initialize_global_process_group_ray", None) is not vdist.initialize_global_process_group_ray:
-        mod.initialize_global_process_group_ray = vdist.initialize_global_process_group_ray  # type: ignore[attr-defined]
+    def rebind(mod: ModuleType) -> None:
+        import importlib
+
+        patched = getattr(importlib.import_module(source), name)
+        if getattr(mod, name, None) is not patched:
+            setattr(mod, name, patched)
+
+    return rebind
 
 
 def _make_load(original: Any, spec: RankSpec) -> Any:
@@ -146,22 +159,6 @@ def fill_unsent(model: Any) -> None:
             local = p.to_local() if hasattr(p, "to_local") else p
             if local.is_floating_point() and local.numel():
                 local.normal_(0.0, 0.02)
-
-
-def _patch_load(spec: RankSpec) -> Any:
-    def patch(mod: ModuleType) -> None:
-        current = mod.fsdp2_load_full_state_dict
-        if not hasattr(current, "__wrapped__"):
-            mod.fsdp2_load_full_state_dict = _make_load(current, spec)  # type: ignore[attr-defined]
-
-    return patch
-
-
-def _rebind_load(mod: ModuleType) -> None:
-    import verl.utils.fsdp_utils as fsdp_utils
-
-    if getattr(mod, "fsdp2_load_full_state_dict", None) is not fsdp_utils.fsdp2_load_full_state_dict:
-        mod.fsdp2_load_full_state_dict = fsdp_utils.fsdp2_load_full_state_dict  # type: ignore[attr-defined]
 
 
 # --- the driver side: the rank's share of the job ---------------------------------------------
@@ -264,14 +261,6 @@ def _make_run_ppo(original: Any, spec: RankSpec) -> Any:
     return run_ppo
 
 
-def _patch_run_ppo(spec: RankSpec) -> Any:
-    def patch(mod: ModuleType) -> None:
-        if not hasattr(mod.run_ppo, "__wrapped__"):
-            mod.run_ppo = _make_run_ppo(mod.run_ppo, spec)  # type: ignore[attr-defined]
-
-    return patch
-
-
 def _make_batch_multiple(original: Any, spec: RankSpec) -> Any:
     def _get_required_batch_multiple(self: Any, dp_size: int) -> int:
         # The real job pads its global batch to lcm(DP, PPO mini-batches); this rank's share of
@@ -282,24 +271,22 @@ def _make_batch_multiple(original: Any, spec: RankSpec) -> Any:
     return _get_required_batch_multiple
 
 
-def _patch_batch_multiple(spec: RankSpec) -> Any:
-    def patch(mod: ModuleType) -> None:
-        trainer = mod.PPOTrainer
-        if not hasattr(trainer._get_required_batch_multiple, "__wrapped__"):
-            trainer._get_required_batch_multiple = _make_batch_multiple(trainer._get_required_batch_multiple, spec)
-
-    return patch
-
-
 def apply() -> RankSpec | None:
     """Register the rehearsal's patches in this process when `ENV_RANK` is set (driver and workers)."""
     spec = RankSpec.from_env()
     if spec is None:
         return None
-    after_import("verl.utils.distributed", _patch_process_group(spec))
-    after_import("verl.workers.engine_workers", _rebind_process_group)
-    after_import("verl.utils.fsdp_utils", _patch_load(spec))
-    after_import("verl.workers.engine.fsdp.transformer_impl", _rebind_load)
-    after_import("verl.trainer.main_ppo", _patch_run_ppo(spec))
-    after_import("verl.trainer.ppo.v1.trainer_base", _patch_batch_multiple(spec))
+    after_import("verl.utils.distributed", _wrap("initialize_global_process_group_ray", _make_initialize, spec))
+    after_import(
+        "verl.workers.engine_workers", _rebind("verl.utils.distributed", "initialize_global_process_group_ray")
+    )
+    after_import("verl.utils.fsdp_utils", _wrap("fsdp2_load_full_state_dict", _make_load, spec))
+    after_import(
+        "verl.workers.engine.fsdp.transformer_impl", _rebind("verl.utils.fsdp_utils", "fsdp2_load_full_state_dict")
+    )
+    after_import("verl.trainer.main_ppo", _wrap("run_ppo", _make_run_ppo, spec))
+    after_import(
+        "verl.trainer.ppo.v1.trainer_base",
+        _wrap("PPOTrainer._get_required_batch_multiple", _make_batch_multiple, spec),
+    )
     return spec
