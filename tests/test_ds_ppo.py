@@ -651,3 +651,42 @@ def test_run_both_refuses_a_bad_gpu_count_before_doing_anything(root: Path, tmp_
     )
     assert r.returncode == 2 and "NPROC must be a positive number" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rehearsed_rank_partitions_zero3_to_its_share_and_trains(tiny: dict[str, Path]) -> None:
+    """The DeepSpeed side of a rank rehearsal: one process as rank 0 of 2 (PyTorch's fake process
+    group, started by `Dist.from_env` from `VERL_RECIPES_RANK_REHEARSAL`), the recipe's own ZeRO-3
+    config and engine on the baseline's actor. ZeRO-3 holds half of every parameter, a step trains,
+    and the rank writes the run's files. Rank 0 is the one to rehearse: DeepSpeed checks that the
+    ranks agree by broadcasting from rank 0, which a fake group does not send, so rank 1 stops
+    there ("disagreement on list length between rank0 and rank1")."""
+    pytest.importorskip("deepspeed")
+    code = f"""
+import json, sys, torch
+sys.path.insert(0, {str(RECIPE)!r})
+from ds_ppo import engines, losses
+from ds_ppo.timing import Dist
+d = Dist.from_env("cpu")
+import deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+hp = losses.PPOHyper.from_verl_defaults()
+cfg = engines.ds_config(engines.load_ds_config(), 1, 1, d.world)
+cfg.pop("bf16", None)
+model = engines.load_actor({str(tiny["model"])!r}, torch.float32, grad_ckpt="off")
+engine = engines.deepspeed_trained(model, 1e-3, 0.0, hp.betas, cfg)
+w = model.model.layers[0].mlp.up_proj.weight
+ids = torch.randint(0, 64, (1, 8))
+loss = engine.engine(ids, labels=ids).loss
+engine.engine.backward(loss)
+engine.engine.step()
+print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local": w.ds_tensor.numel(),
+                  "full": w.ds_numel, "loss": float(loss.detach()),
+                  "backend": torch.distributed.get_backend()}}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "common"), "VERL_RECIPES_RANK_REHEARSAL": "0/2"}
+    env.update({"DS_ACCELERATOR": "cpu", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (got["world"], got["rank"], got["writes"], got["backend"]) == (2, 0, True, "fake")
+    assert got["local"] * 2 == got["full"] and math.isfinite(got["loss"])

@@ -438,7 +438,7 @@ def run_ds(
         total = torch.cuda.get_device_properties(d.device).total_memory
         why = memory_preflight(counts, d.world, w.use_ref, total, headroom_gib)
         if why:
-            if d.rank == 0:
+            if d.writes:
                 print(f"error: {why}", file=sys.stderr)
             return 2
 
@@ -464,7 +464,7 @@ def run_ds(
     infer_cfg = engines.ds_config(base, w.infer_micro_per_gpu, 1, d.world)
 
     monitor = None
-    if d.rank == 0:
+    if d.writes:
         out.mkdir(parents=True, exist_ok=True)
         for name in FILES.values():
             (out / name).unlink(missing_ok=True)
@@ -507,7 +507,7 @@ def run_ds(
         w.gen_micro_per_gpu,
     )
     loop = PPOLoop(actor, critic, ref, tokenizer, hp, shapes, d)
-    if d.rank == 0:
+    if d.writes:
         run = _run_record(w, hp, d, backend, train_cfg, infer_cfg, counts, init_s, mismatch, time_budget_s)
         run["grad_ckpt"] = grad_ckpt
         run["zero3_model_state_gib_per_gpu"] = zero3_state_bytes_per_gpu(counts, d.world, w.use_ref) / GIB
@@ -519,7 +519,7 @@ def run_ds(
         if i and time_budget_s > 0:
             over = time.perf_counter() - t_loop + 1.2 * ds_last_step_s > time_budget_s
             if d.max_floats([1.0 if over else 0.0])[0] > 0:
-                if d.rank == 0:
+                if d.writes:
                     print(f"time budget {time_budget_s:g} s: stopping after {i} steps", flush=True)
                 break
         sl = slice(i * w.batch + d.rank * local, i * w.batch + (d.rank + 1) * local)
@@ -527,7 +527,7 @@ def run_ds(
         mine = rows[sl]
         res = loop.step(StepBatch(ids, mask, [r.ground_truth for r in mine], [r.data_source for r in mine]))
         ds_last_step_s = res["step_s"]
-        if d.rank == 0:
+        if d.writes:
             rec = {
                 "step": i + 1,
                 "warmup": i < w.warmup_steps,
@@ -545,7 +545,7 @@ def run_ds(
                 flush=True,
             )
 
-    if d.rank == 0:
+    if d.writes:
         assert monitor is not None
         monitor.set_exit(0)
         monitor.stop()

@@ -32,10 +32,15 @@ class Dist:
     rank: int = 0
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    rehearsed: bool = False  # one process standing in for rank `rank` of `world` (fake process group)
 
     @classmethod
     def from_env(cls, device_type: str) -> Dist:
-        """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun and by the deepspeed launcher)."""
+        """Read RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun and by the deepspeed launcher).
+
+        A rank rehearsal (`VERL_RECIPES_RANK_REHEARSAL=R/N`, one process standing in for rank R of
+        N) starts PyTorch's fake process group here, before DeepSpeed wraps the default group, so
+        ZeRO-3 partitions to 1/N and every gather allocates at its real size."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -44,7 +49,20 @@ class Dist:
             device = torch.device("cuda", local)
         else:
             device = torch.device("cpu")
+        from verl_recipes.worker.rank_rehearsal import RankSpec, init_fake_group
+
+        spec = RankSpec.from_env()
+        if spec is not None:
+            if world != 1:
+                raise SystemExit("a rank rehearsal is one process: start it without torchrun's --nproc_per_node")
+            init_fake_group(spec)
+            return cls(world=spec.world, rank=spec.rank, local_rank=local, device=device, rehearsed=True)
         return cls(world=world, rank=rank, local_rank=local, device=device)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run's files: rank 0, or the one rank a rehearsal runs."""
+        return self.rank == 0 or self.rehearsed
 
     @property
     def active(self) -> bool:
