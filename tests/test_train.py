@@ -303,6 +303,14 @@ def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
     run = str(tmp_path / "run")
     err = _refused(["7b-lora", "--run-dir", run, "--gpu", "a10g-24g"], capsys)
     assert err.startswith("error: predicted not to fit a10g-24g (22.5 GiB): ") and "--set " in err
+    # the whole fix, every knob of the planner's path at once (`plan.advice.whole_fix`), never one of several
+    from verl_recipes.plan.advice import whole_fix
+    from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.preflight import preflight
+
+    _, setup, _ = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other")))
+    assert f"; {whole_fix(setup, parse_gpu('a10g-24g'))} (`verl-recipes plan` explains" in err
+    assert "; to fit on 1 GPU(s): " in err and "host RAM about" in err
     err = _refused(["70b-3d", "--run-dir", run, "--gpus", "2", "--layers", "2"], capsys)
     assert err == (
         "error: 2 GPUs (1 nodes x 2) do not divide by the rollout's TP x DP x PP = 4 x 1 x 1 = 4; "
@@ -453,3 +461,21 @@ def test_a_rehearsal_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that
     assert "does not fit 40GiB; --variant 40gib does (peak " in last and "rehearse and train with it" in last
     assert "run the same command" not in last
     assert not (tmp_path / "run" / "incomplete.json").exists()  # the rehearsal is done: the folder is complete
+
+
+def test_a_cached_dataset_cut_short_is_made_again(tmp_path: Path, cache: Path) -> None:
+    """A cache entry with both parquet files, one of them cut short by a writer that was killed, is
+    not whole (`dataset.complete`): `train` makes the dataset again instead of handing verl half."""
+    from verl_recipes.train import ensure_dataset
+    from verl_recipes.workload import dataset
+
+    job = _job("7b-lora", "--run-dir", str(tmp_path / "run"))
+    dataset.write(job.data, 64, 8)
+    raw = (job.data / "train.parquet").read_bytes()
+    (job.data / "train.parquet").write_bytes(raw[: len(raw) // 2])
+    assert not dataset.complete(job.data)
+    assert ensure_dataset(job) == job.data
+    assert dataset.complete(job.data)
+    import pyarrow.parquet as pq
+
+    assert pq.read_metadata(job.data / "train.parquet").num_rows == 4096  # the command's own default
