@@ -16,7 +16,8 @@ non-zero exit, so it checks the job as it will run, before anything is made or w
 * the host's RAM against the planner's host figure for the run (a warning only);
 * the memory plan: a GPU host judges its own GPU (or its `--cap-gib` budget); a CPU host the GPU
   named by `--gpu`, else every GPU of the planner's catalogue, and the job is refused when it fits
-  none of them (a host with one of the GPUs it does not fit refuses it; the line names them).
+  none of them (a host with one of the GPUs it does not fit refuses it; the line names them), in
+  one line that ends with the whole fix (`plan.advice.whole_fix`).
 """
 
 from __future__ import annotations
