@@ -20,10 +20,12 @@ The user's `--model` and `--data` are read, never written (`verl_recipes.workloa
 and a `--run-dir` is new, empty, or resumed; it is claimed while `train` runs (a second launch
 into it is one line) and marked incomplete from its first write until the rehearsal or the
 measure step is done, so a run stopped by Ctrl-C or a kill says so and the same command again
-starts over (the stopped attempt kept in attempt-N/). verl runs its trainer loop and FSDP workers as Ray
-actors, so the launch reaches them through Ray's ``worker_process_setup_hook``
-(`verl_recipes.worker.hooks.setup`) and environment variables; a rank rehearsal (`--rank R`) is
-one of those variables (`worker.rank_rehearsal.ENV_RANK`).
+starts over (the stopped attempt kept in attempt-N/).
+
+verl runs its trainer loop and FSDP workers as Ray actors, so the launch reaches them through
+Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment
+variables; a rank rehearsal (`--rank R`) is one of those variables
+(`worker.rank_rehearsal.ENV_RANK`).
 """
 
 from __future__ import annotations
