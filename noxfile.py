@@ -2,8 +2,13 @@
 
 Every recipe under `recipes/*/recipe.yaml` gets four sessions: `recipe-<id>` (train on a GPU,
 rehearse on a CPU), `smoke-<id>` (the tiny smoke run), `build-<id>` (its container image) and
-`validate-<id>` (its committed runs against its bounds). Nothing is listed by hand: add a
-recipe folder and its sessions appear in `nox -l`, in CI and in the README table.
+`bounds-<id>` (its committed runs against its bounds, `verl-recipes check-bounds`); besides them,
+`planner-errors` checks the memory planner against every committed run (`verl-recipes plan
+--errors`). Nothing is listed by hand: add a recipe folder and its sessions appear in `nox -l`, in
+CI and in the README table.
+
+The old names `validate-<id>` and `validate-planner` still run the same sessions for one release,
+each with a note naming the new one (nox has no alias of its own; they are sessions of their own).
 
 The metadata is read from recipes/index.json, which `verl-recipes docs --write` generates from
 every recipe.yaml (tests/test_spine.py fails when it is stale): nox runs before anything else is
@@ -48,6 +53,9 @@ RECIPES = _recipes()
 
 
 def _has_gpu() -> bool:
+    """Whether this host has an NVIDIA GPU. noxfile.py asks nvidia-smi itself rather than the
+    package's NVML check: it runs before the package (and pynvml) is installed, to choose which
+    torch to install."""
     return shutil.which("nvidia-smi") is not None and os.system("nvidia-smi -L >/dev/null 2>&1") == 0
 
 
@@ -125,23 +133,44 @@ def _recipe_session(rid: str, meta: dict) -> None:
 
     build.__doc__ = f"{rid}: build its container image (needs dockerd; see images/README.md)."
 
-    @nox.session(name=f"validate-{rid}", tags=["validate", "cpu"])
-    def validate(session: nox.Session) -> None:
+    def check_bounds(session: nox.Session) -> None:
         session.install("-e", ".")
-        session.run("verl-recipes", "validate", rid, *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+        session.run("verl-recipes", "check-bounds", rid, *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
 
-    validate.__doc__ = f"{rid}: check its committed runs against expected/ bounds."
+    @nox.session(name=f"bounds-{rid}", tags=["check", "cpu"])
+    def bounds(session: nox.Session) -> None:
+        check_bounds(session)
+
+    bounds.__doc__ = f"{rid}: check its committed runs against expected/ bounds (verl-recipes check-bounds)."
+
+    @nox.session(name=f"validate-{rid}", tags=["validate"])
+    def validate(session: nox.Session) -> None:
+        session.log(f"note: `validate-{rid}` is the old name of `bounds-{rid}`")
+        check_bounds(session)
+
+    validate.__doc__ = f"the old name of bounds-{rid}: the same session."
 
 
 for _rid, _meta in RECIPES.items():
     _recipe_session(_rid, _meta)
 
 
-@nox.session(name="validate-planner", tags=["validate", "cpu"])
-def validate_planner(session: nox.Session) -> None:
-    """The memory planner against every committed measured run; fails past the tolerance."""
+def _planner_errors(session: nox.Session) -> None:
     _install_project(session)
-    session.run("verl-recipes", "plan", "--validate", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+    session.run("verl-recipes", "plan", "--errors", *session.posargs, env={"VERL_RECIPES_ROOT": str(ROOT)})
+
+
+@nox.session(name="planner-errors", tags=["check", "cpu"])
+def planner_errors(session: nox.Session) -> None:
+    """The memory planner against every committed run (verl-recipes plan --errors); fails past the tolerance."""
+    _planner_errors(session)
+
+
+@nox.session(name="validate-planner", tags=["validate"])
+def validate_planner(session: nox.Session) -> None:
+    """The old name of planner-errors: the same session."""
+    session.log("note: `validate-planner` is the old name of `planner-errors`")
+    _planner_errors(session)
 
 
 @nox.session

@@ -155,6 +155,31 @@ def test_an_interrupted_run_folder_is_marked_incomplete_and_a_retry_proceeds(tmp
     assert sorted(f.name for f in (run / "attempt-1").iterdir()) == ["command.sh", "incomplete.json"]
 
 
+def test_ctrl_c_during_a_rehearsal_marks_its_run_folder_and_the_same_command_runs_again(tmp_path: Path) -> None:
+    """`verl-recipes train 7b-lora --rehearse` stopped by SIGINT to its process group once it works in
+    its run folder: exit 130, one `interrupted:` line naming the folder, which stays marked
+    incomplete; the same command then sets that attempt aside and rehearses to the end."""
+    cache, run = tmp_path / "cache", tmp_path / "runs" / "r1"
+    args = ("train", "7b-lora", "--rehearse", "--run-dir", str(run))
+    p = _cli(*args, cache=cache)
+    _wait_for(lambda: (run / "incomplete.json").exists() or p.poll() is not None, 600, "the run folder's marker")
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (out + err)[-3000:]
+    said = [ln for ln in err.splitlines() if ln.startswith("interrupted:")]
+    assert len(said) == 1 and said[0] == err.strip().splitlines()[-1], err
+    assert said[0].startswith("interrupted: verl-recipes train") and f"{run}: marked incomplete" in said[0]
+    assert json.loads((run / "incomplete.json").read_text())["pid"] == p.pid
+
+    again = _cli(*args, cache=cache)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, (out + err)[-3000:]
+    assert "an earlier attempt was stopped before it finished; it is kept in" in out
+    assert "training needs an NVIDIA GPU" in out.strip().splitlines()[-1]
+    assert (run / "attempt-1" / "incomplete.json").is_file() and not (run / "incomplete.json").exists()
+    assert (run / "verl_config.yaml").is_file() and not inflight.lock_path(run).exists()
+
+
 # --- concurrency --------------------------------------------------------------------------------
 
 

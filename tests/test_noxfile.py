@@ -15,9 +15,20 @@ def test_nox_lists_four_sessions_per_recipe(root: Path) -> None:
         [sys.executable, "-m", "nox", "-l", "-f", str(root / "noxfile.py")], capture_output=True, text=True, check=True
     ).stdout
     for rid in discover():
-        for kind in ("recipe", "smoke", "build", "validate"):
+        for kind in ("recipe", "smoke", "build", "bounds"):
             assert f"{kind}-{rid} " in out, f"nox -l lacks {kind}-{rid}"
-    assert "* tests" in out and "validate-planner" in out
+        # the old name runs the same session for a release, and says what it is now called
+        assert f"validate-{rid} [validate] -> the old name of bounds-{rid}: the same session." in out
+    assert "* tests" in out and "planner-errors [check,cpu] -> " in out
+    assert "validate-planner [validate] -> The old name of planner-errors: the same session." in out
+
+
+def test_the_check_sessions_run_the_commands_by_their_names(root: Path) -> None:
+    """`bounds-<id>` runs `verl-recipes check-bounds`, `planner-errors` runs `plan --errors`: the
+    commands by their own names, never the old ones that print a note."""
+    text = (root / "noxfile.py").read_text()
+    assert '"verl-recipes", "check-bounds", rid' in text and '"verl-recipes", "plan", "--errors"' in text
+    assert '"verl-recipes", "validate"' not in text and '"--validate"' not in text
 
 
 def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
@@ -37,4 +48,4 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
         text=True,
         check=True,
     ).stdout
-    assert "recipe-7b-lora-copy" in out and "validate-7b-lora-copy" in out
+    assert "recipe-7b-lora-copy" in out and "bounds-7b-lora-copy" in out

@@ -303,6 +303,14 @@ def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
     run = str(tmp_path / "run")
     err = _refused(["7b-lora", "--run-dir", run, "--gpu", "a10g-24g"], capsys)
     assert err.startswith("error: predicted not to fit a10g-24g (22.5 GiB): ") and "--set " in err
+    # the whole fix, every knob of the planner's path at once (`plan.advice.whole_fix`), never one of several
+    from verl_recipes.plan.advice import whole_fix
+    from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.preflight import preflight
+
+    _, setup, _ = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other")))
+    assert f"; {whole_fix(setup, parse_gpu('a10g-24g'))} (`verl-recipes plan` explains" in err
+    assert "; to fit on 1 GPU(s): " in err and "host RAM about" in err
     err = _refused(["70b-3d", "--run-dir", run, "--gpus", "2", "--layers", "2"], capsys)
     assert err == (
         "error: 2 GPUs (1 nodes x 2) do not divide by the rollout's TP x DP x PP = 4 x 1 x 1 = 4; "
@@ -338,7 +346,7 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
 
     job = _job("7b-lora", "--variant", "grpo", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
     label = "7b-lora --variant grpo --variant 24gib"
-    cfg, verdict = preflight(job)
+    cfg, _, verdict = preflight(job)
     arch, source = model_config(None, job.model.arch, *job.model.trained)
     need = plan_host(setup_from_config(cfg, Arch.from_config(arch, source))).peak.pss
     assert f"host RAM: {label} needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in verdict
@@ -407,10 +415,67 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     assert job.rank == RankSpec(3, 4) and job.layout.world == 4
     assert job.run_dir.parent == tmp_path / "runs" and job.run_dir.name.startswith("13b-fsdp-rank3of4-")
     assert launch_env(job, {})[ENV_RANK] == "3/4"
-    cfg, _ = preflight(job)
+    cfg, _, _ = preflight(job)
     rec = run_record(job, cfg, trainer_command(job), {}, None)
     assert rec["rank_rehearsal"] == {"rank": 3, "world": 4}
     whole = _job("13b-fsdp", "--run-dir", str(tmp_path / "whole"))
     assert whole.rank is None and ENV_RANK not in launch_env(whole, {})
     assert run_record(whole, cfg, trainer_command(whole), {}, None)["rank_rehearsal"] is None
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "whole").exists()
+    # decided and judged: the run folders are claimed (a lock file beside each), never made
+    assert not job.run_dir.exists() and not (tmp_path / "whole").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--steps", "0", "0 is below 1"),
+        ("--gpus", "-1", "-1 is below 1"),
+        ("--layers", "0", "0 is below 1"),
+        ("--cap-gib", "0", "0 is not above 0"),
+        ("--rank", "-1", "-1 is below 0"),
+    ],
+)
+def test_a_count_or_size_of_nothing_is_one_error_line(
+    tmp_path: Path, option: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--steps 0` would train nothing and `--cap-gib 0` cap to nothing: refused by the parser, in one
+    line, before the run folder is claimed."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "7b-lora", option, value, "--run-dir", str(run)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and f"argument {option}: {says}" in err, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_rehearsal_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that_fits(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train 13b-fsdp` as written needs about 70 GiB a GPU; its recipe targets 40 GiB. The plan
+    above says it does not fit there, and the closing line agrees: it names `--variant 40gib`,
+    never "run the same command"."""
+    assert main(["train", "13b-fsdp", "--run-dir", str(tmp_path / "run")]) == 0, capsys.readouterr().err[-2000:]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("training needs an NVIDIA GPU (2 x 40GiB); this host has 0 NVIDIA GPU(s)"), last
+    assert "does not fit 40GiB; --variant 40gib does (peak " in last and "rehearse and train with it" in last
+    assert "run the same command" not in last
+    assert not (tmp_path / "run" / "incomplete.json").exists()  # the rehearsal is done: the folder is complete
+
+
+def test_a_cached_dataset_cut_short_is_made_again(tmp_path: Path, cache: Path) -> None:
+    """A cache entry with both parquet files, one of them cut short by a writer that was killed, is
+    not whole (`dataset.complete`): `train` makes the dataset again instead of handing verl half."""
+    from verl_recipes.train import ensure_dataset
+    from verl_recipes.workload import dataset
+
+    job = _job("7b-lora", "--run-dir", str(tmp_path / "run"))
+    dataset.write(job.data, 64, 8)
+    raw = (job.data / "train.parquet").read_bytes()
+    (job.data / "train.parquet").write_bytes(raw[: len(raw) // 2])
+    assert not dataset.complete(job.data)
+    assert ensure_dataset(job) == job.data
+    assert dataset.complete(job.data)
+    import pyarrow.parquet as pq
+
+    assert pq.read_metadata(job.data / "train.parquet").num_rows == 4096  # the command's own default

@@ -32,7 +32,7 @@ def count(text: str) -> int:
 
 
 def non_negative(text: str) -> int:
-    """A whole number of 0 or more (a seed, a hold time)."""
+    """A whole number of 0 or more (a seed, a hold time, a rank)."""
     value = int(_number(text, int))
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is below 0; give 0 or more")

@@ -73,7 +73,8 @@ class Job:
     data: Path
     # True for the user's --data: checked, never written into
     data_theirs: bool
-    # the run folder everything of the run is written to (--run-dir, else runs/<name>-<time>)
+    # the run folder everything of the run is written to (--run-dir, else runs/<name>-<time>),
+    # claimed by this process (`userpaths.claim_run_dir`) until it exits
     run_dir: Path
     # the run folder holds this job's earlier attempt, which verl continues (--resume)
     resume: bool
@@ -140,10 +141,12 @@ def decide(args: argparse.Namespace) -> Job:
     name = "-".join([recipe.id, *args.variant]) + ("-smoke" if args.smoke else "")
     name += f"-rank{rank.rank}of{rank.world}" if rank else ""
     run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
-    # What the user gives is read, never written; what this writes is new, empty or its own.
+    # What the user gives is read, never written; what this writes is new, empty or its own. The
+    # run folder is claimed for as long as this process runs: of two launches into it, one goes
+    # on; an attempt that was stopped before it finished is set aside (attempt-N/), never a bar.
     if args.data:
         userpaths.check_data_dir(args.data)
-    resume = userpaths.check_run_dir(run_dir, args.resume)
+    resume = userpaths.claim_run_dir(run_dir, args.resume)
 
     # A rank rehearsal trains on one GPU; the whole job needs its GPUs per node.
     n_gpus, gpu_gib = local_gpus()

@@ -16,13 +16,15 @@ non-zero exit, so it checks the job as it will run, before anything is made or w
 * the host's RAM against the planner's host figure for the run (a warning only);
 * the memory plan: a GPU host judges its own GPU (or its `--cap-gib` budget); a CPU host the GPU
   named by `--gpu`, else every GPU of the planner's catalogue, and the job is refused when it fits
-  none of them (a host with one of the GPUs it does not fit refuses it; the line names them).
+  none of them (a host with one of the GPUs it does not fit refuses it; the line names them), in
+  one line that ends with the whole fix (`plan.advice.whole_fix`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,13 @@ from verl_recipes.job import Budget, Job
 __all__ = ["Budget", "check", "fit", "model_config", "preflight", "verl_validate"]
 
 
-def preflight(job: Job) -> tuple[Any, list[str]]:
+def preflight(job: Job) -> tuple[Any, Any, list[str]]:
     """The job composed against verl's config, once, as it will run, and judged (module doc):
-    returns the config and the lines to print, raises the one line a refusal is."""
+    returns the config, the planner's `Setup` the verdict was reached on (the rehearsal's closing
+    line judges the same one) and the lines to print; raises the one line a refusal is."""
     from verl_recipes.plan.host import run_label
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
     from verl_recipes.recipe.run_config import compose_run, default_data_dir
     from verl_recipes.rundir import PROFILE
 
@@ -68,6 +73,7 @@ def preflight(job: Job) -> tuple[Any, list[str]]:
         made = model_config(None, model.arch, model.layers, model.scale)[0]  # the checkpoint written here
         check_model_out(model.out, model.arch, int(made["num_hidden_layers"]), model.scale)
     here = job.rehearsal is None
+    setup = setup_from_config(cfg, Arch.from_config(arch, source), job.fixes_off)
     verdict = check(
         cfg,
         arch,
@@ -77,10 +83,11 @@ def preflight(job: Job) -> tuple[Any, list[str]]:
         job.force,
         model.theirs,
         (run_label(job.recipe.id, job.variants, job.sets), list(job.fixes_off), here),
+        setup=setup,
     )
     if job.rank is not None:
         verdict.insert(0, f"rank: {job.rank.label}; the plan below is one GPU's share of the job")
-    return cfg, verdict
+    return cfg, setup, verdict
 
 
 def model_config(model: Path | None, arch: str, layers: int | None, scale: str) -> tuple[dict[str, Any], str]:
@@ -166,23 +173,24 @@ def _validate(validate_config: Any, cfg: Any, ref: bool, critic: bool) -> str | 
     return "; ".join(f"verl: {x.strip()}" for x in notes) or None
 
 
-def refusal(setup: Any, gpu: Any, label: str) -> str:
-    """The one line a host refuses a job with that does not fit `gpu`, with the knob that helps most."""
-    from verl_recipes.plan.knobs import helpful
+def refusal(setup: Any, gpu: Any, label: str, fixes_off: Sequence[str] = ()) -> str:
+    """The one line a host refuses a job with that does not fit `gpu`, with the whole fix: every
+    knob of the planner's path to fit at once (`plan.advice.whole_fix`), never one of several."""
+    from verl_recipes.plan.advice import whole_fix
     from verl_recipes.plan.phases import plan_gpu
 
     plan = plan_gpu(setup, gpu)
-    tips = helpful(setup, gpu)
-    tip = f"; try {' '.join('--set ' + x for x in tips[0].knob.sets)}" if tips else ""
+    tip = f"; {whole_fix(setup, gpu, fixes_off)}"
     return (
         f"predicted not to fit {label} ({gpu.visible_bytes / GIB:.1f} GiB): {plan.problems[0]}{tip} "
         "(`verl-recipes plan` explains; --force runs anyway)"
     )
 
 
-def fit(setup: Any, budgets: list[Budget] | None, force: bool) -> list[str]:
+def fit(setup: Any, budgets: list[Budget] | None, force: bool, fixes_off: Sequence[str] = ()) -> list[str]:
     """The memory verdict: refuses (unless `force`) a job that fits none of `budgets`, or, without
-    budgets, none of the planner's catalogue; returns the lines to print."""
+    budgets, none of the planner's catalogue; returns the lines to print. `fixes_off` (the verl
+    fixes the run goes without) sets the host RAM the refusal's fix states."""
     from verl_recipes.plan.gpus import catalogue, parse_gpu
     from verl_recipes.plan.phases import plan_gpu
 
@@ -196,7 +204,7 @@ def fit(setup: Any, budgets: list[Budget] | None, force: bool) -> list[str]:
         lines.append(f"plan: does not fit {', '.join(short)}: a host with one of those refuses it")
     if not fits:
         _, gpu, label = max(plans, key=lambda x: x[1].visible_bytes)
-        line = refusal(setup, gpu, label if budgets else f"even the largest GPU the planner knows, {label}")
+        line = refusal(setup, gpu, label if budgets else f"even the largest GPU the planner knows, {label}", fixes_off)
         if not force:
             raise RecipeError(line)
         lines.append(f"{line} [--force: going on]")
@@ -212,6 +220,8 @@ def check(
     force: bool,
     user_model: bool,
     host_run: tuple[str, list[str], bool] | None = None,
+    *,
+    setup: Any = None,
 ) -> list[str]:
     """The whole pre-flight (module doc); returns what to print, raises the refusal. `arch` is the
     config.json trained (`model_config`), `ours` the embedded dataset's folder, `user_model` whether
@@ -220,13 +230,16 @@ def check(
     `host_run` (the run's label, e.g. `7b-lora --variant 24gib`, the verl fixes it runs without,
     and whether it runs on this host) adds the planner's host RAM for the run: on the host that
     trains, RAM below it is one `WARN host-ram` line, never a refusal (`plan.host.host_ram_warning`);
-    a rehearsal states the figure for the GPU host to have."""
+    a rehearsal states the figure for the GPU host to have. `setup` is the planner's reading of
+    `cfg` when the caller has made it (`preflight`), else it is read here."""
     from verl_recipes.plan.host import host_ram_warning, plan_host
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.model import Arch
 
     check_data(cfg, ours)
-    setup = setup_from_config(cfg, Arch.from_config(arch, source))
+    fixes_off = host_run[1] if host_run is not None else []
+    if setup is None:
+        setup = setup_from_config(cfg, Arch.from_config(arch, source), fixes_off)
     note = verl_validate(cfg, None if user_model else arch)
     lines = [f"layout: {setup.nnodes} node(s) x {setup.gpus_per_node} GPU(s), checked; verl's start-up checks pass"]
     if note:
@@ -239,4 +252,4 @@ def check(
             lines.append(f"WARN host-ram {warn}")
         elif not here:
             lines.append(f"host RAM: {what} needs about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
-    return lines + fit(setup, budgets, force)
+    return lines + fit(setup, budgets, force, fixes_off)

@@ -17,10 +17,15 @@
    profile summary, and the line the run ends with.
 
 The user's `--model` and `--data` are read, never written (`verl_recipes.workload.userpaths`),
-and a `--run-dir` is new, empty, or resumed. verl runs its trainer loop and FSDP workers as Ray
-actors, so the launch reaches them through Ray's ``worker_process_setup_hook``
-(`verl_recipes.worker.hooks.setup`) and environment variables; a rank rehearsal (`--rank R`) is
-one of those variables (`worker.rank_rehearsal.ENV_RANK`).
+and a `--run-dir` is new, empty, or resumed; it is claimed while `train` runs (a second launch
+into it is one line) and marked incomplete from its first write until the rehearsal or the
+measure step is done, so a run stopped by Ctrl-C or a kill says so and the same command again
+starts over (the stopped attempt kept in attempt-N/).
+
+verl runs its trainer loop and FSDP workers as Ray actors, so the launch reaches them through
+Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment
+variables; a rank rehearsal (`--rank R`) is one of those variables
+(`worker.rank_rehearsal.ENV_RANK`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, procs, rundir
+from verl_recipes import RecipeError, cli_types, procs, rundir
 from verl_recipes.job import Job, decide
 from verl_recipes.worker.rank_rehearsal import ENV_RANK
 from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF
@@ -44,16 +49,29 @@ DRIVER = "verl_recipes.worker.driver"
 
 
 def run(args: argparse.Namespace) -> int:
-    """decide -> pre-flight and plan -> rehearse or launch -> measure (module doc)."""
+    """decide -> pre-flight and plan -> rehearse or launch -> measure (module doc).
+
+    From its first write (`write_run`) until the rehearsal or the measure step is done, the run
+    folder is marked incomplete (`userpaths.mark_incomplete`): a run stopped in between says so,
+    and the same command again sets that attempt aside and starts over."""
     from verl_recipes.measure import outcome
     from verl_recipes.preflight import preflight
+    from verl_recipes.workload import userpaths
 
     job = decide(args)
-    cfg, verdict = preflight(job)
+    cfg, setup, verdict = preflight(job)
     if job.rehearsal is not None:
-        return rehearse(job, cfg, verdict)
+        rc = rehearse(job, cfg, setup, verdict)
+        userpaths.mark_complete(job.run_dir)
+        return rc
     rc = launch(job, cfg, verdict)
-    return outcome.conclude(job.run_dir, rc, job.cap_gib)
+    try:
+        ended = outcome.conclude(job.run_dir, rc, job.cap_gib)
+    except RecipeError:  # a failed or over-cap run is measured whole before its line is raised
+        userpaths.mark_complete(job.run_dir)
+        raise
+    userpaths.mark_complete(job.run_dir)
+    return ended
 
 
 def trainer_command(job: Job) -> list[str]:
@@ -64,13 +82,15 @@ def trainer_command(job: Job) -> list[str]:
 
 def write_run(job: Job, cfg: Any) -> None:
     """The run folder's command and config, once the model and data exist (a resumed run keeps
-    its own). command.sh carries what a GPU host needs to run the same job again, the rank
-    rehearsal's variable included."""
+    its own), the folder marked incomplete first. command.sh carries what a GPU host needs to run
+    the same job again, the rank rehearsal's variable included."""
     from omegaconf import OmegaConf
 
+    from verl_recipes.workload import userpaths
+
+    userpaths.mark_incomplete(job.run_dir)
     if job.resume:
         return
-    job.run_dir.mkdir(parents=True, exist_ok=True)
     env = [f"{ENV_RANK}={job.rank.env_value}"] if job.rank else []
     command = "#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join([*env, *trainer_command(job)]) + "\n"
     (job.run_dir / rundir.COMMAND).write_text(command)
@@ -114,12 +134,12 @@ def ensure_model(job: Job) -> Path:
 
 def ensure_dataset(job: Job) -> Path:
     """The user's folder as given (checked up front, never written into), else the embedded
-    dataset, made once in the cache."""
+    dataset, made in the cache once and again only when it is not whole (`dataset.complete`)."""
     from verl_recipes.workload import dataset
 
     if job.data_theirs:
         return job.data
-    if not ((job.data / "train.parquet").is_file() and (job.data / "test.parquet").is_file()):
+    if not dataset.complete(job.data):
         in_process(dataset, ["dataset", "--out", str(job.data)])
     return job.data
 
@@ -154,8 +174,9 @@ def verify(job: Job, gate: bool) -> None:
         )
 
 
-def rehearse(job: Job, cfg: Any, verdict: list[str]) -> int:
-    """Everything a CPU can check, then a plain statement that training needs a GPU."""
+def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
+    """Everything a CPU can check, then the line that says what a GPU host does with the job
+    (`plan.advice.closing_line`, judged on the pre-flight's `setup`, as the plan above it)."""
     from omegaconf import OmegaConf
 
     reason = job.rehearsal
@@ -185,12 +206,31 @@ def rehearse(job: Job, cfg: Any, verdict: list[str]) -> int:
     _check_model_and_data(Path(cfg.actor_rollout_ref.model.path), Path(cfg.data.train_files).parent, cfg)
     print("== 5/5 the command a GPU host runs")
     print(f"   {(job.run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
-    gpus = f"one GPU, for {job.rank.label}" if job.rank else f"{job.recipe.gpus.count} x {job.recipe.gpus.target}"
-    print(
-        f"training needs an NVIDIA GPU ({gpus}); {reason}. "
-        "Everything above is what a CPU can check; run the same command on a GPU host to train."
-    )
+    print(closing(job, setup))
     return 0
+
+
+def closing(job: Job, setup: Any) -> str:
+    """The rehearsal's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
+    rehearsed for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
+    job as asked does not, and the rank a GPU host runs for a rank rehearsal."""
+    from verl_recipes.plan.advice import closing_line
+    from verl_recipes.plan.gpus import parse_gpu
+
+    gpu = parse_gpu(job.budgets[0].gpu if job.budgets else f"{job.recipe.gpus.per_gpu_gib:g}GiB")
+    return closing_line(
+        job.recipe,
+        job.variants,
+        job.sets,
+        setup,
+        gpu,
+        job.rehearsal or "",
+        # --gpus gives one node; a variant is planned on the recipe's own layout otherwise
+        gpus=job.layout.per_node if job.layout.nnodes == 1 else None,
+        layers=job.model.trained[0],
+        fixes_off=job.fixes_off,
+        rank=job.rank.label if job.rank else None,
+    )
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -360,7 +400,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model-out", type=Path, help="where to write the synthetic model")
     p.add_argument("--arch", help="another bundled architecture for the synthetic model (bring-up, scaling)")
-    p.add_argument("--layers", type=int, help="truncate the synthetic model to this many layers")
+    p.add_argument("--layers", type=cli_types.count, help="truncate the synthetic model to this many layers")
     p.add_argument(
         "--data",
         type=Path,
@@ -368,11 +408,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="folder with train.parquet and test.parquet in verl's format (default: $DATA_DIR)",
     )
     p.add_argument("--run-dir", type=Path)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--gpus", type=int, help="GPUs per node to use (default: the recipe's)")
+    p.add_argument("--steps", type=cli_types.count, default=3)
+    p.add_argument("--gpus", type=cli_types.count, help="GPUs per node to use (default: the recipe's)")
     p.add_argument(
         "--rank",
-        type=int,
+        type=cli_types.non_negative,
         metavar="R",
         help="rehearse rank R of the job's GPUs (nodes x GPUs per node) on one local GPU; "
         "a CPU host rehearses the same job",
@@ -390,7 +430,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
     p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
-    p.add_argument("--cap-gib", type=float, help="cap the device total at this many GiB on a larger GPU")
+    p.add_argument("--cap-gib", type=cli_types.positive, help="cap the device total at this many GiB on a larger GPU")
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
     p.add_argument("--force", action="store_true", help="run even when the planner predicts it will not fit")
     p.add_argument("--skip-verify", action="store_true", help="do not check the install and host before training")

@@ -89,7 +89,6 @@ FULL_MEM_SHARE = 0.001
 # read of a 7B run's processes costs (a bound, not a measurement).
 PEAK_RISE = 0.10
 PEAK_GAP_S = 5.0
-GIB = 1024**3
 
 # Process classes, in the order reports list them.
 CLASSES = ("driver", "fsdp_worker", "vllm_engine", "ray_worker", "ray_system", "other")

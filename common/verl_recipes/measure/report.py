@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, inflight
+from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.measure import ending, startup
-from verl_recipes.measure.monitor import CLASSES, GIB
+from verl_recipes.measure.monitor import CLASSES
 from verl_recipes.rundir import (
     METRICS,
     PHASES,

@@ -252,13 +252,16 @@ def closing_line(
     gpus: int | None = None,
     layers: int | None = None,
     fixes_off: Sequence[str] = (),
+    rank: str | None = None,
 ) -> str:
     """The rehearsal's last line, judged on `gpu` (train's --gpu, else the recipe's per-GPU
     target) exactly as the plan above it: a job that fits is sent to a GPU host; one that does not
-    names the variant that fits, else the whole fix, and is never told to just run."""
+    names the variant that fits, else the whole fix, and is never told to just run. `rank` is a
+    rank rehearsal's label (`RankSpec.label`): a GPU host runs that rank on one GPU."""
     p = plan_gpu(s, gpu)
     cal = calibrated(recipe, variants, s, gpu)
-    head = f"training needs an NVIDIA GPU ({s.world} x {gpu.id}); {reason}."
+    needs = f"one GPU, for {rank}" if rank else f"{s.world} x {gpu.id}"
+    head = f"training needs an NVIDIA GPU ({needs}); {reason}."
     if verdict(p, cal):
         return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
     fits = fitting_variants(recipe, variants, sets, gpu, gpus=gpus, layers=layers, fixes_off=fixes_off)

@@ -16,7 +16,7 @@ recorded before `verl_fixes_off` existed ran verl's merged sync with its CPU cop
 
 A PSS read 10 s or more apart can miss a peak that lasts seconds, so a measured PSS is a lower
 bound of the run's PSS at that moment; RSS is read often enough to catch it. These rows are
-reported beside the device rows, not gated by `validate-planner`: the model is new and the PSS
+reported beside the device rows, not gated by `planner-errors`: the model is new and the PSS
 readings are sparse.
 """
 

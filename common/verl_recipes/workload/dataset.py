@@ -148,7 +148,7 @@ def write(out: Path, n_train: int, n_test: int, seed: int = 0) -> dict[str, Path
     Parquet files this command did not write (no dataset.json beside them) are someone's data:
     they are refused, never replaced. `out` is claimed while it is written (a second writer gets
     one line naming this one), and each file is renamed into place whole, so an interrupted write
-    leaves the earlier file or none, and `train`'s check for both files means "complete".
+    leaves the earlier file or none, and `complete` tells a whole folder from a cut one.
     """
     import json
 
