@@ -332,7 +332,8 @@ def measure(
     engine: dict[str, Any], model: Path, prompts: list[list[int]], params: list[dict[str, Any]], calls: int
 ) -> dict[str, Any]:
     """One warm-up and `calls` timed `generate` calls of the step's requests on one `vllm.LLM`."""
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     llm = LLM(model=str(model), **engine)
     requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
