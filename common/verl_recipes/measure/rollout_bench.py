@@ -27,6 +27,9 @@ core in this process), the weight sync and the sleep / wake-up around generation
 waiting on Ray. The weights are vLLM's dummy ones (`load_format: dummy`, as verl starts the engine)
 and not the synced actor's, so a sample may stop at its EOS at another point than in a run: the
 record carries the tokens generated, and the per-step decode time divides by the longest sample.
+The timed calls send the warm-up's prompts again, so vLLM's prefix cache (on, as verl runs it)
+serves their prefill, which a training step computes: prompts of tens of tokens against hundreds
+generated keep that a small part of a call.
 
 On a CPU host (no vLLM) the command prints what it would run and exits 0, as `train` rehearses.
 """
