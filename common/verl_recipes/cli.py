@@ -39,6 +39,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "verl_recipes.plan.rank_check",
         "rehearsed ranks against the real run they stand for, phase by phase",
     ),
+    "rollout-bench": (
+        "verl_recipes.measure.rollout_bench",
+        "vLLM alone on exactly one step's rollout of a recipe (verl's gen against it)",
+    ),
     "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
     "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
     "wheelhouse": (

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB, RecipeError
-from verl_recipes.paths import cache_dir
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import Layout, default_data_dir, gpu_layout
 from verl_recipes.worker.rank_rehearsal import RankSpec
 from verl_recipes.worker.verl_fixes import FIXES
+from verl_recipes.workload.synth import model_dir
 
 
 @dataclass(frozen=True)
@@ -109,11 +109,6 @@ class Job:
         """The verl fixes the run gets (every one of `verl_fixes.FIXES` not turned off), for its
         provenance: the planner reads a run by what verl did in it."""
         return [name for name in FIXES if name not in set(self.fixes_off)]
-
-
-def model_dir(arch: str, layers: int | None, scale: str, out: Path | None) -> Path:
-    """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made)."""
-    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
 
 
 def local_gpus() -> tuple[int, float]:

@@ -67,6 +67,12 @@ CHAT_TEMPLATE = (
 # Configs
 
 
+def model_dir(arch: str, layers: int | None, scale: str, out: Path | None = None) -> Path:
+    """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made):
+    `train` trains on it and `rollout-bench` generates on it, so both find the one made first."""
+    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
+
+
 def shape_config(raw: dict[str, Any], layers: int | None = None, scale: str = "full-width") -> dict[str, Any]:
     """The config.json dict, truncated to `layers` and, for scale 'tiny', shrunk in width.
 
