@@ -62,9 +62,10 @@ def test_the_results_table_labels_each_row_by_what_ran() -> None:
 
 
 def test_a_row_measured_on_a_truncated_model_says_how_many_layers() -> None:
-    """The 70B rows come from runs of 1 and 2 of its 80 layers: the row's label names `--layers N`
-    from the run's own command line, so the figures cannot be read as the full model's."""
+    """The 70B rows come from runs of 1 and 2 of its 80 layers on one of its 32 GPUs: the row's
+    label names `--layers N` and `--gpus 1` from the run's own command line, so the figures cannot
+    be read as the full model's or the full layout's."""
     rows = {r.split("](")[1].split(")")[0]: r for r in results_table().splitlines() if r.startswith("| 70b-3d")}
-    assert "[tp1pp1, --layers 2](" in rows["recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l2.yaml"]
-    assert "[tp1pp1, --layers 1](" in rows["recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l1.yaml"]
+    assert "[tp1pp1, --layers 2, --gpus 1](" in rows["recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l2.yaml"]
+    assert "[tp1pp1, --layers 1, --gpus 1](" in rows["recipes/70b-3d/expected/h200x1-ppo-tp1pp1-l1.yaml"]
     assert not any("--layers" in r for r in results_table().splitlines() if r.startswith("| 7b-lora"))

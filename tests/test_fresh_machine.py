@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _readme_install() -> list[str]:
     """The pip install of the README's two commands (`python3 -m pip install PKG... && nox ...`)."""
     text = (ROOT / "README.md").read_text()
-    block = text.split("## The two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    block = text.split("## Two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     m = re.search(r"python3 -m pip install ([^&\n]+?) && nox ", block)
     assert m, "the README's first command is no longer `python3 -m pip install ... && nox ...`"
     return m.group(1).split()
