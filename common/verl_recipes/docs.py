@@ -183,15 +183,31 @@ class PlanRow:
     cells: list[tuple[Any, float, str | None, str | None]]
 
 
+_ROWS: dict[tuple[tuple[str, int], ...], list[PlanRow]] = {}
+
+
 def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
     """Every recipe and variant planned on every catalogued GPU, with the GPU count it is written for
-    (composes each against verl's config: the slow part of both plan tables)."""
+    (composes each against verl's config: the slow part of both plan tables, about 10 s).
+
+    The checkout's own recipes are planned once per process while none of their files changes (the
+    key is every recipe file's path and modification time): the front README, recipes/README.md and
+    `plan` each read the same rows."""
+    if recipes is None:
+        key = tuple((str(p), p.stat().st_mtime_ns) for p in sorted((repo_root() / "recipes").glob("*/**/*.yaml")))
+        if key not in _ROWS:
+            _ROWS.clear()
+            _ROWS[key] = _plan_rows(discover())
+        return _ROWS[key]
+    return _plan_rows(recipes)
+
+
+def _plan_rows(recipes: dict[str, Recipe]) -> list[PlanRow]:
     from verl_recipes.plan.advice import calibrated
     from verl_recipes.plan.gpus import catalogue
     from verl_recipes.plan.phases import Constants, plan_gpu
     from verl_recipes.plan.setup import load_setup
 
-    recipes = recipes if recipes is not None else discover()
     gpus = list(catalogue().values())
     c = Constants()
     out = []
