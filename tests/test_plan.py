@@ -499,6 +499,47 @@ def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it_unless_fixed() -
     assert not any(fix in n for n in ours.notes)
 
 
+def _trainer(plan: Any, phase: str, carried: bool) -> int:
+    """The trainer process's bytes in `phase`, with or without the cache carried from earlier phases."""
+    ph = plan.phase(phase)
+    assert ph is not None, phase
+    keep = [t for t in ph.terms if carried or not t.name.startswith("trainer cache")]
+    return sum(t.bytes for t in keep if t.process == "trainer")
+
+
+def test_cache_floor_carries_between_phases_unless_verl_empties_it() -> None:
+    """Actor and critic share the trainer process. Under FSDP2's offload policy verl never calls
+    empty_cache between old_log_prob and the updates, so each phase holds at least what the one
+    before reserved: the critic's forward is priced at no less than the actor's old_log_prob.
+    With the legacy param_offload (offload_fsdp_model_to_cpu empties the cache as each phase
+    ends) nothing carries, and values is priced on its own terms."""
+    gpu = parse_gpu("h200-141g")
+    _, policy, _ = load_setup("13b-fsdp", ["32gib"], [])
+    assert policy.critic is not None and policy.critic.offload_policy
+    p = plan_gpu(policy, gpu)
+    chain = ["old_log_prob", "values", "update_critic", "update_actor"]
+    own = {ph: _trainer(p, ph, carried=False) for ph in chain}
+    assert own["values"] < own["old_log_prob"], "the critic's forward alone needs less than the actor's"
+    floor = 0
+    for ph in chain:  # the trainer share never falls within the step, and never below its own terms
+        held = _trainer(p, ph, carried=True)
+        assert held == max(floor, own[ph]), ph
+        floor = held
+    assert _trainer(p, "values", carried=True) >= _trainer(p, "old_log_prob", carried=True)
+
+    off = [
+        f"{k}.{x}"
+        for k in ("actor_rollout_ref.actor.fsdp_config", "critic.fsdp")
+        for x in ("offload_policy=false", "param_offload=true")
+    ]
+    _, legacy, _ = load_setup("13b-fsdp", ["32gib"], off)
+    assert legacy.critic is not None and legacy.critic.param_offload and not legacy.critic.offload_policy
+    q = plan_gpu(legacy, gpu)
+    for ph in chain:
+        assert _trainer(q, ph, carried=True) == _trainer(q, ph, carried=False), ph
+    assert _trainer(q, "values", carried=True) < _trainer(q, "old_log_prob", carried=True)
+
+
 def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     """The measured rate behind `plan`'s cost line is the committed run that trained the asked-for
     configuration with every fix on, not any run of the recipe: verl's merged sync

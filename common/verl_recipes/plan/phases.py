@@ -50,6 +50,10 @@ Terms and where each comes from:
     after KV sizing) and the context stay.
   * FSDP2 `offload_policy` (CPUOffloadPolicy) keeps parameters, gradients and the AdamW step on
     the CPU in every phase; only the working set above reaches the GPU.
+  * cache carried between phases: the trainer's allocator keeps what a phase freed reserved
+    until verl calls `empty_cache`, which it does at the weight sync but between the training
+    phases only where an offload moves weights or optimizer (`_carry_cache_floor`); so each
+    training phase holds at least what the previous one reserved.
   * per process: a CUDA context and NCCL communicator buffers (named constants below; priors until
     fitted from measured runs by `verl_recipes.plan.errors`).
 
@@ -352,6 +356,78 @@ def _nccl_vllm(s: Setup, c: Constants) -> int:
     return c.nccl_bytes_per_communicator if s.rollout.tp * s.rollout.pp > 1 else 0
 
 
+# ---- the allocator's cache between phases ----------------------------------------------------
+TRAIN_PHASES = ("old_log_prob", "ref", "values", "update_critic", "update_actor")
+
+
+def _empties_cache(role: Role, train: bool, forward_only: bool = False) -> bool:
+    """Whether verl 0.9.1 calls `empty_cache` when this role enters or leaves one of its phases.
+
+    `BaseEngineCtx._context_switch` (verl/workers/engine/base.py) moves a role to the GPU on
+    entering a phase and back on leaving it only through `engine.to(...)`, with `model=` the
+    engine's `is_param_offload_enabled` and, in train mode, `optimizer=` its
+    `is_optimizer_offload_enabled`. Which of those moves empty the cache:
+
+      * FSDP (verl/workers/engine/fsdp/transformer_impl.py `FSDPEngine.to`): leaving calls
+        `offload_fsdp_model_to_cpu`, whose default `empty_cache=True` empties it
+        (verl/utils/fsdp_utils.py); `offload_fsdp_optimizer` does not. FSDP2's `offload_policy`
+        and the forward-only reference set `_is_offload_param = False` (CPUOffloadPolicy moves
+        the parameters itself), and `to` returns at once for a forward-only engine, so neither
+        ever empties it.
+      * Megatron (verl/utils/megatron_utils.py): `offload_megatron_model_to_cpu`,
+        `load_megatron_model_to_gpu`, `offload_megatron_optimizer` and `load_megatron_optimizer`
+        all end with `empty_cache`.
+    """
+    if forward_only and role.backend != "megatron":
+        return False
+    if role.backend == "megatron":
+        return role.param_offload or (train and role.optimizer_offload)
+    return role.param_offload and not (role.fsdp2 and role.offload_policy)
+
+
+def _carry_cache_floor(s: Setup, phases: list[PhasePlan]) -> None:
+    """Add to each training phase what the earlier phases of the trainer process leave cached.
+
+    Actor, critic and reference share one trainer process (`create_colocated_worker_cls`), and
+    torch's caching allocator keeps the blocks a phase frees reserved, which NVML counts as used,
+    until `empty_cache`. verl empties it at the end of the weight sync
+    (verl/workers/engine_workers.py `update_weights`: `empty_cache()` after the actor's offload,
+    before the KV cache resumes), so the chain starts clean at old_log_prob; between
+    old_log_prob, ref, values, update_critic and update_actor it empties it only where a role
+    moves its weights or optimizer with an offload that calls it (`_empties_cache`). Elsewhere,
+    FSDP2's `offload_policy` and no offload at all alike, the trainer's reserved memory only
+    grows through the step: each phase's trainer share is at least the previous phase's
+    (measured on the 13b-fsdp ranks offloaded by the policy: 7.01, 8.89, 10.25, 10.27 GiB from
+    old_log_prob to update_actor, dropping only at the sync). The floor assumes the cached
+    blocks are reused (no fragmentation), so it is a lower bound on what carries over.
+    """
+    roles = {
+        "old_log_prob": (s.actor, False, False),
+        "values": (s.critic, False, False),
+        "update_critic": (s.critic, True, False),
+        "update_actor": (s.actor, True, False),
+    }
+    if s.ref == "in_actor":
+        roles["ref"] = (s.actor, False, False)
+    elif s.ref == "separate" and s.ref_role is not None:
+        roles["ref"] = (s.ref_role, False, True)
+    floor, since = 0, ""
+    for p in phases:
+        if p.phase not in TRAIN_PHASES:
+            continue
+        role, train, forward_only = roles[p.phase]
+        if role is None:
+            continue
+        if _empties_cache(role, train, forward_only):  # entering empties it (Megatron's load)
+            floor, since = 0, ""
+        own = p.by_process().get("trainer", 0)
+        if floor > own:
+            p.terms.append(Term(f"trainer cache left by {since} (no empty_cache since)", floor - own, "trainer"))
+        floor, since = max(floor, own), (since if floor > own else p.phase)
+        if _empties_cache(role, train, forward_only):  # leaving empties it (FSDP's and Megatron's offload)
+            floor, since = 0, ""
+
+
 # ---- the phases ------------------------------------------------------------------------------
 def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     """Predict every phase of a step on one GPU kind."""
@@ -471,6 +547,8 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     phases.append(
         PhasePlan("update_actor", base + resident("update_actor") + _work(s, actor, False, True, c) + vllm_idle)
     )
+
+    _carry_cache_floor(s, phases)
 
     # vLLM start (after the trainer loaded): free memory must cover the requested budget.
     start_used = sum(t.bytes for t in base + loaded_trainer)
