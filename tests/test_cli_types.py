@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "verl_recipes.cli", *args], capture_output=True, text=True, env=env, timeout=300
     )
+
+
+def _clis(*calls: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Several independent CLI processes at once (each spends seconds importing verl and composing
+    its config), their results in the order asked."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda args: _cli(*args), calls))
 
 
 @pytest.mark.parametrize(
@@ -40,25 +48,29 @@ def test_numbers_that_mean_nothing_are_one_line(args: list[str], want: str, tmp_
 
 
 def test_hydra_prefixes_in_set_are_answered_for_the_key_meant() -> None:
-    r = _cli("show", "7b-lora", "--set", "++data.train_batch_size=16", "--only", "data.train_batch_size")
-    assert r.returncode == 0 and r.stdout.strip() == "16", r.stderr
-    r = _cli("show", "7b-lora", "--set", "+data.train_batch_size=16")
-    assert r.returncode == 2
-    assert (
-        "'data.train_batch_size' is already in verl's config" in r.stderr
-        and "--set data.train_batch_size=16" in r.stderr
+    plus2, plus, tilde, typo = _clis(
+        ["show", "7b-lora", "--set", "++data.train_batch_size=16", "--only", "data.train_batch_size"],
+        ["show", "7b-lora", "--set", "+data.train_batch_size=16"],
+        ["show", "7b-lora", "--set", "~data.max_prompt_length"],
+        ["show", "7b-lora", "--set", "+data.train_batch_sise=16"],
     )
-    r = _cli("show", "7b-lora", "--set", "~data.max_prompt_length")
-    assert r.returncode == 2 and "Hydra's ~ deletes 'data.max_prompt_length'" in r.stderr
-    r = _cli("show", "7b-lora", "--set", "+data.train_batch_sise=16")
-    assert r.returncode == 2 and "unknown verl config key 'data.train_batch_sise'" in r.stderr
-    assert "did you mean 'data.train_batch_size'" in r.stderr
-    assert all(len(x.stderr.strip().splitlines()) == 1 for x in [r])
+    assert plus2.returncode == 0 and plus2.stdout.strip() == "16", plus2.stderr
+    assert plus.returncode == 2
+    assert (
+        "'data.train_batch_size' is already in verl's config" in plus.stderr
+        and "--set data.train_batch_size=16" in plus.stderr
+    )
+    assert tilde.returncode == 2 and "Hydra's ~ deletes 'data.max_prompt_length'" in tilde.stderr
+    assert typo.returncode == 2 and "unknown verl config key 'data.train_batch_sise'" in typo.stderr
+    assert "did you mean 'data.train_batch_size'" in typo.stderr
+    assert all(len(x.stderr.strip().splitlines()) == 1 for x in [typo])
 
 
 def test_show_warns_about_what_train_would_refuse() -> None:
-    r = _cli("show", "7b-lora", "--set", "data.train_batch_size=4", "--only", "data.train_batch_size")
-    assert r.returncode == 0 and r.stdout.strip() == "4"
-    assert r.stderr.startswith("warning: train refuses this job: data.train_batch_size=4 is below"), r.stderr
-    r = _cli("show", "7b-lora", "--only", "data.train_batch_size")
-    assert r.returncode == 0 and r.stderr == ""
+    small, plain = _clis(
+        ["show", "7b-lora", "--set", "data.train_batch_size=4", "--only", "data.train_batch_size"],
+        ["show", "7b-lora", "--only", "data.train_batch_size"],
+    )
+    assert small.returncode == 0 and small.stdout.strip() == "4"
+    assert small.stderr.startswith("warning: train refuses this job: data.train_batch_size=4 is below"), small.stderr
+    assert plain.returncode == 0 and plain.stderr == ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,11 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_plan_exits_1_when_the_job_does_not_fit_the_gpu_named() -> None:
-    r = _plan("7b-lora", "--variant", "24gib", "--gpu", "a10g-24g")
-    assert r.returncode == 0, r.stderr
-    r = _plan("13b-fsdp", "--gpu", "a100-40g")
+    # two independent processes at once: each spends seconds importing verl and composing
+    with ThreadPoolExecutor(2) as pool:
+        fits = pool.submit(_plan, "7b-lora", "--variant", "24gib", "--gpu", "a10g-24g")
+        r = _plan("13b-fsdp", "--gpu", "a100-40g")
+    assert fits.result().returncode == 0, fits.result().stderr
     assert r.returncode == 1, r.stderr
     lines = r.stdout.splitlines()
     i = next(i for i, ln in enumerate(lines) if ln.startswith("a100-40g: does NOT fit"))

@@ -95,7 +95,7 @@ def run_setup(run: MeasuredRun) -> Any:
     saved = run.run_dir / CONFIG
     if not saved.is_file():
         raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
-    cfg = OmegaConf.load(saved)
+    cfg = _saved_config(saved)
     model_path = OmegaConf.select(cfg, "actor_rollout_ref.model.path")
     for cand in (run.run_dir / MODEL_CONFIG, Path(str(model_path or "/nonexistent")) / "config.json"):
         if cand.is_file():
@@ -106,6 +106,25 @@ def run_setup(run: MeasuredRun) -> Any:
 
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     return setup_from_config(cfg, arch, run.fixes_off)
+
+
+_SAVED: dict[tuple[str, int, int], Any] = {}
+
+
+def _saved_config(path: Path) -> Any:
+    """A run's saved verl_config.yaml, read once per process while the file is unchanged (the key
+    is its path, modification time and size): `plan` reads every committed run of the recipe for
+    its verdict and again for its cost line, and parsing the YAML is most of its time. Read-only,
+    since every reader shares it."""
+    from omegaconf import OmegaConf
+
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _SAVED:
+        cfg = OmegaConf.load(path)
+        OmegaConf.set_readonly(cfg, True)
+        _SAVED[key] = cfg
+    return _SAVED[key]
 
 
 def residual_line(what: str, residuals: dict[str, list[int]]) -> str:

@@ -33,14 +33,29 @@ def verl_config_dir() -> Path:
     return Path(verl.__file__).parent / "trainer" / "config"
 
 
+_VERL: dict[tuple[str, tuple[tuple[str, int, int], ...]], Any] = {}
+
+
 def compose_verl(config_name: str) -> Any:
-    """verl's own root config as Hydra composes it, with no overrides."""
+    """verl's own root config as Hydra composes it, with no overrides.
+
+    Composed once per process while no file of verl's config folder changes (the key is the
+    config's name and every file's path, modification time and size); each caller gets its own
+    copy. Hydra reads and merges some 30 YAML files for each composition, about a second, and
+    `docs`, `plan` and a campaign compose a recipe many times over."""
+    import copy
+
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
-        return compose(config_name=config_name)
+    folder = verl_config_dir()
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    key = (config_name, tuple((str(p), (st := p.stat()).st_mtime_ns, st.st_size) for p in files))
+    if key not in _VERL:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(folder), version_base=None):
+            _VERL[key] = compose(config_name=config_name)
+    return copy.deepcopy(_VERL[key])
 
 
 #: Mappings verl hands whole to another library, so their keys are that library's, not verl's:
