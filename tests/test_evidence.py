@@ -44,7 +44,10 @@ def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_no
     recipe = get_recipe("13b-fsdp")
     words = [e.words for e in behind(recipe, [], 2)]
     assert any(w.startswith("rank rehearsal (0 of 2): expected/") for w in words), words
-    assert behind(recipe, ["tp2"], 2) == []
+    tp2 = [e.words for e in behind(recipe, ["tp2"], 2)]
+    assert tp2 and all("tp2-rank0of2" in w for w in tp2), tp2
+    # the same variants at another world: nothing ran there
+    assert behind(recipe, [], 4) == []
     assert "a prediction only" in behind_line(get_recipe("70b-3d"), [], 32)
     assert main(["plan", "13b-fsdp", "--gpu", "h200-141g"]) == 0
     out = capsys.readouterr().out

@@ -20,8 +20,13 @@ def test_cu_seqlens_from_restarting_position_ids() -> None:
 
 def _tiny_model(attn: str) -> object:
     cfg = transformers.Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(cfg)
