@@ -18,10 +18,18 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("variant", [[], ["--variant", "grpo"]], ids=["ppo", "grpo"])
-def test_rollout_bench_records_vllm_alone_on_a_steps_work(root: Path, tmp_path: Path, variant: list[str]) -> None:
+# (variants, prompts a step, answers per prompt): the default PPO batch, the grpo variant's 2 x 4
+# and the realistic GRPO batch of 8 x 8.
+@pytest.mark.parametrize(
+    ("variant", "batch", "n"),
+    [([], 8, 1), (["--variant", "grpo"], 2, 4), (["--variant", "grpo", "--variant", "8x8"], 8, 8)],
+    ids=["ppo", "grpo", "grpo-8x8"],
+)
+def test_rollout_bench_records_vllm_alone_on_a_steps_work(
+    root: Path, tmp_path: Path, variant: list[str], batch: int, n: int
+) -> None:
     keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")
-    name = "-".join(["rollout-bench-7b-lora", *variant[1:]]) + ".json"
+    name = "-".join(["rollout-bench-7b-lora", *variant[1::2]]) + ".json"
     out = Path(keep) / name if keep else tmp_path / name
     env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
     cmd = [sys.executable, "-m", "verl_recipes.cli", "rollout-bench", "7b-lora", *variant, "--calls", "2"]
@@ -31,8 +39,6 @@ def test_rollout_bench_records_vllm_alone_on_a_steps_work(root: Path, tmp_path: 
     rec = json.loads(out.read_text())
     assert rec["recipe"] == "7b-lora" and rec["provenance"]["packages"]["vllm"]
     assert rec["engine_args"]["gpu_memory_utilization"] == 0.3 and rec["engine_args"]["load_format"] == "dummy"
-    n = 4 if variant else 1
-    batch = 2 if variant else 8
     assert rec["sampling"]["requests"] == len(rec["prompt_tokens"]) == batch * n
     assert rec["sampling"]["max_tokens"] == 512
     assert len(rec["calls_s"]) == 2 and all(s > 0 for s in rec["calls_s"])

@@ -60,3 +60,30 @@ def test_varlen_attn_equals_sdpa_on_cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _packed_vs_padded("cuda", torch.bfloat16, 5e-2)
+
+
+def test_sdpa_attends_across_packed_sequences() -> None:
+    """Why padding removal needs torch_varlen here: sdpa ignores the restarting position ids."""
+    model = _tiny_model("sdpa")
+    lengths = [5, 9, 3]
+    torch.manual_seed(1)
+    seqs = [torch.randint(0, 64, (n,)) for n in lengths]
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=s[None]).logits[0] for s in seqs])
+        pos = torch.cat([torch.arange(n) for n in lengths])[None]
+        packed = model(input_ids=torch.cat(seqs)[None], position_ids=pos).logits[0]
+    first = lengths[0]
+    torch.testing.assert_close(packed[:first], alone[:first], atol=1e-5, rtol=0)  # nothing before it
+    assert float((packed[first:] - alone[first:]).abs().max()) > 1e-2  # the later ones see the earlier
+
+
+def test_preflight_refuses_padding_removal_with_sdpa(root: object) -> None:
+    from verl_recipes import RecipeError
+    from verl_recipes.plan.setup import load_setup
+
+    with pytest.raises(RecipeError) as e:
+        load_setup("7b-lora", variants=["packed"], sets=["critic.model.override_config.attn_implementation=sdpa"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("critic.model.use_remove_padding=true") and "torch_varlen" in msg
+    _, setup, _ = load_setup("7b-lora", variants=["packed"], sets=[])
+    assert setup.remove_padding

@@ -87,7 +87,7 @@ def test_verl_critic_lora_fails(value_model_dir: Path) -> None:
 def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path) -> None:
     applied = verl_fixes.apply()
     fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
-    fixes += ["critic-engine-batching", "ray-local-start"]
+    fixes += ["critic-engine-batching", "ray-local-start", "packed-attention"]
     assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 
@@ -359,3 +359,47 @@ def test_fixed_critic_engine_takes_the_critics_own_batching(
         assert engine.micro_batch_size_per_gpu == micro and engine.infer_micro_batch_size_per_gpu == micro
     if budget is not None:
         assert engine.max_token_len_per_gpu == engine.infer_max_token_len_per_gpu == budget
+
+
+_PACKED_MODEL = (
+    "import sys, torch, transformers\n"
+    "from verl_recipes.worker import verl_fixes\n"
+    "if sys.argv[2] == 'fixed':\n"
+    "    verl_fixes.apply()\n"
+    "import verl.workers.config.model  # verl builds its HF model configs here\n"
+    "cfg = transformers.AutoConfig.from_pretrained(sys.argv[1], attn_implementation='torch_varlen')\n"
+    "try:\n"
+    "    model = transformers.AutoModelForCausalLM.from_config(cfg)\n"
+    "except Exception as e:\n"
+    "    print('refused', type(e).__name__, str(e)[:200]); raise SystemExit(0)\n"
+    "impl = model.eval().config._attn_implementation\n"
+    "lens = [4, 7]\n"
+    "ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))\n"
+    "pos = torch.cat([torch.arange(n) for n in lens])[None]\n"
+    "with torch.no_grad():\n"
+    "    packed = model(input_ids=ids, position_ids=pos).logits[0]\n"
+    "    model.config._attn_implementation = 'sdpa'\n"
+    "    alone = torch.cat([model(input_ids=s[None]).logits[0] for s in ids[0].split(lens)])\n"
+    "print('built', impl, float((packed - alone).abs().max()))\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["verl", "fixed"])
+def test_packed_attention_is_known_where_verl_builds_models(value_model_dir: Path, mode: str) -> None:
+    """verl's padding-free path needs an attention that keeps packed sequences apart; without
+    flash-attn, transformers knows none by name unless the fix registers torch's varlen kernel."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _PACKED_MODEL, str(value_model_dir), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    if mode == "verl":
+        assert "refused" in out and "torch_varlen" in out, out
+    else:
+        built, err = out.split()[-2:]
+        assert built == "torch_varlen" and float(err) < 1e-5, out

@@ -38,6 +38,7 @@ MODEL_CONFIG = "model_config.json"  # the model's config.json, when it is not a 
 SAMPLES = "samples.jsonl"  # the monitor: NVML and host memory (committed runs keep SAMPLES + ".gz")
 PHASES = "phases.jsonl"  # the phase markers: begin/end of each of verl's marked_timer phases
 METRICS = "metrics.jsonl"  # the phase markers: what verl's Tracking.log logged, per step
+GEN_SPLIT = "gen_split.jsonl"  # the parts of verl's gen phase (verl_recipes.worker.gen_split)
 VERL_METRICS = "verl_metrics.jsonl"  # verl's own file logger (VERL_FILE_LOGGER_PATH)
 LOG = "train.log"  # stdout and stderr of the monitored trainer
 EXIT_CODE = "exit_code"

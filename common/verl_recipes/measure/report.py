@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, inflight
-from verl_recipes.measure import ending, startup
+from verl_recipes.measure import ending, gen_split, startup
 from verl_recipes.measure.monitor import CLASSES
 from verl_recipes.rundir import (
     METRICS,
@@ -266,6 +266,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "peak": total.to_json(),
         "phases": {n: by_phase[n].to_json() for n in _phase_order(by_phase, intervals)},
         "steps": steps_out,
+        "gen_split": gen_split.to_json(gen_split.read(run_dir)),
         "monitor": _monitor_cost(exit_),
     }
 
@@ -355,6 +356,10 @@ def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, i
         lines += [_row([st["stage"], _f(st["s"], 1), _f(st["at_s"], 1)]) for st in boot["stages"]]
         if boot.get("vllm_s"):
             lines += ["", "vLLM's own timings: " + "; ".join(f"{k} {v:.1f} s" for k, v in boot["vllm_s"].items())]
+    split_rows = summary.get("gen_split") or []
+    if split_rows:
+        lines += ["", "## Where gen goes, per step (s)", ""]
+        lines += gen_split.markdown(split_rows)
     lines += ["", "## Peak per phase, all steps", ""]
     head = ["phase", "time s", "samples", *gh, "host RSS GiB", "host PSS GiB"]
     lines += [_row(head), _row(["---"] * len(head))]

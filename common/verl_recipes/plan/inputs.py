@@ -297,6 +297,29 @@ def _mcore_role(
 # (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
 
 
+#: attention implementations that keep packed sequences apart: flash-attn's (where it is built)
+#: and torch's own variable-length kernel (verl_recipes.worker.packed_attention).
+PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "torch_varlen")
+
+
+def _check_packed_attention(cfg: Any, model: str) -> None:
+    """Refuse padding removal with an attention that attends across the packed sequences.
+
+    verl's FSDP engine with `use_remove_padding` hands the model one row of every real token, the
+    sequences told apart only by `position_ids`; sdpa and eager in transformers 5 ignore those and
+    attend across the boundaries, so the log-probs are wrong and nothing says so.
+    """
+    if not bool(_sel(cfg, f"{model}.use_remove_padding", True, required=False)):
+        return
+    attn = _sel(cfg, f"{model}.override_config.attn_implementation", None, required=False)
+    if attn is not None and str(attn) not in PACKED_ATTENTION:
+        raise RecipeError(
+            f"{model}.use_remove_padding=true with {model}.override_config.attn_implementation={attn}: "
+            f"{attn} attends across the packed sequences; set {model}.override_config.attn_implementation="
+            "torch_varlen (or use_remove_padding=false)"
+        )
+
+
 def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
     """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `check_layout`.
 
@@ -403,6 +426,10 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         raise RecipeError(f"{r}.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1]")
 
     attn = _sel(cfg, f"{m}.override_config.attn_implementation", None, required=False)
+    if not mega:
+        _check_packed_attention(cfg, m)
+        if critic is not None:
+            _check_packed_attention(cfg, "critic.model")
     setup = Setup(
         arch=arch,
         nnodes=int(_sel(cfg, "trainer.nnodes", 1)),

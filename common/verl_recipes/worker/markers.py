@@ -251,4 +251,7 @@ def install() -> bool:
     for name, hook in _HOOKS.items():
         after_import(name, hook)
     _rebind_imported()
+    from verl_recipes.worker import gen_split
+
+    gen_split.install()
     return True

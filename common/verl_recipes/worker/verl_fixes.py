@@ -50,6 +50,16 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    the driver only (`verl_recipes.worker.driver`, the launcher's entry point), and only where verl
    starts a local cluster; a cluster elsewhere (Slurm, ``RAY_ADDRESS``) keeps verl's runtime_env.
 
+7. verl 0.9.1's padding-free path (``use_remove_padding``) hands the model every real token of a
+   micro-batch as one row with ``position_ids`` restarting at each sequence, and relies on
+   flash-attn's variable-length kernel (transformers' ``flash_attention_2``) to keep the sequences
+   apart. flash-attn has no PyPI wheel, and with ``sdpa`` transformers 5.10 attends across the
+   sequence boundaries without a word (tests/test_packed_attention.py shows it). The fix registers
+   ``torch_varlen`` (`verl_recipes.worker.packed_attention`: torch's own variable-length kernel)
+   with transformers wherever verl builds a model config, so ``override_config.attn_implementation:
+   torch_varlen`` trains on real tokens only; the pre-flight refuses padding removal with ``sdpa``
+   or ``eager``.
+
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
 """
@@ -354,6 +364,12 @@ def _patch_logprobs(torch_functional: ModuleType) -> None:
         torch_functional.logprobs_from_logits_v2 = logprobs_from_logits_chunked  # type: ignore[attr-defined]
 
 
+def _patch_packed_attention(model_config: ModuleType) -> None:
+    from verl_recipes.worker import packed_attention
+
+    packed_attention.register()
+
+
 def _patch_ray_start(main_ppo: ModuleType) -> None:
     from verl_recipes.worker.ray_start import RayLocalStart
 
@@ -370,6 +386,7 @@ MERGE_FIX = "lora-merge-out-of-place"  # 3.
 LOGPROBS_FIX = "logprobs-chunked"  # 4.
 CRITIC_BATCHING_FIX = "critic-engine-batching"  # 5.
 RAY_START_FIX = "ray-local-start"  # 6.
+PACKED_ATTN_FIX = "packed-attention"  # 7.
 
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
@@ -379,6 +396,7 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     LOGPROBS_FIX: ("verl.utils.torch_functional", _patch_logprobs),
     CRITIC_BATCHING_FIX: ("verl.workers.config.critic", _patch_critic_batching),
     RAY_START_FIX: ("verl.trainer.main_ppo", _patch_ray_start),
+    PACKED_ATTN_FIX: ("verl.workers.config.model", _patch_packed_attention),
 }
 
 #: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such a

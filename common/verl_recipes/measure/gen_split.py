@@ -1,0 +1,98 @@
+"""verl's `gen` phase split into its parts, per step, from the records `worker.gen_split` writes.
+
+Each step's `gen` window (phases.jsonl) is cut at the records that fall inside it:
+- ``to_first_request``: from `gen`'s start to the first sequence reaching the vLLM server (the
+  driver's hand-off, the agent-loop workers' dispatch, prompt handling);
+- ``vllm``: first request in to last answer out, the vLLM server's share (the span `rollout-bench`
+  compares with vLLM alone);
+- ``after_last_answer``: last answer out to the manager's return (answers turned into tensors,
+  reward, the results gathered back to the driver);
+- ``sleep``: the replicas put to sleep;
+- ``rest``: what is left of `gen` (the driver's own bookkeeping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_recipes import rundir
+
+PARTS = ("to_first_request", "vllm", "after_last_answer", "sleep", "rest")
+
+
+@dataclass(frozen=True)
+class GenSplit:
+    """One step's `gen` in seconds; the parts add up to `gen_s`."""
+
+    step: int
+    gen_s: float
+    requests: int
+    to_first_request: float
+    vllm: float
+    after_last_answer: float
+    sleep: float
+    rest: float
+
+
+def _windows(phases: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    begins: dict[int, float] = {}
+    out = []
+    for rec in phases:
+        if rec.get("name") != "gen" or not isinstance(rec.get("step"), int):
+            continue
+        if rec.get("event") == "begin":
+            begins[rec["step"]] = float(rec["t"])
+        elif rec.get("event") == "end" and rec["step"] in begins:
+            out.append((rec["step"], begins.pop(rec["step"]), float(rec["t"])))
+    return out
+
+
+def split(phases: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[GenSplit]:
+    """Each complete `gen` window with its parts; a window with no request inside is left out."""
+    out = []
+    for step, g0, g1 in _windows(phases):
+        inside = [r for r in records if g0 <= float(r.get("t0", -1)) and float(r.get("t1", 1e30)) <= g1]
+        reqs = [r for r in inside if r.get("name") == "request"]
+        managers = [r for r in inside if r.get("name") == "manager"]
+        if not reqs or not managers:
+            continue
+        first_in = min(float(r["t0"]) for r in reqs)
+        last_out = max(float(r["t1"]) for r in reqs)
+        manager_end = max(float(r["t1"]) for r in managers)
+        sleep = sum(float(r["t1"]) - float(r["t0"]) for r in inside if r.get("name") == "sleep")
+        parts = {
+            "to_first_request": first_in - g0,
+            "vllm": last_out - first_in,
+            "after_last_answer": max(0.0, manager_end - last_out),
+            "sleep": sleep,
+        }
+        parts["rest"] = max(0.0, (g1 - g0) - sum(parts.values()))
+        out.append(GenSplit(step=step, gen_s=g1 - g0, requests=len(reqs), **parts))
+    return out
+
+
+def read(run_dir: Path) -> list[GenSplit]:
+    """The split of a run folder's steps; empty where the run has no gen_split records."""
+    if not (run_dir / rundir.GEN_SPLIT).is_file() and not (run_dir / (rundir.GEN_SPLIT + ".gz")).is_file():
+        return []
+    phases, _ = rundir.read_jsonl(run_dir / rundir.PHASES)
+    records, _ = rundir.read_jsonl(run_dir / rundir.GEN_SPLIT)
+    return split(phases, records)
+
+
+def to_json(rows: list[GenSplit]) -> list[dict[str, Any]]:
+    return [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(r).items()} for r in rows]
+
+
+def markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's table: one line per step, seconds."""
+    if not rows:
+        return []
+    head = ["step", "gen s", "requests", *(p.replace("_", " ") for p in PARTS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["step"]), f"{r['gen_s']:.2f}", str(r["requests"]), *(f"{r[p]:.2f}" for p in PARTS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
