@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,7 @@ def test_targets_name_verls_own_classes_and_methods() -> None:
         assert spec is not None and spec.submodule_search_locations
         src = (Path(next(iter(spec.submodule_search_locations))) / (module.rpartition(".")[2] + ".py")).read_text()
         for cls, method, _ in targets:
-            body = src.split(f"\nclass {cls}", 1)[1].split("\nclass ", 1)[0]
+            body = re.split(rf"\nclass {cls}\b[(:]", src, maxsplit=1)[1].split("\nclass ", 1)[0]
             assert f"def {method}(" in body, (module, cls, method)
 
 

@@ -87,7 +87,7 @@ def test_verl_critic_lora_fails(value_model_dir: Path) -> None:
 def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path) -> None:
     applied = verl_fixes.apply()
     fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
-    fixes += ["critic-engine-batching", "ray-local-start", "packed-attention"]
+    fixes += ["critic-engine-batching", "ray-local-start", "packed-attention", "replay-buffer-poll"]
     assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 
@@ -403,3 +403,47 @@ def test_packed_attention_is_known_where_verl_builds_models(value_model_dir: Pat
     else:
         built, err = out.split()[-2:]
         assert built == "torch_varlen" and float(err) < 1e-5, out
+
+
+def _replay_kwargs() -> dict[str, Any]:
+    """What verl's v1 trainer passes for a synchronous run (trainer_base._build_replay_buffer: no
+    poll_interval)."""
+    from omegaconf import OmegaConf
+
+    return {
+        "trainer_config": OmegaConf.create({}),
+        "max_off_policy_threshold": None,
+        "max_off_policy_strategy": "drop",
+        "sampler_kwargs": OmegaConf.create({}),
+        "train_batch_size": 8,
+        "gen_batch_size": 8,
+    }
+
+
+def _one_poll_s(rb: Any) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    rb._wait_for_next_poll("train", time.time())
+    return time.perf_counter() - t0
+
+
+def test_verl_waits_two_seconds_between_looks_for_finished_rollouts() -> None:
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    rb = ReplayBuffer.__new__(ReplayBuffer)
+    # verl's own constructor, also where an earlier test applied the fixes in this process
+    getattr(ReplayBuffer.__init__, "__wrapped__", ReplayBuffer.__init__)(rb, trainer_mode="sync", **_replay_kwargs())
+    assert rb.poll_interval == 2.0
+    assert _one_poll_s(rb) >= 2.0
+
+
+def test_fixed_replay_buffer_looks_every_fraction_of_a_second() -> None:
+    verl_fixes.apply()
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    rb = ReplayBuffer(trainer_mode="sync", **_replay_kwargs())
+    assert rb.poll_interval == verl_fixes.REPLAY_POLL_S
+    assert _one_poll_s(rb) < 0.5
+    # the asynchronous trainers read poll_interval for their own bookkeeping: left as verl has it
+    assert ReplayBuffer(trainer_mode="async", **_replay_kwargs()).poll_interval == 2.0

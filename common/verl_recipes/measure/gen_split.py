@@ -5,10 +5,10 @@ Each step's `gen` window (phases.jsonl) is cut at the records that fall inside i
   driver's hand-off, the agent-loop workers' dispatch, prompt handling);
 - ``vllm``: first request in to last answer out, the vLLM server's share (the span `rollout-bench`
   compares with vLLM alone);
-- ``after_last_answer``: last answer out to the manager's return (answers turned into tensors,
-  reward, the results gathered back to the driver);
+- ``after_last_answer``: last answer out to the replicas being put to sleep (answers into
+  TransferQueue, reward, and the trainer's polling noticing them: verl 0.9.1 looks every 2 s);
 - ``sleep``: the replicas put to sleep;
-- ``rest``: what is left of `gen` (the driver's own bookkeeping).
+- ``rest``: what is left of `gen` after the sleep.
 """
 
 from __future__ import annotations
@@ -55,18 +55,17 @@ def split(phases: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[G
     for step, g0, g1 in _windows(phases):
         inside = [r for r in records if g0 <= float(r.get("t0", -1)) and float(r.get("t1", 1e30)) <= g1]
         reqs = [r for r in inside if r.get("name") == "request"]
-        managers = [r for r in inside if r.get("name") == "manager"]
-        if not reqs or not managers:
+        if not reqs:
             continue
+        sleeps = [r for r in inside if r.get("name") == "sleep"]
         first_in = min(float(r["t0"]) for r in reqs)
         last_out = max(float(r["t1"]) for r in reqs)
-        manager_end = max(float(r["t1"]) for r in managers)
-        sleep = sum(float(r["t1"]) - float(r["t0"]) for r in inside if r.get("name") == "sleep")
+        asleep_from = min((float(r["t0"]) for r in sleeps), default=g1)
         parts = {
             "to_first_request": first_in - g0,
             "vllm": last_out - first_in,
-            "after_last_answer": max(0.0, manager_end - last_out),
-            "sleep": sleep,
+            "after_last_answer": max(0.0, asleep_from - last_out),
+            "sleep": sum(float(r["t1"]) - float(r["t0"]) for r in sleeps),
         }
         parts["rest"] = max(0.0, (g1 - g0) - sum(parts.values()))
         out.append(GenSplit(step=step, gen_s=g1 - g0, requests=len(reqs), **parts))

@@ -40,6 +40,7 @@ import argparse
 import ast
 import datetime as _dt
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -334,7 +335,13 @@ def ensure_data(data: Path) -> None:
 def measure(
     engine: dict[str, Any], model: Path, prompts: list[list[int]], params: list[dict[str, Any]], calls: int
 ) -> dict[str, Any]:
-    """One warm-up and `calls` timed `generate` calls of the step's requests on one `vllm.LLM`."""
+    """One warm-up and `calls` timed `generate` calls of the step's requests on one `vllm.LLM`.
+
+    vLLM's engine core is a process of its own; forked from this one, it died on the H200 with
+    "Cannot re-initialize CUDA in forked subprocess" (gpu/hosts/2026-12-04-h200x1-rollout: this
+    process has touched CUDA by then), so it is started fresh, as verl's vLLM server starts it.
+    """
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

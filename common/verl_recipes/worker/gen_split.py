@@ -8,9 +8,11 @@ takes about two thirds of `gen` on one H200 (`verl-recipes rollout-bench`), so t
 found before it can be removed.
 
 `install()` wraps, without forking verl, when each module is imported:
-- ``manager``: ``AgentLoopManager.generate_sequences`` (the driver's whole hand-off);
-- ``worker``: ``AgentLoopWorker.generate_sequences`` (one agent-loop worker's share);
+- ``dispatch``: ``AgentLoopManagerTQ.generate_sequences`` (the v1 trainer hands the prompts to the
+  agent-loop workers, which start one task per sequence and return);
 - ``request``: ``vLLMHttpServer.generate`` (one sequence inside the vLLM server's process);
+- ``wait``: ``ReplayBuffer.sample`` (the trainer polling TransferQueue until the
+  step's answers are all there);
 - ``sleep``: ``CheckpointEngineManager.sleep_replicas`` (vLLM freeing its weights and KV cache).
 Each call appends {"t0", "t1", "name", "pid", "ok"} to $VERL_RECIPES_RUN_DIR/gen_split.jsonl
 (`rundir.GEN_SPLIT`) through `rundir.append` (one write per line, any number of processes);
@@ -34,11 +36,9 @@ _MARK = "_verl_recipes_gen_split"
 
 #: verl 0.9.1 module -> (class, method, record name)
 TARGETS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "verl.experimental.agent_loop.agent_loop": (
-        ("AgentLoopManager", "generate_sequences", "manager"),
-        ("AgentLoopWorker", "generate_sequences", "worker"),
-    ),
+    "verl.trainer.ppo.v1.agent_loop_tq": (("AgentLoopManagerTQ", "generate_sequences", "dispatch"),),
     "verl.workers.rollout.vllm_rollout.vllm_async_server": (("vLLMHttpServer", "generate", "request"),),
+    "verl.trainer.ppo.v1.replay_buffer": (("ReplayBuffer", "sample", "wait"),),
     "verl.checkpoint_engine.base": (("CheckpointEngineManager", "sleep_replicas", "sleep"),),
 }
 

@@ -60,6 +60,14 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    torch_varlen`` trains on real tokens only; the pre-flight refuses padding removal with ``sdpa``
    or ``eager``.
 
+8. verl 0.9.1's v1 trainer waits for a step's rollout by polling TransferQueue from its
+   ``ReplayBuffer``, sleeping ``poll_interval`` between looks, and builds it with the constructor's
+   default, 2.0 s, which no config key reaches. So `gen` ends at the first 2-second tick after the
+   last answer: on one H200 the 7B PPO step's answers were all in 2.55 s after `gen` began and
+   `gen` took 4.07 s, the GRPO 8x8 batch's 6.07 s (every committed `gen` is 2k + 0.07 s;
+   results/h200x1-ppo-gen-split, the `gen_split` records). The fix polls every
+   `REPLAY_POLL_S` in the synchronous trainer (one ``kv_list`` call to TransferQueue per look).
+
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
 """
@@ -370,6 +378,30 @@ def _patch_packed_attention(model_config: ModuleType) -> None:
     packed_attention.register()
 
 
+#: seconds between the synchronous trainer's looks for finished rollouts (verl 0.9.1: 2.0).
+REPLAY_POLL_S = 0.05
+
+#: verl 0.9.1's `ReplayBuffer.__init__` default for `poll_interval`.
+_VERL_REPLAY_POLL_S = 2.0
+
+
+def _make_replay_init(original: Any) -> Any:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if self.trainer_mode == "sync" and self.poll_interval == _VERL_REPLAY_POLL_S:
+            self.poll_interval = REPLAY_POLL_S
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def _patch_replay_poll(replay_buffer: ModuleType) -> None:
+    cls = replay_buffer.ReplayBuffer
+    if not hasattr(cls.__init__, "__wrapped__"):
+        ORIGINALS["ReplayBuffer.__init__"] = cls.__init__
+        cls.__init__ = _make_replay_init(cls.__init__)
+
+
 def _patch_ray_start(main_ppo: ModuleType) -> None:
     from verl_recipes.worker.ray_start import RayLocalStart
 
@@ -387,6 +419,7 @@ LOGPROBS_FIX = "logprobs-chunked"  # 4.
 CRITIC_BATCHING_FIX = "critic-engine-batching"  # 5.
 RAY_START_FIX = "ray-local-start"  # 6.
 PACKED_ATTN_FIX = "packed-attention"  # 7.
+REPLAY_POLL_FIX = "replay-buffer-poll"  # 8.
 
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
@@ -397,6 +430,7 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     CRITIC_BATCHING_FIX: ("verl.workers.config.critic", _patch_critic_batching),
     RAY_START_FIX: ("verl.trainer.main_ppo", _patch_ray_start),
     PACKED_ATTN_FIX: ("verl.workers.config.model", _patch_packed_attention),
+    REPLAY_POLL_FIX: ("verl.trainer.ppo.v1.replay_buffer", _patch_replay_poll),
 }
 
 #: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such a
