@@ -125,7 +125,7 @@ def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:
 
 def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:
     pytest.importorskip("verl")
-    with pytest.raises(RecipeError, match="does not split over 2 ranks"):
+    with pytest.raises(RecipeError, match="does not split over 2 data-parallel ranks"):
         rank_rehearsal.localize(_job(sets=["data.train_batch_size=7"]), RankSpec(0, 2))
     with pytest.raises(RecipeError, match="do not split over rollout TP=3"):
         rank_rehearsal.rollout_stand_in({"num_attention_heads": 40, "intermediate_size": 13824, "hidden_size": 5120}, 3)
