@@ -154,6 +154,35 @@ def test_an_earlier_stage_answers_the_driver_with_the_last_stages_shapes() -> No
     assert set(critic["model_output"]) == {"values"} and critic["loss"] == [] and critic["metrics"] == {}
 
 
+def test_each_schedule_starts_without_stale_shapes_and_an_earlier_stage_answers_with_stand_ins() -> None:
+    """The wrapper around verl's ``MegatronEngine.forward_backward_batch``, around a schedule that
+    returns what an earlier stage returns ({}) or what the last stage returns, on verl's own
+    TensorDict of a batch that asks for entropy."""
+    pytest.importorskip("verl")
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    ids = torch.nested.nested_tensor([torch.arange(7), torch.arange(4)], layout=torch.jagged)
+    data = tu.get_tensordict({"input_ids": ids}, non_tensor_dict={"calculate_entropy": True})
+    queued: list[list[list[int]]] = []
+    last = {"model_output": {"log_probs": ids.float()}, "loss": [0.5], "metrics": {"m": 1}}
+
+    def schedule(result: dict[str, Any]) -> Any:
+        def forward_backward_batch(self: Any, data: Any, loss_function: Any, forward_only: bool = False) -> Any:
+            queued.append(list(mr._SUPPLIER.sent))
+            mr._SUPPLIER.sent.append([7, 1, 64])  # a forward-only schedule's send, never answered
+            return result
+
+        return mr._make_forward_backward_batch(forward_backward_batch)
+
+    engine = SimpleNamespace(is_value_model=False)
+    early = schedule({})(engine, data, None, forward_only=True)
+    assert set(early["model_output"]) == {"log_probs", "entropy"}
+    assert [x.shape[0] for x in early["model_output"]["entropy"].unbind()] == [7, 4]
+    assert schedule(last)(engine, data, None) is last  # the last stage's own answer, untouched
+    assert queued == [[], []]  # the second schedule did not inherit the first one's send
+
+
 def _source(module: str) -> tuple[Path, ast.Module] | None:
     """The installed source of `module`, found from its top-level package without importing it
     (importing verl's Megatron engine imports megatron-core); None where it is not installed."""

@@ -147,7 +147,8 @@ class ShapeSupplier:
 
     - a gradient from the next stage has the shape of the activation this rank sent it for the
       same micro-batch; 1F1B runs backward in forward order, so the shapes sent forward are
-      queued and each gradient received takes the oldest;
+      queued and each gradient received takes the oldest (the queue starts empty with each of
+      verl's schedules, `_make_forward_backward_batch`);
     - an activation from the previous stage has the shape of this rank's own micro-batch at the
       decoder's input, known only once the model sees that micro-batch: it is received empty
       and sized there (`activation_shape`, `size_placeholder`).
@@ -281,6 +282,9 @@ def stand_in_outputs(ids: Any, is_value_model: bool, entropy: bool = False) -> d
 
 def _make_forward_backward_batch(original: Any) -> Any:
     def forward_backward_batch(self: Any, data: Any, loss_function: Any, forward_only: bool = False) -> Any:
+        # one pipeline schedule per call: a forward-only one sends activations whose gradients
+        # never come back, and their shapes must not stand for the next schedule's
+        _SUPPLIER.sent.clear()
         out = original(self, data, loss_function, forward_only=forward_only)
         if not out:  # not the last pipeline stage
             from verl.utils import tensordict_utils as tu
