@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.worker.import_hooks import after_import
+from verl_recipes.worker.import_hooks import after_import, replacing
 
 
 @dataclass(frozen=True)
@@ -306,22 +305,6 @@ def _make_is_src_rank(original: Any) -> Any:
     return is_mp_src_rank_with_outputs
 
 
-def _patch(name: str, make: Any) -> Any:
-    """An import hook replacing `Class.method` (or a function) `name` of the module with
-    `make(original)`, once."""
-
-    def patch(mod: ModuleType) -> None:
-        *path, attr = name.split(".")
-        owner: Any = mod
-        for part in path:
-            owner = getattr(owner, part)
-        current = getattr(owner, attr)
-        if not hasattr(current, "__wrapped__"):
-            setattr(owner, attr, make(current))
-
-    return patch
-
-
 #: (module, attribute, patch maker): every patch this module applies, for the tests to check
 #: against the pinned sources.
 _P2P = "megatron.core.pipeline_parallel.p2p_communication"
@@ -340,4 +323,4 @@ PATCHES: tuple[tuple[str, str, Any], ...] = (
 def apply() -> None:
     """Register the Megatron patches; each takes effect when its module is imported."""
     for module, name, make in PATCHES:
-        after_import(module, _patch(name, make))
+        after_import(module, replacing(name, make))

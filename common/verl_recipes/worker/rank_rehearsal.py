@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.worker.import_hooks import after_import
+from verl_recipes.worker.import_hooks import after_import, replacing
 
 #: set by the launcher for every process of a rehearsed run: ``R/N`` (rank R of a world of N).
 ENV_RANK = "VERL_RECIPES_RANK_REHEARSAL"
@@ -105,17 +105,7 @@ def _make_initialize(original: Any, spec: RankSpec) -> Any:
 def _wrap(name: str, make: Any, spec: RankSpec) -> Any:
     """An import hook that replaces the module's function `name` (`Class.method` for a method) with
     `make(original, spec)`, once."""
-
-    def patch(mod: ModuleType) -> None:
-        *path, attr = name.split(".")
-        owner: Any = mod
-        for part in path:
-            owner = getattr(owner, part)
-        current = getattr(owner, attr)
-        if not hasattr(current, "__wrapped__"):
-            setattr(owner, attr, make(current, spec))
-
-    return patch
+    return replacing(name, lambda original: make(original, spec))
 
 
 def _rebind(source: str, name: str) -> Any:
@@ -277,6 +267,32 @@ def _make_register(original: Any, spec: RankSpec) -> Any:
     return _register_dispatch_collect_info
 
 
+def _make_broadcast_object_list(original: Any, spec: RankSpec) -> Any:
+    def broadcast_object_list(
+        object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None, group_src: Any = None
+    ) -> None:
+        # Under the fake group a tensor broadcast leaves the receiver's tensor as it was, but
+        # torch's object broadcast then sizes its receive buffer from the sizes tensor it never
+        # received: uninitialised memory (a CPU run asked for 140 TB), or garbage unpickled. A
+        # rank that is not the source keeps its own objects, as it keeps its own tensors.
+        # Megatron-Bridge's weight export calls it on every non-owning pipeline stage
+        # (`MegatronParamMapping.broadcast_obj_from_pp_rank`, for expert counts).
+        import torch.distributed as dist
+
+        if dist.get_backend(group) == "fake":
+            source = (
+                src
+                if src is not None
+                else dist.get_global_rank(group or dist.distributed_c10d._get_default_group(), group_src)
+            )
+            if source != dist.get_rank():
+                return None
+        return original(object_list, src=src, group=group, device=device, group_src=group_src)
+
+    broadcast_object_list.__wrapped__ = original  # type: ignore[attr-defined]
+    return broadcast_object_list
+
+
 def _make_run_ppo(original: Any, spec: RankSpec) -> Any:
     def run_ppo(config: Any, *args: Any, **kwargs: Any) -> Any:
         changed = localize(config, spec)
@@ -324,6 +340,7 @@ def apply() -> RankSpec | None:
     after_import(
         "verl.single_controller.base.worker", _wrap("Worker._register_dispatch_collect_info", _make_register, spec)
     )
+    after_import("torch.distributed", _wrap("broadcast_object_list", _make_broadcast_object_list, spec))
     from verl_recipes.worker import megatron_rehearsal
 
     megatron_rehearsal.apply()
