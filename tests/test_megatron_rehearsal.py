@@ -67,12 +67,14 @@ def test_rank_coordinates_are_megatron_cores_own(tp: int, pp: int, cp: int) -> N
         assert layout.first_rank(stage) == min(group)
 
 
-def _probe(rank_env: str | None, *ranks: int) -> subprocess.CompletedProcess[str]:
+def _probe(
+    rank_env: str | None, *ranks: int, probe: str = "megatron_rank_probe.py"
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "common"), *sys.path])}
     env.pop(ENV_RANK, None)
     if rank_env:
         env[ENV_RANK] = rank_env
-    cmd = [sys.executable, str(ROOT / "tests" / "fixtures" / "megatron_rank_probe.py"), *map(str, ranks)]
+    cmd = [sys.executable, str(ROOT / "tests" / "fixtures" / probe), *map(str, ranks)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -94,6 +96,19 @@ def test_megatrons_parallel_state_starts_under_the_fake_group_only_without_gloo(
         assert (view["tp"], view["pp"], view["dp"], view["cp"], view["gloo"]) == (c["tp"], c["pp"], c["dp"], 0, False)
         assert view["recv_next"] == [96, 1, 64]  # the gradient of the activation sent for it
         assert view["recv_prev"] == [0, 0, 0]  # sized by the model on first use
+
+
+def test_a_real_stage_1_gpt_model_gets_a_zeroed_activation_of_its_micro_batchs_shape() -> None:
+    """megatron-core's GPTModel of pipeline stage 1 (TP4 x PP2 under the fake group of 8), handed
+    the empty activation the rehearsal's receive gives: the wrapper of its forward, reading the
+    real model's config and decoder, sizes that very object to [seq, batch, hidden] in zeros."""
+    _mcore()
+    proc = _probe("4/8", probe="megatron_stage_probe.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (got["stage"], got["pre_process"], got["patched"]) == (1, False, True)
+    assert got["received"] == got["decoder_input"] == [24, 2, 64]
+    assert got["same_object"] and got["zeros"]
 
 
 def test_gradients_from_the_next_stage_take_the_shape_of_what_was_sent_in_1f1b_order() -> None:
