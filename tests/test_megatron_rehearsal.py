@@ -237,6 +237,18 @@ def test_every_patch_names_a_function_of_the_pinned_sources() -> None:
         path, tree = found
         fn = _function(tree, name)
         assert fn is not None, f"{path}: no {name}"
+        if name == "GPTModel.forward":  # the wrapper names its first three positional arguments
+            assert [a.arg for a in fn.args.args[1:4]] == ["input_ids", "position_ids", "attention_mask"]
+        if name == "P2PCommunicator._communicate_shapes":  # replaced with the same parameters
+            assert [a.arg for a in fn.args.args] == [
+                "self",
+                "tensor_send_next",
+                "tensor_send_prev",
+                "recv_prev",
+                "recv_next",
+            ]
+        if name == "P2PCommunicator._communicate":  # wrapped as keyword-only
+            assert [a.arg for a in fn.args.args] == ["self"] and fn.args.kwonlyargs
         checked.append(module)
     assert "verl.workers.engine.megatron.transformer_impl" in checked
     path, tree = _source("verl.workers.engine.megatron.transformer_impl") or (None, None)
