@@ -198,6 +198,26 @@ def test_each_schedule_starts_without_stale_shapes_and_an_earlier_stage_answers_
     assert queued == [[], []]  # the second schedule did not inherit the first one's send
 
 
+def test_the_bridge_loads_a_checkpoint_with_weights_and_leaves_megatrons_init_without(tmp_path: Path) -> None:
+    """Megatron-Bridge is not on this host: its ``load_hf_weights`` is stood in for by one that
+    records the call; the folders are real, one as `synth-model --no-weights` writes it."""
+    from verl_recipes.cli import main
+
+    bare, full = tmp_path / "bare", tmp_path / "full"
+    assert main(["synth-model", "--arch", "llama-2-7b", "--scale", "tiny", "--no-weights", "--out", str(bare)]) == 0
+    assert main(["synth-model", "--arch", "llama-2-7b", "--scale", "tiny", "--out", str(full)]) == 0
+    loaded: list[str] = []
+
+    def load_hf_weights(self: Any, model: Any, hf_path: Any = None, **kwargs: Any) -> str:
+        loaded.append(Path(hf_path).name)
+        return "loaded"
+
+    load = mr._make_load_hf_weights(load_hf_weights)
+    assert load(None, [], str(bare), allowed_mismatched_params=[]) is None
+    assert load(None, [], str(full), allowed_mismatched_params=[]) == "loaded"
+    assert loaded == ["full"] and (mr.has_weights(full), mr.has_weights(bare)) == (True, False)
+
+
 def _source(module: str) -> tuple[Path, ast.Module] | None:
     """The installed source of `module`, found from its top-level package without importing it
     (importing verl's Megatron engine imports megatron-core); None where it is not installed."""

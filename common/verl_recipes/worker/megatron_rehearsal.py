@@ -8,8 +8,8 @@ is asked for:
 
 - Megatron's parallel state makes a gloo twin of every group by default; gloo rendezvous waits
   for peers that do not exist (`initialize_model_parallel`).
-- The weights come from the HF checkpoint through the Bridge; at 70B widths no checkpoint is
-  written, so Megatron's own initialisation stands (`load_hf_weights`).
+- The weights come from the HF checkpoint through the Bridge; at 70B widths the checkpoint is
+  written without weights, so Megatron's own initialisation stands (`load_hf_weights`).
 - verl runs the pipeline schedule with ``variable_seq_lengths``: each stage learns the shape it
   receives from its neighbour, which under the fake group sends nothing (`P2PCommunicator`).
 - Only the last stage's first TP rank answers the driver; a rehearsed rank must answer for its
@@ -126,12 +126,24 @@ def _make_init_model_parallel(original: Any) -> Any:
     return initialize_model_parallel
 
 
+def has_weights(path: Any) -> bool:
+    """Whether the HF checkpoint folder `path` holds weight files (safetensors or torch bins)."""
+    from pathlib import Path
+
+    folder = Path(path)
+    return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+
+
 def _make_load_hf_weights(original: Any) -> Any:
-    def load_hf_weights(self: Any, model: Any, hf_path: Any = None, *args: Any, **kwargs: Any) -> None:
-        # verl builds the provider with load_weights=False, so Megatron initialises every
-        # parameter when it builds the model; this load would only overwrite them from the
-        # checkpoint, which a 70B rehearsal does not write (it has config and tokenizer only).
-        return None
+    def load_hf_weights(self: Any, model: Any, hf_path: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # verl builds the provider with load_weights=False, so Megatron has initialised every
+        # parameter when it built the model; this call would overwrite them from the checkpoint.
+        # A rehearsal at 70B widths writes none (`synth-model --no-weights`: the checkpoint would
+        # not fit the host's disk), so Megatron's initialisation stands; a checkpoint with
+        # weights is loaded as verl loads it.
+        if hf_path is not None and not has_weights(hf_path):
+            return None
+        return original(self, model, hf_path, *args, **kwargs)
 
     load_hf_weights.__wrapped__ = original  # type: ignore[attr-defined]
     return load_hf_weights
