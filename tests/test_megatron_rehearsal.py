@@ -46,7 +46,7 @@ def test_the_70b_layout_names_the_first_rank_of_each_pipeline_stage() -> None:
     line = LAYOUT_70B.describe(21)
     assert "TP rank 1, DP rank 1, pipeline stage 1" in line and "--rank 0" in line and "--rank 16" in line
     tp8 = mr.MegatronLayout(32, tp=8, pp=1)
-    assert tp8.dp == 4 and "both stage 0: --rank 0" in tp8.describe(0)
+    assert tp8.dp == 4 and "its first rank is --rank 0" in tp8.describe(0)
     with pytest.raises(RecipeError, match="does not divide the job's 32 GPUs"):
         mr.MegatronLayout(32, tp=3)
     with pytest.raises(RecipeError, match="--rank 32 is not a rank"):
@@ -81,21 +81,24 @@ def _probe(
 def test_megatrons_parallel_state_starts_under_the_fake_group_only_without_gloo() -> None:
     """verl's own call to megatron-core's ``initialize_model_parallel`` under a fake group of 32:
     without the rehearsal's patch it dies making a gloo group (the control), with it each rank
-    gets megatron-core's coordinates, and the pipeline's shape exchange supplies what the
-    neighbour would send."""
+    gets megatron-core's coordinates, the pipeline's shape exchange supplies what the neighbour
+    would send, and the optimizer's process groups exist without gloo."""
     _mcore()
     plain = _probe(None, 16)
     assert plain.returncode != 0 and "ProcessGroupGloo" in plain.stderr
     proc = _probe("16/32", 16, 5, 31)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["patched"]
+    assert got["patched"] and got["optimizer_rebound"]
     for rank in (16, 5, 31):
         c = LAYOUT_70B.coordinates(rank)
         view = got[str(rank)]
         assert (view["tp"], view["pp"], view["dp"], view["cp"], view["gloo"]) == (c["tp"], c["pp"], c["dp"], 0, False)
         assert view["recv_next"] == [96, 1, 64]  # the gradient of the activation sent for it
         assert view["recv_prev"] == [0, 0, 0]  # sized by the model on first use
+        # megatron-core's optimizer would ask for the gloo groups the state no longer has; it
+        # is built without them (`use_gloo_process_groups=False`) over the DP group of 4
+        assert "not initialized" in view["optimizer_with_gloo"] and view["optimizer_dp"] == 4
 
 
 def test_a_real_stage_1_gpt_model_gets_a_zeroed_activation_of_its_micro_batchs_shape() -> None:

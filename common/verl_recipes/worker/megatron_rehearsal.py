@@ -6,8 +6,9 @@ Megatron path (verl 0.9.1's ``workers/engine/megatron/transformer_impl.py`` with
 each has its patch here, registered through `import_hooks.after_import` only when the rehearsal
 is asked for:
 
-- Megatron's parallel state makes a gloo twin of every group by default; gloo rendezvous waits
-  for peers that do not exist (`initialize_model_parallel`).
+- Megatron's parallel state makes a gloo twin of every group by default, and gloo cannot be
+  made over the fake group's store (`initialize_model_parallel`); its optimizer then must not
+  ask for them (`get_megatron_optimizer`).
 - The weights come from the HF checkpoint through the Bridge; at 70B widths the checkpoint is
   written without weights, so Megatron's own initialisation stands (`load_hf_weights`).
 - verl runs the pipeline schedule with ``variable_seq_lengths``: each stage learns the shape it
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
@@ -70,7 +72,7 @@ class MegatronLayout:
         c = self.coordinates(rank)
         last = self.pp - 1
         ends = (
-            f"stage 0 (embedding) and the last stage (output layer, loss) are both stage 0: --rank {self.first_rank(0)}"
+            f"one stage holds the embedding and the output layer, its first rank is --rank {self.first_rank(0)}"
             if self.pp == 1
             else f"the first rank of stage 0 (embedding) is --rank {self.first_rank(0)}, "
             f"of the last stage {last} (output layer, loss) --rank {self.first_rank(last)}"
@@ -117,8 +119,9 @@ def layout_of(config: Any, world: int) -> MegatronLayout | None:
 def _make_init_model_parallel(original: Any) -> Any:
     def initialize_model_parallel(*args: Any, **kwargs: Any) -> Any:
         # megatron-core 0.19.2 defaults create_gloo_process_groups to True; verl 0.9.1 does not
-        # pass it. A gloo group rendezvouses through the store with every member, and under the
-        # fake group no other member exists, so the call would wait for ever.
+        # pass it. A gloo group needs a real store and every member at its rendezvous; over the
+        # fake group's store torch refuses to make one ("ProcessGroupGloo ... Not implemented").
+        # verl's Megatron path uses none of the gloo twins on a GPU.
         kwargs["create_gloo_process_groups"] = False
         return original(*args, **kwargs)
 
@@ -126,10 +129,35 @@ def _make_init_model_parallel(original: Any) -> Any:
     return initialize_model_parallel
 
 
+def _make_get_optimizer(original: Any) -> Any:
+    def get_megatron_optimizer(*args: Any, **kwargs: Any) -> Any:
+        # The parallel state has no gloo groups (`_make_init_model_parallel`), and megatron-core
+        # 0.19.2's optimizer fetches the gloo data-parallel group by default, which then asserts
+        # it was never initialised; verl 0.9.1 passes only the config and the model. The gloo
+        # group serves the distributed optimizer's checkpoint of its state, which a rehearsal
+        # does not write.
+        kwargs["use_gloo_process_groups"] = False
+        return original(*args, **kwargs)
+
+    get_megatron_optimizer.__wrapped__ = original  # type: ignore[attr-defined]
+    return get_megatron_optimizer
+
+
+def _rebind(source: str, name: str, alias: str) -> Any:
+    """An import hook for a module that bound `source.name` as `alias` when it was imported."""
+
+    def rebind(mod: Any) -> None:
+        import importlib
+
+        patched = getattr(importlib.import_module(source), name)
+        if getattr(mod, alias, None) is not patched:
+            setattr(mod, alias, patched)
+
+    return rebind
+
+
 def has_weights(path: Any) -> bool:
     """Whether the HF checkpoint folder `path` holds weight files (safetensors or torch bins)."""
-    from pathlib import Path
-
     folder = Path(path)
     return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
 
@@ -323,6 +351,7 @@ _P2P = "megatron.core.pipeline_parallel.p2p_communication"
 _ENGINE = "verl.workers.engine.megatron.transformer_impl"
 PATCHES: tuple[tuple[str, str, Any], ...] = (
     ("megatron.core.parallel_state", "initialize_model_parallel", _make_init_model_parallel),
+    ("megatron.core.optimizer", "get_megatron_optimizer", _make_get_optimizer),
     ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge.load_hf_weights", _make_load_hf_weights),
     (_P2P, "P2PCommunicator._communicate_shapes", _make_communicate_shapes),
     (_P2P, "P2PCommunicator._communicate", _make_communicate),
@@ -336,3 +365,8 @@ def apply() -> None:
     """Register the Megatron patches; each takes effect when its module is imported."""
     for module, name, make in PATCHES:
         after_import(module, replacing(name, make))
+    # verl imports megatron-core's optimizer factory by name, as get_megatron_optimizer_native
+    after_import(
+        "verl.utils.megatron.optimizer",
+        _rebind("megatron.core.optimizer", "get_megatron_optimizer", "get_megatron_optimizer_native"),
+    )
