@@ -4,7 +4,8 @@ NCCL refuses two ranks on one GPU, so a job written for N GPUs cannot run on a h
 PyTorch's fake process group (backend ``fake``) lets one process be rank R of a world of N:
 collectives return at once, but every buffer is allocated at its real size, so the rank's
 shards, gathers and activations are real allocations on the GPU. The launcher asks for it with
-`ENV_RANK` (``R/N``); the worker-side patches that act on it live here too.
+`ENV_RANK` (``R/N``); the worker-side patches that act on it live here too, and those verl's
+Megatron engine needs beyond them in `megatron_rehearsal`.
 
 What a rehearsal cannot measure is said wherever its numbers are shown: no NCCL buffers, no
 communication time, no imbalance between ranks; its step time is a compute-only lower bound.
