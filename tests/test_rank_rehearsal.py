@@ -125,7 +125,7 @@ def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:
 
 def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:
     pytest.importorskip("verl")
-    with pytest.raises(RecipeError, match="does not split over 2 ranks"):
+    with pytest.raises(RecipeError, match="does not split over 2 data-parallel ranks"):
         rank_rehearsal.localize(_job(sets=["data.train_batch_size=7"]), RankSpec(0, 2))
     with pytest.raises(RecipeError, match="do not split over rollout TP=3"):
         rank_rehearsal.rollout_stand_in({"num_attention_heads": 40, "intermediate_size": 13824, "hidden_size": 5120}, 3)
@@ -198,3 +198,36 @@ print(json.dumps({"bad_before": int(bad), "bad_after": int(after), "same_shapes"
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["bad_before"] > 0 and got["bad_after"] == 0
     assert got["same_shapes"] and got["loss_finite"]
+
+
+def test_an_object_broadcast_from_an_absent_rank_leaves_the_receivers_objects() -> None:
+    """torch's own ``broadcast_object_list`` under the fake group, on a rank that is not the
+    source: without the rehearsal it sizes its buffer from a sizes tensor nothing was received
+    into (the control: an allocation of garbage size, or garbage unpickled); with it the rank
+    keeps its objects, as the fake broadcast keeps its tensors."""
+    code = """
+import json, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import verl_recipes.worker.rank_rehearsal as r
+r.apply()
+dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+objs = [{"shape": [3, 4]}]
+dist.broadcast_object_list(objs, src=0)
+mine = [{"from": "rank 1"}]
+dist.broadcast_object_list(mine, src=1)
+print(json.dumps({"received": objs, "sent": mine}))
+"""
+
+    def run(rank: str | None) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "common")}
+        env.pop(ENV_RANK, None)
+        if rank:
+            env[ENV_RANK] = rank
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+    plain = run(None)
+    assert plain.returncode != 0 or json.loads(plain.stdout.strip().splitlines()[-1])["received"] != [{"shape": [3, 4]}]
+    asked = run("1/2")
+    assert asked.returncode == 0, asked.stderr[-2000:]
+    got = json.loads(asked.stdout.strip().splitlines()[-1])
+    assert got == {"received": [{"shape": [3, 4]}], "sent": [{"from": "rank 1"}]}

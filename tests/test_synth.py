@@ -24,6 +24,7 @@ from verl_recipes.workload.synth import (
     _Tensor,
     count_params,
     load_for_check,
+    model_dir,
     shape_config,
     synthesize,
     write_weights,
@@ -223,3 +224,21 @@ def test_full_width_truncated_7b(tmp_path: Path) -> None:
     assert info["params"] == count_params(shape_config(resolve_arch("llama-2-7b"), layers=1))
     model, _ = load_for_check(tmp_path / "c")
     assert model.model.layers[0].mlp.up_proj.weight.shape == (11008, 4096)
+
+
+def test_a_weightless_checkpoint_has_the_full_models_config_and_tokenizer_only(tmp_path: Path) -> None:
+    """What a Megatron rank rehearsal of 70B trains from: Llama-2-70B's whole config (80 layers at
+    full width, 69 B parameters counted) and its tokenizer, no weight file, named apart from the
+    checkpoint with weights so neither is ever taken for the other."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    out = tmp_path / "noweights"
+    main(["synth-model", "--arch", "llama-2-70b", "--no-weights", "--out", str(out)])
+    info = json.loads((out / "synth.json").read_text())
+    assert (info["weights"], info["bytes"], info["layers"]) == (False, 0, 80)
+    assert info["params"] == count_params(shape_config(resolve_arch("llama-2-70b")))
+    assert not list(out.glob("*.safetensors*")) and not list(out.glob("*.bin"))
+    cfg = AutoConfig.from_pretrained(out)
+    assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.intermediate_size) == (8192, 8, 28672)
+    assert len(AutoTokenizer.from_pretrained(out)) == info["tokenizer_len"]
+    assert model_dir("llama-2-70b", None, "full-width", weights=False) != model_dir("llama-2-70b", None, "full-width")

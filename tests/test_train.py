@@ -479,3 +479,23 @@ def test_a_cached_dataset_cut_short_is_made_again(tmp_path: Path, cache: Path) -
     import pyarrow.parquet as pq
 
     assert pq.read_metadata(job.data / "train.parquet").num_rows == 4096  # the command's own default
+
+
+def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a host with one GPU (this CPU host says it has one H200 here: the GPU count is the
+    only thing stood in for), `train 70b-3d --rank 16` makes its synthetic checkpoint without
+    weights (80 layers of 70B would be 138 GB), in a cache folder of its own; an FSDP rank and
+    the whole Megatron job keep theirs."""
+    from verl_recipes import job as job_module
+
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (1, 140.4))
+    rank = _job("70b-3d", "--rank", "16", "--run-dir", str(tmp_path / "a"))
+    assert rank.rehearsal is None and rank.model.device == "cuda"
+    assert rank.model.weights is False and rank.model.path.name == "llama-2-70b-full-width-Lall-noweights"
+    fsdp = _job("13b-fsdp", "--rank", "0", "--run-dir", str(tmp_path / "b"))
+    assert fsdp.model.weights is True and not fsdp.model.path.name.endswith("-noweights")
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4))
+    whole = _job("70b-3d", "--gpus", "8", "--layers", "2", "--run-dir", str(tmp_path / "c"))
+    assert whole.model.weights is True

@@ -53,6 +53,9 @@ class Model:
     trained: tuple[int | None, str]
     # --model-out: where the synthetic checkpoint goes instead of the cache
     out: Path | None
+    # False: config and tokenizer only, the trainer initialises its weights (a Megatron rank
+    # rehearsal on a GPU host: a 70B checkpoint does not fit its disk)
+    weights: bool = True
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,9 @@ def decide(args: argparse.Namespace) -> Job:
     arch = args.arch or recipe.model.arch
     trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
     (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if rehearsal else (trained, "cuda")
-    path = args.model or model_dir(arch, layers, scale, args.model_out)
-    model = Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out)
+    weights = not (rank and recipe.backend == "megatron" and device == "cuda")
+    path = args.model or model_dir(arch, layers, scale, args.model_out, weights)
+    model = Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out, weights)
 
     return Job(
         recipe=recipe,

@@ -30,6 +30,7 @@ from typing import Any
 
 from verl_recipes import GIB, RecipeError
 from verl_recipes.job import Budget, Job
+from verl_recipes.worker.rank_rehearsal import RankSpec
 
 __all__ = ["Budget", "check", "fit", "model_config", "preflight", "verl_validate"]
 
@@ -86,8 +87,23 @@ def preflight(job: Job) -> tuple[Any, Any, list[str]]:
         setup=setup,
     )
     if job.rank is not None:
-        verdict.insert(0, f"rank: {job.rank.label}; the plan below is one GPU's share of the job")
+        verdict[:0] = rank_lines(cfg, job.rank, arch)
     return cfg, setup, verdict
+
+
+def rank_lines(cfg: Any, rank: RankSpec, arch: dict[str, Any]) -> list[str]:
+    """What a rank rehearsal of the composed job is, or the one line why it cannot be: the share
+    the driver will run (`rank_rehearsal.localize`, on a copy) and, on Megatron, where the rank
+    sits in the layout and which ranks hold the pipeline's two ends."""
+    from verl_recipes.worker.megatron_rehearsal import layout_of
+    from verl_recipes.worker.rank_rehearsal import localize
+
+    localize(copy.deepcopy(cfg), rank, arch)
+    lines = [f"rank: {rank.label}; the plan below is one GPU's share of the job"]
+    layout = layout_of(cfg, rank.world)
+    if layout is not None:
+        lines.append(f"rank: {layout.describe(rank.rank)}")
+    return lines
 
 
 def model_config(model: Path | None, arch: str, layers: int | None, scale: str) -> tuple[dict[str, Any], str]:

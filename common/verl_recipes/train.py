@@ -104,6 +104,7 @@ def ensure_model(job: Job) -> Path:
     On a CPU the tiny stand-in is written in this process. On a GPU host the writer draws the
     weights on the GPU in a process of its own, so that no CUDA context or cached block of it is
     left on the GPU the run then measures; its crash (the OOM killer included) is one line.
+    A Megatron rank rehearsal's has no weights (`Model.weights`).
     """
     model = job.model
     if model.theirs:
@@ -113,6 +114,7 @@ def ensure_model(job: Job) -> Path:
         return model.path
     argv = ["synth-model", "--arch", model.arch, "--scale", model.scale, "--device", model.device]
     argv += ["--out", str(model.path)] + (["--layers", str(model.layers)] if model.layers else [])
+    argv += [] if model.weights else ["--no-weights"]
     if model.device == "cpu":
         from verl_recipes.workload import synth
 

@@ -38,6 +38,29 @@ def after_import(name: str, hook: Hook) -> None:
         hook(mod)
 
 
+#: marks a function that `replacing` put in place (``__wrapped__`` does not: torch's and other
+#: decorators set it too)
+PATCHED = "__verl_recipes_patched__"
+
+
+def replacing(name: str, make: Callable[[Any], Any]) -> Hook:
+    """A hook that replaces the module's function `name` (``Class.method`` for a method) with
+    ``make(original)``, once however often it runs."""
+
+    def patch(mod: ModuleType) -> None:
+        *path, attr = name.split(".")
+        owner: Any = mod
+        for part in path:
+            owner = getattr(owner, part)
+        current = getattr(owner, attr)
+        if not getattr(current, PATCHED, False):
+            wrapper = make(current)
+            setattr(wrapper, PATCHED, True)
+            setattr(owner, attr, wrapper)
+
+    return patch
+
+
 def registered(name: str) -> list[Hook]:
     """The hooks waiting on (or applied to) ``name``, in registration order."""
     return list(_hooks.get(name, ()))

@@ -4,7 +4,8 @@ NCCL refuses two ranks on one GPU, so a job written for N GPUs cannot run on a h
 PyTorch's fake process group (backend ``fake``) lets one process be rank R of a world of N:
 collectives return at once, but every buffer is allocated at its real size, so the rank's
 shards, gathers and activations are real allocations on the GPU. The launcher asks for it with
-`ENV_RANK` (``R/N``); the worker-side patches that act on it live here too.
+`ENV_RANK` (``R/N``); the worker-side patches that act on it live here too, and those verl's
+Megatron engine needs beyond them in `megatron_rehearsal`.
 
 What a rehearsal cannot measure is said wherever its numbers are shown: no NCCL buffers, no
 communication time, no imbalance between ranks; its step time is a compute-only lower bound.
@@ -21,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.worker.import_hooks import after_import
+from verl_recipes.worker.import_hooks import after_import, replacing
 
 #: set by the launcher for every process of a rehearsed run: ``R/N`` (rank R of a world of N).
 ENV_RANK = "VERL_RECIPES_RANK_REHEARSAL"
@@ -105,17 +106,7 @@ def _make_initialize(original: Any, spec: RankSpec) -> Any:
 def _wrap(name: str, make: Any, spec: RankSpec) -> Any:
     """An import hook that replaces the module's function `name` (`Class.method` for a method) with
     `make(original, spec)`, once."""
-
-    def patch(mod: ModuleType) -> None:
-        *path, attr = name.split(".")
-        owner: Any = mod
-        for part in path:
-            owner = getattr(owner, part)
-        current = getattr(owner, attr)
-        if not hasattr(current, "__wrapped__"):
-            setattr(owner, attr, make(current, spec))
-
-    return patch
+    return replacing(name, lambda original: make(original, spec))
 
 
 def _rebind(source: str, name: str) -> Any:
@@ -192,11 +183,27 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     }
 
 
+def data_parallel_size(config: Any, world: int) -> int:
+    """How many data-parallel ranks the job's `world` GPUs form, each reading 1/DP of a batch:
+    world / (TP x PP x CP) on Megatron (`megatron_rehearsal.layout_of`), world / Ulysses SP on FSDP."""
+    from verl_recipes.worker.megatron_rehearsal import layout_of
+
+    layout = layout_of(config, world)
+    if layout is not None:
+        return layout.dp
+    sp = int(config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    if world % sp:
+        raise RecipeError(f"Ulysses sequence parallel {sp} does not divide the job's {world} GPUs")
+    return world // sp
+
+
 def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """Turn verl's composed job config into what the driver of rank `spec.rank` alone runs.
 
     Called after verl's own ``validate_config`` checked the whole job. The driver then asks Ray for
-    one GPU (a worker group of one) and reads 1/N of the prompts each step; the worker's fake
+    one GPU (a worker group of one) and reads 1/DP of the prompts each step (`data_parallel_size`:
+    N on FSDP, N / (TP x PP x CP) on Megatron, where the ranks of one pipeline and TP group read
+    the same batch); the worker's fake
     group of N keeps every per-rank division verl makes from the process group (FSDP shards, the
     mini-batch per data-parallel rank in ``TrainingWorker.train_mini_batch``) as in the real job.
     A rollout of TP=k becomes one TP1 replica of the per-rank stand-in (`rollout_stand_in`, from
@@ -216,9 +223,12 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
         )
     if tp > n:
         raise RecipeError(f"rollout TP={tp} spans more than the job's {n} GPUs")
+    dp = data_parallel_size(config, n)
     batch = int(data.train_batch_size)
-    if batch % n:
-        raise RecipeError(f"data.train_batch_size={batch} does not split over {n} ranks: use a multiple of {n}")
+    if batch % dp:
+        raise RecipeError(
+            f"data.train_batch_size={batch} does not split over {dp} data-parallel ranks: use a multiple of {dp}"
+        )
     overrides: dict[str, int] = {}
     if tp > 1:
         if arch is None:
@@ -228,7 +238,7 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
         for key, section, name, value in (
             ("trainer.n_gpus_per_node", trainer, "n_gpus_per_node", 1),
             ("trainer.nnodes", trainer, "nnodes", 1),
-            ("data.train_batch_size", data, "train_batch_size", batch // n),
+            ("data.train_batch_size", data, "train_batch_size", batch // dp),
             ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout, "tensor_model_parallel_size", 1),
         ):
             if section[name] != value:
@@ -236,14 +246,52 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
                 section[name] = value
         gen = data.get("gen_batch_size")
         if gen:
-            changed["data.gen_batch_size"] = (gen, int(gen) // n)
-            data.gen_batch_size = int(gen) // n
+            changed["data.gen_batch_size"] = (gen, int(gen) // dp)
+            data.gen_batch_size = int(gen) // dp
         if overrides:
             vllm_kwargs = rollout.engine_kwargs.get("vllm") or {}
             merged = {**(vllm_kwargs.get("hf_overrides") or {}), **overrides}
             rollout.engine_kwargs.vllm = {**vllm_kwargs, "hf_overrides": merged}
             changed["actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"] = (None, overrides)
     return changed
+
+
+def _make_register(original: Any, spec: RankSpec) -> Any:
+    def _register_dispatch_collect_info(self: Any, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        # The driver splits each batch into max(DP rank of its workers) + 1 parts and gives a
+        # worker the part of its DP rank, and collects outputs from the workers marked to
+        # collect. A rehearsal has one worker, which holds the rank's whole share of the batch
+        # whatever its DP rank in the job, and answers for its pipeline and TP group.
+        return original(self, mesh_name, 0, True)
+
+    _register_dispatch_collect_info.__wrapped__ = original  # type: ignore[attr-defined]
+    return _register_dispatch_collect_info
+
+
+def _make_broadcast_object_list(original: Any, spec: RankSpec) -> Any:
+    def broadcast_object_list(
+        object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None, group_src: Any = None
+    ) -> None:
+        # Under the fake group a tensor broadcast leaves the receiver's tensor as it was, but
+        # torch's object broadcast then sizes its receive buffer from the sizes tensor it never
+        # received: uninitialised memory (a CPU run asked for 140 TB), or garbage unpickled. A
+        # rank that is not the source keeps its own objects, as it keeps its own tensors.
+        # Megatron-Bridge's weight export calls it on every non-owning pipeline stage
+        # (`MegatronParamMapping.broadcast_obj_from_pp_rank`, for expert counts).
+        import torch.distributed as dist
+
+        if dist.get_backend(group) == "fake":
+            source = (
+                src
+                if src is not None
+                else dist.get_global_rank(group or dist.distributed_c10d._get_default_group(), group_src)
+            )
+            if source != dist.get_rank():
+                return None
+        return original(object_list, src=src, group=group, device=device, group_src=group_src)
+
+    broadcast_object_list.__wrapped__ = original  # type: ignore[attr-defined]
+    return broadcast_object_list
 
 
 def _make_run_ppo(original: Any, spec: RankSpec) -> Any:
@@ -264,8 +312,9 @@ def _make_run_ppo(original: Any, spec: RankSpec) -> Any:
 def _make_batch_multiple(original: Any, spec: RankSpec) -> Any:
     def _get_required_batch_multiple(self: Any, dp_size: int) -> int:
         # The real job pads its global batch to lcm(DP, PPO mini-batches); this rank's share of
-        # that multiple is 1/N of it (verl would pad the rank's batch back up to the global one).
-        return int(original(self, dp_size * spec.world)) // spec.world
+        # that multiple is 1/DP of it (verl would pad the rank's batch back up to the global one).
+        dp = data_parallel_size(self.config, spec.world)
+        return int(original(self, dp_size * dp)) // dp
 
     _get_required_batch_multiple.__wrapped__ = original  # type: ignore[attr-defined]
     return _get_required_batch_multiple
@@ -289,4 +338,11 @@ def apply() -> RankSpec | None:
         "verl.trainer.ppo.v1.trainer_base",
         _wrap("PPOTrainer._get_required_batch_multiple", _make_batch_multiple, spec),
     )
+    after_import(
+        "verl.single_controller.base.worker", _wrap("Worker._register_dispatch_collect_info", _make_register, spec)
+    )
+    after_import("torch.distributed", _wrap("broadcast_object_list", _make_broadcast_object_list, spec))
+    from verl_recipes.worker import megatron_rehearsal
+
+    megatron_rehearsal.apply()
     return spec

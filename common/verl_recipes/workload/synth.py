@@ -67,10 +67,11 @@ CHAT_TEMPLATE = (
 # Configs
 
 
-def model_dir(arch: str, layers: int | None, scale: str, out: Path | None = None) -> Path:
+def model_dir(arch: str, layers: int | None, scale: str, out: Path | None = None, weights: bool = True) -> Path:
     """Where the synthetic checkpoint of `arch` at this shape is kept (known before it is made):
-    `train` trains on it and `rollout-bench` generates on it, so both find the one made first."""
-    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}"
+    `train` trains on it and `rollout-bench` generates on it, so both find the one made first.
+    A folder without weights (`synthesize(weights=False)`) has a name of its own."""
+    return out or cache_dir() / "models" / f"{arch}-{scale}-L{layers or 'all'}{'' if weights else '-noweights'}"
 
 
 def shape_config(raw: dict[str, Any], layers: int | None = None, scale: str = "full-width") -> dict[str, Any]:
@@ -393,8 +394,13 @@ def synthesize(
     device: str = "cpu",
     seed: int = 0,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    weights: bool = True,
 ) -> dict[str, Any]:
     """Write the checkpoint, tokenizer and synth.json into `out`; returns the provenance dict.
+
+    Without `weights`, only the config, generation config and tokenizer: what a job needs whose
+    trainer initialises its own weights and whose rollout draws dummy ones (a Megatron rank
+    rehearsal at 70B widths, whose checkpoint would not fit the host's disk).
 
     `out` is claimed (a second writer gets one line naming this one) and built under a temporary
     name, renamed into place only when complete: an interrupted or killed writer leaves `out` as
@@ -417,7 +423,7 @@ def synthesize(
             # the cache's own entry, left by a writer that stopped before its synth.json: replaced
             print(f"{out}: an incomplete synthetic model in the cache; writing it again", file=sys.stderr)
         with inflight.staged_dir(out, "the synthetic model") as tmp:
-            info = _synthesize_into(tmp, arch, layers, scale, dtype, device, seed, max_shard_bytes, t0)
+            info = _synthesize_into(tmp, arch, layers, scale, dtype, device, seed, max_shard_bytes, t0, weights)
     finally:
         held.release()
     return info
@@ -433,6 +439,7 @@ def _synthesize_into(
     seed: int,
     max_shard_bytes: int,
     t0: float,
+    weights: bool = True,
 ) -> dict[str, Any]:
     """`synthesize` into the fresh folder `out`; synth.json, written last, marks it complete."""
     import torch
@@ -453,7 +460,7 @@ def _synthesize_into(
     gen.save_pretrained(out)
     tokenizer.save_pretrained(out)
     t1 = time.perf_counter()
-    written = write_weights(out, plan, dtype, device, seed, max_shard_bytes)
+    written = write_weights(out, plan, dtype, device, seed, max_shard_bytes) if weights else 0
     t2 = time.perf_counter()
 
     info = {
@@ -465,6 +472,7 @@ def _synthesize_into(
         "device": device,
         "seed": seed,
         "params": params,
+        "weights": weights,
         "bytes": written,
         "vocab_size": config.vocab_size,
         "tokenizer_len": len(tokenizer),
@@ -514,11 +522,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where weights are drawn")
     p.add_argument("--seed", type=cli_types.non_negative, default=0)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--no-weights", action="store_true", help="config and tokenizer only (the trainer initialises the weights)"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    info = synthesize(args.arch, args.out, args.layers, args.scale, args.dtype, args.device, args.seed)
+    info = synthesize(
+        args.arch, args.out, args.layers, args.scale, args.dtype, args.device, args.seed, weights=not args.no_weights
+    )
     gb = info["bytes"] / 1e9
     print(
         f"{args.out}: {info['model_type']} {info['layers']} layers ({info['scale']}), "
