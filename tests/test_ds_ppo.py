@@ -690,3 +690,20 @@ print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local"
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["world"], got["rank"], got["writes"], got["backend"]) == (2, 0, True, "fake")
     assert got["local"] * 2 == got["full"] and math.isfinite(got["loss"])
+
+
+@pytest.mark.parametrize(
+    "rank", [["--rank", "2"], ["--rank"], ["--rank", "first"]], ids=["too-high", "missing", "word"]
+)
+def test_run_both_refuses_a_bad_rank_before_doing_anything(root: Path, tmp_path: Path, rank: list[str]) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    r = subprocess.run(
+        ["bash", "recipes/verl-vs-deepspeed/run-both.sh", str(tmp_path / "out"), "2", *rank],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--rank needs a rank below NPROC (2)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

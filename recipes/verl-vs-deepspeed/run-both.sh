@@ -4,8 +4,12 @@
 # (compare.py report). Both sides read the same model, the same fixed-length prompts and the same
 # batch; every number comes from this one invocation.
 #
-# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [compare.py workload options...]
+# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [--rank R] [compare.py workload options...]
 #   NPROC      GPUs for both sides (default 2)
+#   --rank R   a rank rehearsal: one local GPU runs rank R of NPROC on both sides (PyTorch's fake
+#              process group, VERL_RECIPES_RANK_REHEARSAL=R/NPROC; `verl-recipes train --rank`),
+#              full depth; each side's per-rank memory, no speed comparison (one rank's compute is
+#              not the job's speed), so no table
 #   options    e.g. --batch 64 --warmup-steps 2 --measured-steps 5 (compare.py ds --help)
 #   LAYERS     env: truncate the synthetic Qwen2-7B (full width) to this many layers; default: all
 #              layers on 2+ GPUs, 8 on one (ZeRO-3 states of the full model need two H200s)
@@ -16,15 +20,30 @@ out=${1:?usage: run-both.sh OUT_DIR [NPROC] [compare.py workload options...]}
 nproc=${2:-2}
 shift $(( $# >= 2 ? 2 : 1 ))
 workload=("$@")
+rank=""
+if [[ "${workload[0]:-}" == --rank ]]; then
+  rank=${workload[1]:-none}
+  workload=("${workload[@]:2}")
+fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 compare="$here/compare.py"
 command -v verl-recipes >/dev/null || { echo "run-both.sh: verl-recipes is not installed (pip install -e '.[gpu]')" >&2; exit 2; }
 [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || { echo "run-both.sh: NPROC must be a positive number of GPUs, got '$nproc'" >&2; exit 2; }
+if [[ -n "$rank" ]]; then
+  [[ "$rank" =~ ^[0-9]+$ && "$rank" -lt "$nproc" ]] || { echo "run-both.sh: --rank needs a rank below NPROC ($nproc), got '$rank'" >&2; exit 2; }
+fi
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} PYTHONUNBUFFERED=1
 
 layers=${LAYERS:-}
 if [[ -z "$layers" && "$nproc" == 1 ]]; then layers=8; fi
+# a rehearsed rank holds its share of the whole model: full depth unless LAYERS says otherwise
+ds_procs=$nproc
+verl_rank=()
+if [[ -n "$rank" ]]; then
+  ds_procs=1
+  verl_rank=(--rank "$rank")
+fi
 cache=${VERL_RECIPES_CACHE:-$HOME/.cache/verl-recipes}
 model="$cache/models/qwen2-7b-full-width-L${layers:-all}"
 if [[ ! -f "$model/config.json" ]]; then
@@ -36,9 +55,12 @@ mkdir -p "$out/data"
 python3 "$compare" prep-data --model "$model" --data "$src/train.parquet" --out "$out/data/train.parquet"
 cp "$out/data/train.parquet" "$out/data/test.parquet"
 
-echo "== 1/3 DeepSpeed ZeRO-3 PPO on $nproc GPU(s)"
-python3 -m torch.distributed.run --standalone --nproc_per_node "$nproc" "$compare" ds \
-  --model "$model" --data "$out/data/train.parquet" --out "$out/ds" "${workload[@]}"
+echo "== 1/3 DeepSpeed ZeRO-3 PPO on $nproc GPU(s)${rank:+ (rank rehearsal: rank $rank of $nproc on one GPU)}"
+(
+  if [[ -n "$rank" ]]; then export VERL_RECIPES_RANK_REHEARSAL="$rank/$nproc"; fi
+  python3 -m torch.distributed.run --standalone --nproc_per_node "$ds_procs" "$compare" ds \
+    --model "$model" --data "$out/data/train.parquet" --out "$out/ds" "${workload[@]}"
+)
 
 echo "== 2/3 verl PPO, same workload"
 sets=()
@@ -53,7 +75,12 @@ while IFS= read -r line; do
   esac
 done < <(python3 "$compare" verl-overrides --model "$model" --data "$out/data/train.parquet" --gpus "$nproc" "${workload[@]}")
 verl-recipes train verl-vs-deepspeed --model "$model" --data "$out/data" --gpus "$nproc" --steps "$steps" \
-  "${sets[@]}" --run-dir "$out/verl" --quiet
+  "${verl_rank[@]}" "${sets[@]}" --run-dir "$out/verl" --quiet
+
+if [[ -n "$rank" ]]; then
+  echo "== 3/3 rank rehearsal: per-rank memory in $out/ds and $out/verl/report.md; no speed table (one rank's compute)"
+  exit 0
+fi
 
 echo "== 3/3 one table"
 python3 "$compare" report --ds "$out/ds" --verl "$out/verl/metrics.jsonl" --verl-gpus "$nproc" \
