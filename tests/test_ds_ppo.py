@@ -639,16 +639,20 @@ def test_deepspeed_on_cuda_records_nvml(tiny: dict[str, Path], tmp_path: Path) -
     assert res["ds"]["summary"]["switch_actor_to_critic_s"]["median"] > 0
 
 
-def test_run_both_refuses_a_bad_gpu_count_before_doing_anything(root: Path, tmp_path: Path) -> None:
+def _run_both(root: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    r = subprocess.run(
-        ["bash", "recipes/verl-vs-deepspeed/run-both.sh", str(tmp_path / "out"), "two"],
+    return subprocess.run(
+        ["bash", "recipes/verl-vs-deepspeed/run-both.sh", str(out), *args],
         cwd=root,
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_run_both_refuses_a_bad_gpu_count_before_doing_anything(root: Path, tmp_path: Path) -> None:
+    r = _run_both(root, tmp_path / "out", "two")
     assert r.returncode == 2 and "NPROC must be a positive number" in r.stderr
     assert not (tmp_path / "out").exists()
 
@@ -696,14 +700,6 @@ print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local"
     "rank", [["--rank", "2"], ["--rank"], ["--rank", "first"]], ids=["too-high", "missing", "word"]
 )
 def test_run_both_refuses_a_bad_rank_before_doing_anything(root: Path, tmp_path: Path, rank: list[str]) -> None:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    r = subprocess.run(
-        ["bash", "recipes/verl-vs-deepspeed/run-both.sh", str(tmp_path / "out"), "2", *rank],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _run_both(root, tmp_path / "out", "2", *rank)
     assert r.returncode == 2 and "--rank needs a rank below NPROC (2)" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
