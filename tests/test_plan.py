@@ -155,6 +155,31 @@ def test_tiny_fsdp_full_finetune_bytes_by_hand() -> None:
     assert _term(plan_gpu(s3, gpu), "update_actor", "actor weights") == 2 * TINY_PARAMS
 
 
+def test_tiny_adamw_step_temporary_is_one_trainable_shard() -> None:
+    """torch's foreach AdamW takes sqrt(exp_avg_sq) of every parameter at once: one more copy of
+    the trainable shard during the update (the Qwen2-7B full fine-tunes' allocated peaks)."""
+    arch = Arch.from_config(TINY)
+    gpu = GPU("t", "t", GIB, GIB)
+    p = plan_gpu(setup_from_config(_cfg(BASE), arch), gpu)
+    assert _term(p, "update_actor", "actor AdamW step temporary") == 4 * TINY_PARAMS
+    assert not any("AdamW step" in t.name for t in p.phase("old_log_prob").terms)  # type: ignore[union-attr]
+    p2 = plan_gpu(setup_from_config(_cfg([*BASE, "trainer.n_gpus_per_node=2"]), arch), gpu)
+    assert _term(p2, "update_actor", "actor AdamW step temporary") == 4 * TINY_PARAMS // 2
+    lora = setup_from_config(_cfg([*BASE, "actor_rollout_ref.model.lora_rank=4"]), arch)
+    assert _term(plan_gpu(lora, gpu), "update_actor", "actor AdamW step temporary") == _term(
+        plan_gpu(lora, gpu), "update_actor", "actor gradients"
+    )
+    # FSDP2's offload policy steps on the CPU: nothing of it on the GPU
+    policy = [
+        *BASE,
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+    ]
+    s3 = setup_from_config(_cfg(policy), arch)
+    assert s3.actor.offload_policy
+    assert _term(plan_gpu(s3, gpu), "update_actor", "actor AdamW step temporary") == 0
+
+
 def test_tiny_lora_optimizer_only_for_adapters() -> None:
     arch = Arch.from_config(TINY)
     s = setup_from_config(_cfg([*BASE, "actor_rollout_ref.model.lora_rank=4"]), arch)
