@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +51,22 @@ def test_a_new_recipe_folder_gets_sessions(root: Path, tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert "recipe-7b-lora-copy" in out and "bounds-7b-lora-copy" in out
+
+
+def test_uv_gets_the_wheels_pip_finds_on_this_host(root: Path, tmp_path: Path) -> None:
+    """uv reads no pip configuration: the tests session hands it pip's find-links (where a host keeps
+    wheels no index has, such as a CPU torch build), from the environment and from pip's config file."""
+    env_links, file_link = [tmp_path / "a", tmp_path / "b"], tmp_path / "c"
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nfind-links = {file_link}\n")
+    env = {"PATH": os.environ["PATH"], "PIP_CONFIG_FILE": str(conf), "PIP_FIND_LINKS": " ".join(map(str, env_links))}
+    code = "import json, sys; sys.argv = ['nox']; import noxfile; print(json.dumps(noxfile._pip_find_links()))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    args = json.loads(out)
+    assert args[0::2] == ["--find-links"] * (len(args) // 2) and len(args) % 2 == 0, args
+    # pip's site-wide config files may add their own; these three are there, each once
+    assert sorted(a for a in args[1::2] if a.startswith(str(tmp_path))) == sorted(map(str, (file_link, *env_links))), (
+        args
+    )
