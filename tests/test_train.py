@@ -499,3 +499,23 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
     monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4))
     whole = _job("70b-3d", "--gpus", "8", "--layers", "2", "--run-dir", str(tmp_path / "c"))
     assert whole.model.weights is True
+
+
+def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_prediction() -> None:
+    """One verdict per job and GPU: where 70b-3d commits a calibrated prediction for 32 80 GB cards
+    (85.8 GiB in update_critic), train's pre-flight refuses the card as `plan` does, with the same
+    fix, although the planner alone puts the peak at 76.8 GiB."""
+    from verl_recipes import RecipeError
+    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.preflight import Budget, fit
+
+    _, setup, recipe = load_setup("70b-3d", [], [])
+    h100 = [Budget("h100-80g", "h100-80g")]
+    assert fit(setup, h100, False)[0].startswith("plan: fits h100-80g: peak update_actor 76.8 GiB")
+    with pytest.raises(RecipeError) as e:
+        fit(setup, h100, False, calibration=(recipe, []))
+    msg = str(e.value)
+    assert "\n" not in msg and "the calibrated prediction puts update_critic at 85.8 GiB" in msg
+    assert "--set trainer.nnodes=8" in msg
+    h200 = fit(setup, [Budget("h200-141g", "h200-141g")], False, calibration=(recipe, []))
+    assert h200 == ["plan: fits h200-141g: peak update_actor 76.8 GiB"]

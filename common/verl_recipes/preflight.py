@@ -85,6 +85,7 @@ def preflight(job: Job) -> tuple[Any, Any, list[str]]:
         model.theirs,
         (run_label(job.recipe.id, job.variants, job.sets), list(job.fixes_off), here),
         setup=setup,
+        calibration=(job.recipe, list(job.variants)),
     )
     if job.rank is not None:
         verdict[:0] = rank_lines(cfg, job.rank, arch)
@@ -189,38 +190,68 @@ def _validate(validate_config: Any, cfg: Any, ref: bool, critic: bool) -> str | 
     return "; ".join(f"verl: {x.strip()}" for x in notes) or None
 
 
-def refusal(setup: Any, gpu: Any, label: str, fixes_off: Sequence[str] = ()) -> str:
+def refusal(setup: Any, gpu: Any, label: str, fixes_off: Sequence[str] = (), cal: Any = None) -> str:
     """The one line a host refuses a job with that does not fit `gpu`, with the whole fix: every
-    knob of the planner's path to fit at once (`plan.advice.whole_fix`), never one of several."""
-    from verl_recipes.plan.advice import whole_fix
+    knob of the planner's path to fit at once (`plan.advice.whole_fix`), never one of several.
+    Where the recipe commits a calibrated prediction for the job (`cal`), the reason is that figure
+    and the fix is judged against the card less what the calibration adds, as `plan` judges it."""
+    from verl_recipes.plan.advice import excess, judged_gpu, whole_fix
     from verl_recipes.plan.phases import plan_gpu
 
     plan = plan_gpu(setup, gpu)
-    tip = f"; {whole_fix(setup, gpu, fixes_off)}"
+    if cal is not None and not cal.fits:
+        why = f"the {cal.kind} puts {cal.peak_phase} at {cal.peak_bytes / GIB:.1f} GiB"
+        tip = f"; {whole_fix(setup, judged_gpu(gpu, excess(plan, cal)), fixes_off)}"
+    else:
+        why = plan.problems[0]
+        tip = f"; {whole_fix(setup, gpu, fixes_off)}"
     return (
-        f"predicted not to fit {label} ({gpu.visible_bytes / GIB:.1f} GiB): {plan.problems[0]}{tip} "
+        f"predicted not to fit {label} ({gpu.visible_bytes / GIB:.1f} GiB): {why}{tip} "
         "(`verl-recipes plan` explains; --force runs anyway)"
     )
 
 
-def fit(setup: Any, budgets: list[Budget] | None, force: bool, fixes_off: Sequence[str] = ()) -> list[str]:
+def _peak_text(plan: Any, cal: Any) -> str:
+    if cal is not None:
+        return f"{cal.peak_phase} {cal.peak_bytes / GIB:.1f} GiB ({cal.kind})"
+    return f"{plan.peak.phase} {plan.peak.total / GIB:.1f} GiB"
+
+
+def fit(
+    setup: Any,
+    budgets: list[Budget] | None,
+    force: bool,
+    fixes_off: Sequence[str] = (),
+    calibration: tuple[Any, Sequence[str]] | None = None,
+) -> list[str]:
     """The memory verdict: refuses (unless `force`) a job that fits none of `budgets`, or, without
     budgets, none of the planner's catalogue; returns the lines to print. `fixes_off` (the verl
-    fixes the run goes without) sets the host RAM the refusal's fix states."""
+    fixes the run goes without) sets the host RAM the refusal's fix states. `calibration` (the
+    recipe and its variants) lets a calibrated prediction the recipe commits for exactly this job
+    decide, as it decides in `plan` (`plan.advice.verdict`): one verdict per job and GPU."""
+    from verl_recipes.plan.advice import calibrated, verdict
     from verl_recipes.plan.gpus import catalogue, parse_gpu
     from verl_recipes.plan.phases import plan_gpu
 
     named = [(parse_gpu(b.gpu), b.label) for b in budgets or []]
     gpus = named or [(g, g.id) for g in catalogue().values()]
-    plans = [(plan_gpu(setup, g), g, label) for g, label in gpus]
-    fits = [(p, label) for p, _, label in plans if p.fits]
-    lines = [f"plan: fits {label}: peak {p.peak.phase} {p.peak.total / GIB:.1f} GiB" for p, label in fits]
-    short = [label for p, _, label in plans if not p.fits]
+    judged = []
+    for g, label in gpus:
+        cal = calibrated(calibration[0], calibration[1], setup, g) if calibration is not None else None
+        judged.append((plan_gpu(setup, g), g, label, cal))
+    fits = [(p, label, cal) for p, _, label, cal in judged if verdict(p, cal)]
+    lines = [f"plan: fits {label}: peak {_peak_text(p, cal)}" for p, label, cal in fits]
+    short = [
+        label + (f" ({_peak_text(p, cal)})" if cal is not None else "")
+        for p, _, label, cal in judged
+        if not verdict(p, cal)
+    ]
     if fits and short:
         lines.append(f"plan: does not fit {', '.join(short)}: a host with one of those refuses it")
     if not fits:
-        _, gpu, label = max(plans, key=lambda x: x[1].visible_bytes)
-        line = refusal(setup, gpu, label if budgets else f"even the largest GPU the planner knows, {label}", fixes_off)
+        _, gpu, label, cal = max(judged, key=lambda x: x[1].visible_bytes)
+        where = label if budgets else f"even the largest GPU the planner knows, {label}"
+        line = refusal(setup, gpu, where, fixes_off, cal)
         if not force:
             raise RecipeError(line)
         lines.append(f"{line} [--force: going on]")
@@ -238,6 +269,7 @@ def check(
     host_run: tuple[str, list[str], bool] | None = None,
     *,
     setup: Any = None,
+    calibration: tuple[Any, Sequence[str]] | None = None,
 ) -> list[str]:
     """The whole pre-flight (module doc); returns what to print, raises the refusal. `arch` is the
     config.json trained (`model_config`), `ours` the embedded dataset's folder, `user_model` whether
@@ -268,4 +300,4 @@ def check(
             lines.append(f"WARN host-ram {warn}")
         elif not here:
             lines.append(f"host RAM: {what} needs about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)")
-    return lines + fit(setup, budgets, force, fixes_off)
+    return lines + fit(setup, budgets, force, fixes_off, calibration)
