@@ -96,7 +96,10 @@ def test_split_cuts_each_gen_window_at_its_records() -> None:
         {"t0": 103.5, "t1": 103.8, "name": "sleep"},
         {"t0": 110.1, "t1": 110.9, "name": "manager"},
     ]
-    (row,) = measure.split(phases, records)
+    from verl_recipes.measure.report import load_intervals
+
+    windows = [(iv.step, iv.begin, iv.end) for iv in load_intervals(phases, 120.0) if iv.name == "gen"]
+    (row,) = measure.split(windows, records)
     assert row.step == 2 and row.requests == 2
     assert row.to_first_request == pytest.approx(0.5)
     assert row.vllm == pytest.approx(2.6)

@@ -1,6 +1,6 @@
 """verl's `gen` phase split into its parts, per step, from the records `worker.gen_split` writes.
 
-Each step's `gen` window (phases.jsonl) is cut at the records that fall inside it:
+Each step's `gen` window (the report's `gen` intervals from phases.jsonl) is cut at the records that fall inside it:
 - ``to_first_request``: from `gen`'s start to the first sequence reaching the vLLM server (the
   driver's hand-off, the agent-loop workers' dispatch, prompt handling);
 - ``vllm``: first request in to last answer out, the vLLM server's share (the span `rollout-bench`
@@ -14,10 +14,7 @@ Each step's `gen` window (phases.jsonl) is cut at the records that fall inside i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
-
-from verl_recipes import rundir
 
 PARTS = ("to_first_request", "vllm", "after_last_answer", "sleep", "rest")
 
@@ -36,23 +33,11 @@ class GenSplit:
     rest: float
 
 
-def _windows(phases: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
-    begins: dict[int, float] = {}
+def split(windows: list[tuple[int, float, float]], records: list[dict[str, Any]]) -> list[GenSplit]:
+    """Each `gen` window (step, begin, end: the report's closed `gen` intervals) with its parts; a
+    window with no request inside is left out."""
     out = []
-    for rec in phases:
-        if rec.get("name") != "gen" or not isinstance(rec.get("step"), int):
-            continue
-        if rec.get("event") == "begin":
-            begins[rec["step"]] = float(rec["t"])
-        elif rec.get("event") == "end" and rec["step"] in begins:
-            out.append((rec["step"], begins.pop(rec["step"]), float(rec["t"])))
-    return out
-
-
-def split(phases: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[GenSplit]:
-    """Each complete `gen` window with its parts; a window with no request inside is left out."""
-    out = []
-    for step, g0, g1 in _windows(phases):
+    for step, g0, g1 in windows:
         inside = [r for r in records if g0 <= float(r.get("t0", -1)) and float(r.get("t1", 1e30)) <= g1]
         reqs = [r for r in inside if r.get("name") == "request"]
         if not reqs:
@@ -70,15 +55,6 @@ def split(phases: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[G
         parts["rest"] = max(0.0, (g1 - g0) - sum(parts.values()))
         out.append(GenSplit(step=step, gen_s=g1 - g0, requests=len(reqs), **parts))
     return out
-
-
-def read(run_dir: Path) -> list[GenSplit]:
-    """The split of a run folder's steps; empty where the run has no gen_split records."""
-    if not (run_dir / rundir.GEN_SPLIT).is_file() and not (run_dir / (rundir.GEN_SPLIT + ".gz")).is_file():
-        return []
-    phases, _ = rundir.read_jsonl(run_dir / rundir.PHASES)
-    records, _ = rundir.read_jsonl(run_dir / rundir.GEN_SPLIT)
-    return split(phases, records)
 
 
 def to_json(rows: list[GenSplit]) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.measure import ending, gen_split, startup
 from verl_recipes.measure.monitor import CLASSES
 from verl_recipes.rundir import (
+    GEN_SPLIT,
     METRICS,
     PHASES,
     REPORT,
@@ -266,7 +267,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "peak": total.to_json(),
         "phases": {n: by_phase[n].to_json() for n in _phase_order(by_phase, intervals)},
         "steps": steps_out,
-        "gen_split": gen_split.to_json(gen_split.read(run_dir)),
+        "gen_split": gen_split.to_json(
+            gen_split.split(
+                [(iv.step, iv.begin, iv.end) for iv in intervals if iv.name == "gen" and not iv.open and iv.step],
+                read_jsonl(run_dir / GEN_SPLIT)[0],
+            )
+        ),
         "monitor": _monitor_cost(exit_),
     }
 

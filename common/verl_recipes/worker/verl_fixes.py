@@ -65,7 +65,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    default, 2.0 s, which no config key reaches. So `gen` ends at the first 2-second tick after the
    last answer: on one H200 the 7B PPO step's answers were all in 2.55 s after `gen` began and
    `gen` took 4.07 s, the GRPO 8x8 batch's 6.07 s (every committed `gen` is 2k + 0.07 s;
-   results/h200x1-ppo-gen-split, the `gen_split` records). The fix polls every
+   recipes/7b-lora/results/h200x1-ppo-4, its `gen_split` records). The fix polls every
    `REPLAY_POLL_S` in the synchronous trainer (one ``kv_list`` call to TransferQueue per look).
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
