@@ -89,6 +89,37 @@ def test_host_ram_of_process_tree_and_exit_code(tmp_path: Path) -> None:
     assert recs[-1]["kind"] == "exit" and recs[-1]["rc"] == 5
 
 
+_BUSY_AND_IDLE = """
+import subprocess, sys, time
+idle = subprocess.Popen(["sleep", "4"])
+t = time.time()
+while time.time() - t < 4:
+    pass
+idle.wait()
+"""
+
+
+def test_cpu_cores_busy_per_process(tmp_path: Path) -> None:
+    """A process spinning on one core reads as about one core busy between host readings, its
+    sleeping child as none: the figure that names who competes with a phase for the host."""
+    run = tmp_path / "run"
+    r = subprocess.run([*CLI, "--out", str(run), "--", sys.executable, "-c", _BUSY_AND_IDLE], timeout=60)
+    assert r.returncode == 0
+    procs = {x["pid"]: x for x in read_jsonl(run / SAMPLES_FILE)[0] if x["kind"] == "proc"}
+    root = next(pid for pid, x in procs.items() if "idle.wait" in x["cmdline"])
+    sleeper = next(pid for pid, x in procs.items() if x["cmdline"] == "sleep 4")
+    readings = [s["host"] for s in _samples(run) if "host" in s]
+    assert "cpu_by_class" not in readings[0]  # no previous reading to count from
+    spans = [h["cpu_by_class"] for h in readings[1:] if h["n"] == 2][1:-1]  # the spinner and the sleeper
+    assert len(spans) >= 4
+    assert procs[root]["class"] != procs[sleeper]["class"], "the test needs the two in different classes"
+    busy = sorted(sp.get(procs[root]["class"], 0.0) for sp in spans)
+    idle = [sp.get(procs[sleeper]["class"], 0.0) for sp in spans]
+    # one core at most, less when the machine's other core work takes turns with it
+    assert busy[len(busy) // 2] >= 0.5 and busy[-1] <= 1.3, busy
+    assert max(idle) < 0.1, idle
+
+
 def test_exit_code_of_a_signalled_child(tmp_path: Path) -> None:
     r = subprocess.run(
         [

@@ -265,3 +265,54 @@ def test_vllms_start_is_cut_at_each_of_its_processes() -> None:
     old = summarize(root / "h200x1-ppo-3")["startup"]
     old_vllm = [st["stage"] for st in old["stages"] if st["stage"].startswith("vLLM")]
     assert old_vllm == ["vLLM server up, checkpoint engine"]
+
+
+def _phase_spans(run: Path) -> list[tuple[str, int, float, float]]:
+    from verl_recipes.rundir import PHASES, read_jsonl
+
+    opened: dict[tuple[str, int], float] = {}
+    spans = []
+    for e in read_jsonl(run / PHASES)[0]:
+        key = (e["name"], e["step"])
+        if e["event"] == "begin":
+            opened[key] = e["t"]
+        elif key in opened:
+            spans.append((e["name"], e["step"], opened.pop(key), e["t"]))
+    return spans
+
+
+def test_load_per_phase_is_the_mean_of_its_readings_from_step_2(root: Path) -> None:
+    """The GRPO 8x8 run's old_log_prob: NVML's utilization readings inside the phase's own spans
+    of steps 2+ (the phase is innermost there), averaged; step 1 is left out."""
+    from verl_recipes.rundir import read_jsonl
+
+    run = root / "recipes/7b-lora/results/h200x1-grpo-8x8-2"
+    load = summarize(run)["load"]
+    spans = [(a, b) for name, step, a, b in _phase_spans(run) if name == "old_log_prob" and step >= 2]
+    readings = [
+        s["gpus"][0]["util"]
+        for s in read_jsonl(run / SAMPLES_FILE)[0]
+        if s.get("kind") == "sample" and s["gpus"][0].get("util") is not None and any(a <= s["t"] < b for a, b in spans)
+    ]
+    got = load["old_log_prob"]["gpus"]["0"]
+    assert got["readings"] == len(readings) >= 6
+    assert got["util_pct"] == pytest.approx(sum(readings) / len(readings), abs=0.05)
+    assert load["old_log_prob"]["cpu_cores"] == {}  # recorded before /proc CPU was read
+
+
+def test_load_table_names_the_busiest_host_processes(tmp_path: Path) -> None:
+    """CPU cores per process class, as the monitor now writes them, averaged per phase."""
+    run = tmp_path / "run"
+    shutil.copytree(CPU_RUN, run)
+    lines = (run / SAMPLES_FILE).read_text().splitlines()
+    out = []
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("kind") == "sample" and "host" in rec:
+            rec["host"]["cpu_by_class"] = {"driver": 1.0, "ray_worker": 0.5}
+        out.append(json.dumps(rec))
+    (run / SAMPLES_FILE).write_text("\n".join(out) + "\n")
+    summary = write_report(run)
+    assert summary["load"]["update_actor"]["cpu_cores"] == {"driver": 1.0, "ray_worker": 0.5}
+    md = (run / "report.md").read_text()
+    assert "| update_actor |" in md.split("## Load per phase")[1] and "1.5 (driver 1.0, ray_worker 0.5)" in md

@@ -10,13 +10,18 @@ What is sampled:
 - every `interval` seconds (default 0.1 s = 10 Hz), each visible GPU (all NVML devices, narrowed by
   CUDA_VISIBLE_DEVICES when it lists indices or UUIDs): used = total - free memory. This is the
   number an OOM is decided by, so it is the one sampled fastest;
-- every `procs_s` (default 0.5 s), per GPU: utilization and every compute process with its used
-  memory (which process holds what; it changes at phase boundaries, not within 100 ms);
+- every `procs_s` (default 0.5 s), per GPU: utilization, SM clock, power draw and NVML's clock
+  event reasons (why the clock is below its maximum: power cap, heat, ...), and every compute
+  process with its used memory (which process holds what; it changes at phase boundaries, not
+  within 100 ms). A phase that runs slower than its twin with the GPU half idle is waiting on the
+  host; one that runs slower at full utilization and a lower clock is the GPU held back;
 - every `host_s` (default 0.5 s), host memory of the monitored process set: RSS of every member;
   USS and PSS (from /proc/PID/smaps_rollup, slower) every `full_mem_s` at most, and no more often
   than keeps their cost under `full_mem_share` of one core (see Overhead), and besides at each new
   RSS high more than 10% above the RSS of the highest USS/PSS read so far (`PEAK_RISE`, at most
-  every `PEAK_GAP_S`), so that a host peak of seconds has its PSS read.
+  every `PEAK_GAP_S`), so that a host peak of seconds has its PSS read; and with each RSS reading
+  the CPU cores each process class kept busy since the previous one (utime + stime from
+  /proc/PID/stat), which names the process that competes with a phase for the host.
 
 The monitored process set is the command's process tree, refreshed every `tree_s`, plus any process
 whose environment carries VERL_RECIPES_RUN_DIR=<this run dir> (scanned every `env_scan_s`). verl's
@@ -32,8 +37,10 @@ line on a full disk; readers skip it). Records (`kind`):
 - start: t, cmd, pid, interval_s, hostname, host_total_bytes, gpus [{index, uuid, name,
   total_bytes, driver}], nvml_error (why there are no GPU fields, e.g. on a CPU host);
 - proc: t, pid, class, name, cmdline (a process joined the set or changed its title);
-- sample: t, gpus [{index, used, and every `procs_s`: util, mem_util, procs [{pid, used, class}]}],
+- sample: t, gpus [{index, used, and every `procs_s`: util, mem_util, sm_mhz, power_w,
+  clock_events (NVML's bit mask; null where the driver has none), procs [{pid, used, class}]}],
   and every `host_s`: host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss},
+  cpu_by_class {class: cores busy since the previous host reading; absent on the first},
   and read: "peak" on a USS/PSS read taken at an RSS high};
 - exit: t, rc, samples, sampler_cpu_s (and per part, sampler_cpu_parts_s), members_max,
   full_reads and peak_reads (USS/PSS reads in all, and those taken at RSS highs), wall_s
@@ -208,6 +215,17 @@ class _Nvml:
             with contextlib.suppress(nv.NVMLError):
                 u = nv.nvmlDeviceGetUtilizationRates(h)
                 rec["util"], rec["mem_util"] = int(u.gpu), int(u.memory)
+            rec["sm_mhz"] = rec["power_w"] = rec["clock_events"] = None
+            with contextlib.suppress(nv.NVMLError):
+                rec["sm_mhz"] = int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            with contextlib.suppress(nv.NVMLError):
+                rec["power_w"] = round(nv.nvmlDeviceGetPowerUsage(h) / 1000, 1)  # NVML: milliwatts
+            reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+                nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+            )
+            if reasons is not None:
+                with contextlib.suppress(nv.NVMLError):
+                    rec["clock_events"] = int(reasons(h))
             procs: list[dict[str, Any]] = []
             with contextlib.suppress(nv.NVMLError):
                 for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
@@ -227,6 +245,7 @@ def _str(v: Any) -> str:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _read(path: str) -> bytes | None:
@@ -256,6 +275,9 @@ class _ProcSet:
         self._env_checked: set[int] = set()
         self._statm: dict[int, int] = {}  # pid -> open fd of /proc/PID/statm, re-read with pread
         self._cmdline: dict[int, int] = {}  # pid -> open fd of /proc/PID/cmdline (titles change: Ray)
+        self._stat: dict[int, int] = {}  # pid -> open fd of /proc/PID/stat (CPU time)
+        self._cpu: dict[int, int] = {}  # pid -> utime + stime (clock ticks) at the previous host reading
+        self._cpu_at: float | None = None  # when that reading was taken (time.monotonic)
 
     def _pids(self) -> set[int]:
         pids = all_pids()
@@ -289,7 +311,7 @@ class _ProcSet:
                     self.tagged.add(pid)
         found |= self.tagged
         self.members = found
-        for fds in (self._statm, self._cmdline):
+        for fds in (self._statm, self._cmdline, self._stat):
             for pid in fds.keys() - found:
                 os.close(fds.pop(pid))
         changed = []
@@ -313,6 +335,19 @@ class _ProcSet:
         rss_total = uss_total = pss_total = 0
         by_class: dict[str, int] = {}
         pids: dict[str, int] = {}
+        mono = time.monotonic()
+        dt = mono - self._cpu_at if self._cpu_at is not None else None
+        cpu_by_class: dict[str, float] = {}
+        cpu_now: dict[int, int] = {}
+        for pid in self.members:
+            ticks = self._cpu_ticks(pid)
+            if ticks is not None:
+                cpu_now[pid] = ticks
+                # a process first seen now has no previous reading: its CPU before it is not this span's
+                if dt and pid in self._cpu:
+                    cls = self.info.get(pid, ("other", "", ""))[0]
+                    cpu_by_class[cls] = cpu_by_class.get(cls, 0.0) + max(0, ticks - self._cpu[pid]) / _TICKS / dt
+        self._cpu, self._cpu_at = cpu_now, mono
         for pid in self.members:
             statm = self._read_statm(pid)
             if not statm:
@@ -326,7 +361,7 @@ class _ProcSet:
             cls = self.info.get(pid, ("other", "", ""))[0]
             by_class[cls] = by_class.get(cls, 0) + rss
             pids[str(pid)] = rss
-        return {
+        out: dict[str, Any] = {
             "rss": rss_total,
             "uss": uss_total if full else None,
             "pss": pss_total if full else None,
@@ -334,6 +369,20 @@ class _ProcSet:
             "by_class": by_class,
             "pids": pids,
         }
+        if dt:
+            out["cpu_by_class"] = {c: round(v, 3) for c, v in cpu_by_class.items()}
+        return out
+
+    def _cpu_ticks(self, pid: int) -> int | None:
+        """utime + stime of a member, in clock ticks (fields 14 and 15 of /proc/PID/stat)."""
+        stat = self._pread(self._stat, pid, "stat", 1024)
+        if not stat:
+            return None
+        fields = stat[stat.rfind(b")") + 2 :].split(b" ")
+        try:
+            return int(fields[11]) + int(fields[12])  # fields after the name start at field 3
+        except (IndexError, ValueError):
+            return None
 
     def _read_statm(self, pid: int) -> bytes | None:
         return self._pread(self._statm, pid, "statm", 256)
@@ -354,7 +403,7 @@ class _ProcSet:
         return data or None
 
     def close(self) -> None:
-        for fds in (self._statm, self._cmdline):
+        for fds in (self._statm, self._cmdline, self._stat):
             for fd in fds.values():
                 os.close(fd)
             fds.clear()

@@ -40,6 +40,7 @@ from verl_recipes.rundir import (
     PHASES,
     REPORT,
     SAMPLES,
+    STEADY_FROM,
     SUMMARY,
     SUMMARY_SCHEMA,
     TIMELINE,
@@ -171,6 +172,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         if isinstance(m.get("step"), int):
             metrics[m["step"]].update(m.get("metrics", {}))
 
+    load = PhaseLoad()
     total = Peaks()
     by_phase: dict[str, Peaks] = defaultdict(Peaks)
     by_step: dict[int, Peaks] = defaultdict(Peaks)
@@ -179,6 +181,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         name, step = _attribute(s["t"], intervals)
         total.add(s)
         by_phase[name].add(s)
+        if step is not None and step >= STEADY_FROM:
+            load.add(name, s)
         if step is not None:
             by_step[step].add(s)
             by_step_phase[step][name].add(s)
@@ -266,6 +270,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         ],
         "peak": total.to_json(),
         "phases": {n: by_phase[n].to_json() for n in _phase_order(by_phase, intervals)},
+        "load": load.to_json(_phase_order(by_phase, intervals)),
         "steps": steps_out,
         "gen_split": gen_split.to_json(
             gen_split.split(
@@ -275,6 +280,58 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         ),
         "monitor": _monitor_cost(exit_),
     }
+
+
+class PhaseLoad:
+    """How busy the GPUs and the host were in each phase of steps 2+ (step 1 carries compiles and
+    warm-ups): NVML's utilization, SM clock and power, and the CPU cores each process class kept
+    busy, from the 2 Hz readings of `monitor`. Two runs of one phase that differ in time differ
+    here in why: a GPU half idle waits on the host, a GPU busy at a lower clock is held back."""
+
+    def __init__(self) -> None:
+        self.gpu: dict[str, dict[int, dict[str, list[float]]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(list))
+        )
+        self.cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
+
+    def add(self, phase: str, sample: dict[str, Any]) -> None:
+        for g in sample.get("gpus") or ():
+            for key in ("util", "sm_mhz", "power_w"):
+                if g.get(key) is not None:
+                    self.gpu[phase][int(g["index"])][key].append(float(g[key]))
+        cpu = (sample.get("host") or {}).get("cpu_by_class")
+        if cpu is not None:
+            self.cpu[phase].append(cpu)
+
+    def to_json(self, order: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for phase in [p for p in order if p in self.gpu or p in self.cpu]:
+            gpus = {
+                str(i): {
+                    "readings": len(v.get("util", [])),
+                    "util_pct": _mean(v.get("util")),
+                    "sm_mhz": _median(v.get("sm_mhz")),
+                    "power_w": _median(v.get("power_w")),
+                }
+                for i, v in sorted(self.gpu.get(phase, {}).items())
+            }
+            spans = self.cpu.get(phase, [])
+            classes = sorted({c for sp in spans for c in sp})
+            cores = {c: round(sum(sp.get(c, 0.0) for sp in spans) / len(spans), 2) for c in classes}
+            out[phase] = {"gpus": gpus, "host_readings": len(spans), "cpu_cores": cores}
+        return out
+
+
+def _mean(xs: list[float] | None) -> float | None:
+    return round(sum(xs) / len(xs), 1) if xs else None
+
+
+def _median(xs: list[float] | None) -> float | None:
+    if not xs:
+        return None
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return round(ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2, 1)
 
 
 def _monitor_cost(exit_: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -383,6 +440,7 @@ def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, i
                 ]
             )
         )
+    lines += _load_lines(summary.get("load") or {}, gpus)
     lines += ["", "## Per step and phase", ""]
     head = ["step", "phase", "time s", "samples", *gh, "host RSS GiB"]
     lines += [_row(head), _row(["---"] * len(head))]
@@ -436,6 +494,32 @@ def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, i
     if png:
         lines += ["", f"![memory timeline]({png})"]
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(load: dict[str, Any], gpus: list[int]) -> list[str]:
+    """The load table: absent for runs recorded before the monitor read it, or without readings."""
+    if not any(v["gpus"] or v["cpu_cores"] for v in load.values()):
+        return []
+    lines = ["", "## Load per phase, steps 2+ (NVML and /proc, read at 2 Hz)", ""]
+    head = ["phase", "readings"]
+    for i in gpus:
+        head += [f"GPU{i} busy %", f"GPU{i} SM MHz", f"GPU{i} W"]
+    head.append("host cores busy (by process class)")
+    lines += [_row(head), _row(["---"] * len(head))]
+    for name, v in load.items():
+        cells = [name, str(max([g["readings"] for g in v["gpus"].values()] + [v["host_readings"]]))]
+        for i in gpus:
+            g = v["gpus"].get(str(i), {})
+            cells += [_f(g.get("util_pct"), 0), _f(g.get("sm_mhz"), 0), _f(g.get("power_w"), 0)]
+        cores = v["cpu_cores"]
+        top = sorted(cores.items(), key=lambda kv: -kv[1])
+        cells.append(
+            f"{sum(cores.values()):.1f} (" + ", ".join(f"{c} {x:.1f}" for c, x in top if x >= 0.05) + ")"
+            if cores
+            else "–"
+        )
+        lines.append(_row(cells))
+    return lines
 
 
 def _row(cells: list[str]) -> str:
