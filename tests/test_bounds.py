@@ -15,7 +15,7 @@ from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import read_summary as load_summary
 
 RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-ppo-verl-sync.yaml
-DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-mb8")  # the recipe's default: expected/h200x1-ppo.yaml
+DEFAULT = Path("recipes/7b-lora/results/h200x1-ppo-5")  # the recipe's default: expected/h200x1-ppo.yaml
 # the first run on vLLM's empty compile cache, at micro-batches of 2: expected/h200x1-ppo-micro2.yaml
 FAST = Path("recipes/7b-lora/results/h200x1-ppo-fast")
 

@@ -39,3 +39,58 @@ def test_a_single_step_run_is_refused(root: Path, tmp_path: Path) -> None:
     (run / "metrics.jsonl").write_text(first + "\n")
     with pytest.raises(RecipeError, match="fewer than 2 steps"):
         run_figures(run)
+
+
+C = Path("recipes/7b-lora/comparisons")
+
+
+def _steady_gen(run: Path) -> float:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return statistics.median(r["metrics"]["timing_s/gen"] for r in rows if r["step"] >= 2)
+
+
+def test_each_run_meets_the_bench_of_its_own_work(root: Path) -> None:
+    """verl's gen over vLLM alone: a PPO run is set beside the PPO bench, never the GRPO one, and a
+    run with a fix turned off (the same work for vLLM) beside the same bench as the default."""
+    benches = [root / C / "rollout-bench-h200x1-ppo.json", root / C / "rollout-bench-h200x1-grpo-8x8.json"]
+    runs = [root / R / n for n in ("h200x1-ppo-verl-poll", "h200x1-ppo-5", "h200x1-grpo-8x8-2")]
+    doc = compare(runs[0], runs[1:], benches)
+    alone = {p.name: json.loads(p.read_text())["median_s"] for p in benches}
+    by_run = {r["run"]: r for r in doc["rows"]}
+    for name, bench in [
+        ("h200x1-ppo-verl-poll", "rollout-bench-h200x1-ppo.json"),
+        ("h200x1-ppo-5", "rollout-bench-h200x1-ppo.json"),
+        ("h200x1-grpo-8x8-2", "rollout-bench-h200x1-grpo-8x8.json"),
+    ]:
+        row = by_run[name]
+        assert row["bench"] == bench
+        assert row["gen_ratio"] == pytest.approx(_steady_gen(root / R / name) / alone[bench])
+    assert "| gen / vLLM alone |" in render(doc).splitlines()[0]
+    # without records the table keeps its columns
+    assert "vLLM alone" not in render(compare(runs[0], runs[1:]))
+
+
+def test_a_run_without_a_bench_of_its_work_shows_none(root: Path) -> None:
+    doc = compare(root / R / "h200x1-grpo-8x8-2", [], [root / C / "rollout-bench-h200x1-ppo.json"])
+    assert doc["rows"][0]["bench"] is None and doc["rows"][0]["gen_ratio"] is None
+
+
+def test_two_records_of_one_work_or_a_stray_file_are_refused(root: Path, tmp_path: Path) -> None:
+    from verl_recipes import RecipeError
+
+    ppo = root / C / "rollout-bench-h200x1-ppo.json"
+    again = tmp_path / "again.json"
+    again.write_text(ppo.read_text())
+    with pytest.raises(RecipeError, match="measure the same work; give one"):
+        compare(root / R / "h200x1-ppo-5", [], [ppo, again])
+    with pytest.raises(RecipeError, match="not a rollout-bench record"):
+        compare(root / R / "h200x1-ppo-5", [], [root / R / "h200x1-ppo-5" / "summary.json"])
+
+
+def test_the_committed_rollout_comparison_is_what_its_runs_give(root: Path) -> None:
+    """comparisons/rollout-vs-vllm.md carries the tables its regenerate line prints."""
+    md = (root / C / "rollout-vs-vllm.md").read_text()
+    benches = [root / C / "rollout-bench-h200x1-ppo.json", root / C / "rollout-bench-h200x1-grpo-8x8.json"]
+    for base, run in [("h200x1-ppo-verl-poll", "h200x1-ppo-5"), ("h200x1-grpo-8x8-verl-poll", "h200x1-grpo-8x8-2")]:
+        table = render(compare(root / R / base, [root / R / run], benches))
+        assert table in md, f"rollout-vs-vllm.md: the {base} table is stale; regenerate it"

@@ -6,6 +6,10 @@ anyone. Step 1 of a verl run carries one-off costs (CUDA graph capture, torch.co
 warm-up), so throughput and step time are medians over steps 2..N, and the token count per step
 (verl's perf/total_num_tokens) is shown: a comparison is only fair when it matches.
 Peak memory is the NVML device peak over the whole run (every process on the run's GPUs).
+
+With `--bench`, each run's `gen` is set beside vLLM alone on the same work: the `rollout-bench`
+record of the same recipe, variants and `--set` overrides (the work vLLM is given does not depend
+on verl's fixes, so a run with a fix turned off meets the same record).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +50,41 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
         "throughput_tok_s": med("perf/throughput"),
         "step_time_s": med("timing_s/step"),
         "update_weights_s": med("timing_s/update_weights"),
+        "gen_s": med("timing_s/gen"),
         "peak_gib": peak,
+        "work": (prov.recipe, tuple(prov.variants), tuple(prov.sets)),
     }
 
 
-def compare(baseline: Path, others: list[Path]) -> dict[str, Any]:
+def bench_figures(path: Path) -> dict[str, Any]:
+    """What a `rollout-bench` record says: the work it measured and vLLM's median generate call."""
+    try:
+        rec = json.loads(path.read_text())
+        return {
+            "bench": path.name,
+            "work": (rec["recipe"], tuple(rec["variants"]), tuple(rec["sets"])),
+            "vllm_alone_s": float(rec["median_s"]),
+            "decode_ms_per_step": float(rec["decode_ms_per_step"]),
+        }
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RecipeError(f"{path}: not a rollout-bench record ({e})") from e
+
+
+def compare(baseline: Path, others: list[Path], benches: Sequence[Path] = ()) -> dict[str, Any]:
     base = run_figures(baseline)
+    by_work: dict[tuple, dict[str, Any]] = {}
+    for path in benches:
+        b = bench_figures(path)
+        if b["work"] in by_work:
+            raise RecipeError(f"{by_work[b['work']]['bench']} and {b['bench']} measure the same work; give one")
+        by_work[b["work"]] = b
     rows = []
     for run in [baseline, *others]:
         r = run_figures(run)
+        met = by_work.get(r.pop("work"))
+        r["bench"] = met["bench"] if met else None
+        r["vllm_alone_s"] = met["vllm_alone_s"] if met else None
+        r["gen_ratio"] = r["gen_s"] / met["vllm_alone_s"] if met and r["gen_s"] else None
         r["throughput_ratio"] = (
             r["throughput_tok_s"] / base["throughput_tok_s"]
             if r["throughput_tok_s"] and base["throughput_tok_s"]
@@ -61,7 +92,7 @@ def compare(baseline: Path, others: list[Path]) -> dict[str, Any]:
         )
         r["peak_ratio"] = r["peak_gib"] / base["peak_gib"] if r["peak_gib"] and base["peak_gib"] else None
         rows.append(r)
-    return {"baseline": base["run"], "rows": rows}
+    return {"baseline": base["run"], "rows": rows, "benches": bool(by_work)}
 
 
 def _f(v: Any, nd: int = 2) -> str:
@@ -73,7 +104,11 @@ def render(doc: dict[str, Any]) -> str:
         "| run | variants | cap GiB | tokens/step | tokens/s | x baseline | step s | weight sync s "
         "| device peak GiB | x baseline |"
     )
-    lines = [head, "|" + "---|" * 10]
+    cols = 10
+    if doc.get("benches"):
+        head += " gen s | vLLM alone s | gen / vLLM alone |"
+        cols += 3
+    lines = [head, "|" + "---|" * cols]
     for r in doc["rows"]:
         cells = [
             r["run"] + (" (baseline)" if r["run"] == doc["baseline"] else ""),
@@ -87,6 +122,8 @@ def render(doc: dict[str, Any]) -> str:
             _f(r["peak_gib"]),
             _f(r["peak_ratio"]),
         ]
+        if doc.get("benches"):
+            cells += [_f(r["gen_s"]), _f(r["vllm_alone_s"]), _f(r["gen_ratio"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -95,12 +132,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare-runs", help="tokens/s and peak memory of runs against a baseline run")
     p.add_argument("baseline", type=Path)
     p.add_argument("runs", type=Path, nargs="+")
+    p.add_argument(
+        "--bench",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="rollout-bench records: each run's gen beside vLLM alone on the same work",
+    )
     p.add_argument("--json", type=Path, help="also write the table as JSON here")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = compare(args.baseline, args.runs)
+    doc = compare(args.baseline, args.runs, args.bench)
     print(render(doc), end="")
     if args.json:
         inflight.write_text(args.json, json.dumps(doc, indent=2) + "\n", "the comparison")

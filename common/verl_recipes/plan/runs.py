@@ -16,7 +16,7 @@ from typing import Any
 
 from verl_recipes import GIB, RecipeError, rundir
 from verl_recipes.plan.inputs import Setup
-from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary
+from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.verl_fixes import recorded_off
 
 # The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
@@ -31,7 +31,7 @@ class MeasuredRun:
     gpu_totals: dict[int, int]  # GPU index -> total memory, bytes
     gpu_name: str
     phases: dict[str, dict[int, int]]  # planner phase -> GPU index -> peak device bytes
-    per_gpu_throughput: float | None = None  # verl's perf/throughput (tokens/s per GPU), after step 1
+    per_gpu_throughput: float | None = None  # verl's perf/throughput (tokens/s per GPU), median of steps 2+
     raw: dict[str, Any] = field(default_factory=dict)  # the summary as written
 
     @property
@@ -58,12 +58,13 @@ def read_run(run_dir: Path) -> MeasuredRun:
         per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
         if per:
             phases[_ALIASES.get(name, name)] = per
-    rates = [x for st in (s.get("steps") or [])[1:] if (x := st.get("throughput"))]
+    # the median of steps 2+, the figure bounds, compare-runs and the results tables give
+    rates = [x for st in steady_steps(s.get("steps") or []) if (x := st.get("throughput"))]
     parts = path.parts
     recipe = parts[len(parts) - 1 - parts[::-1].index("results") - 1] if "results" in parts else ""
     gpus = s.get("gpus") or []
     name = str(gpus[0].get("name", "")) if gpus else ""
-    return MeasuredRun(path, recipe, totals, name, phases, statistics.mean(rates) if rates else None, dict(s))
+    return MeasuredRun(path, recipe, totals, name, phases, statistics.median(rates) if rates else None, dict(s))
 
 
 def results_dir(recipe_dir: Path) -> Path:
