@@ -205,3 +205,17 @@ def test_host_ram_warning_with_this_machines_memory() -> None:
         assert host_ram_warning("7b-lora --arch qwen2-0.5b", small) is None
     else:
         pytest.skip(f"this machine has {total / GIB:.1f} GiB, less than the small configuration's figure")
+
+
+def test_a_rehearsed_rank_holds_one_ranks_share_of_the_node(root: Path) -> None:
+    """`train --rank` runs one rank's processes on the host, so the model counts one rank's share of
+    each per-rank term: the offloaded 13B rank rehearsals (the pinned states of both ranks of the
+    node would be about 56 GiB more) come within 5% of their measured RSS, and a full-width
+    rank's prediction equals the same job's on one GPU."""
+    rows = {(r.run, r.moment): r for r in host_rows(root)}
+    runs = "recipes/13b-fsdp/results/"
+    for name in ("h200x1-ppo-40gib-cap40-rank0of2", "h200x1-ppo-32gib-cap32-rank0of2"):
+        peak = rows[(runs + name, "peak")]
+        assert abs(peak.rss_error) <= 0.05, peak
+    two, one = rows[(runs + "h200x1-ppo-rank0of2", "peak")], rows[(runs + "h200x1-ppo-rank0of1", "peak")]
+    assert two.predicted_rss == one.predicted_rss

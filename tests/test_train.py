@@ -333,6 +333,25 @@ def _job(*argv: str) -> Any:
     return decide(parser.parse_args(["train", *argv]))
 
 
+def test_a_rank_rehearsal_states_one_ranks_host_ram(tmp_path: Path) -> None:
+    """`train --rank` runs one rank's processes on its host: the pre-flight states that rank's share
+    (`plan_host(..., ranks_here=1)`), which for 13b-fsdp's offloaded 40gib variant is well under the
+    two-rank node's figure (each rank pins its own shards of the weights and optimizer states)."""
+    from verl_recipes.plan.host import plan_host
+    from verl_recipes.plan.inputs import setup_from_config
+    from verl_recipes.plan.model import Arch
+    from verl_recipes.preflight import model_config, preflight
+
+    job = _job("13b-fsdp", "--variant", "40gib", "--rank", "0", "--run-dir", str(tmp_path / "run"))
+    cfg, _, verdict = preflight(job)
+    arch, source = model_config(None, job.model.arch, *job.model.trained)
+    setup = setup_from_config(cfg, Arch.from_config(arch, source))
+    one, node = plan_host(setup, ranks_here=1).peak.pss, plan_host(setup).peak.pss
+    assert node - one > 40 * 2**30
+    line = f"host RAM: 13b-fsdp --variant 40gib (one rank's processes) needs about {one / 2**30:.0f} GiB"
+    assert any(x.startswith(line) for x in verdict), verdict
+
+
 def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path) -> None:
     """The pre-flight judges the host RAM of the job the command line names (its variants, in its
     label), not the stock recipe: on a CPU host it states the planner's figure for the GPU host;

@@ -86,6 +86,7 @@ def preflight(job: Job) -> tuple[Any, Any, list[str]]:
         (run_label(job.recipe.id, job.variants, job.sets), list(job.fixes_off), here),
         setup=setup,
         calibration=(job.recipe, list(job.variants)),
+        ranks_here=1 if job.rank is not None else None,
     )
     if job.rank is not None:
         verdict[:0] = rank_lines(cfg, job.rank, arch)
@@ -270,6 +271,7 @@ def check(
     *,
     setup: Any = None,
     calibration: tuple[Any, Sequence[str]] | None = None,
+    ranks_here: int | None = None,
 ) -> list[str]:
     """The whole pre-flight (module doc); returns what to print, raises the refusal. `arch` is the
     config.json trained (`model_config`), `ours` the embedded dataset's folder, `user_model` whether
@@ -279,7 +281,8 @@ def check(
     and whether it runs on this host) adds the planner's host RAM for the run: on the host that
     trains, RAM below it is one `WARN host-ram` line, never a refusal (`plan.host.host_ram_warning`);
     a rehearsal states the figure for the GPU host to have. `setup` is the planner's reading of
-    `cfg` when the caller has made it (`preflight`), else it is read here."""
+    `cfg` when the caller has made it (`preflight`), else it is read here. `ranks_here` is how many
+    of a node's ranks the host runs when not all (a rank rehearsal: 1), for the host-RAM figure."""
     from verl_recipes.plan.host import host_ram_warning, plan_host
     from verl_recipes.plan.inputs import setup_from_config
     from verl_recipes.plan.model import Arch
@@ -294,7 +297,8 @@ def check(
         lines.append(f"note: {note}")
     if host_run is not None:
         what, fixes_off, here = host_run
-        need = plan_host(setup, fixes_off).peak.pss
+        need = plan_host(setup, fixes_off, ranks_here=ranks_here).peak.pss
+        what = f"{what} (one rank's processes)" if ranks_here else what
         warn = host_ram_warning(what, need) if here else None
         if warn:
             lines.append(f"WARN host-ram {warn}")

@@ -331,10 +331,16 @@ def sleep_level(s: Setup) -> int:
     return 1 if s.actor.lora_rank and not s.lora_merge else 2
 
 
-def plan_host(s: Setup, fixes_off: Iterable[str] = (), c: HostConstants | None = None) -> HostPlan:
-    """Predict the host RAM of node 0 at every moment of a run."""
+def plan_host(
+    s: Setup, fixes_off: Iterable[str] = (), c: HostConstants | None = None, ranks_here: int | None = None
+) -> HostPlan:
+    """Predict the host RAM of node 0 at every moment of a run.
+
+    `ranks_here`: how many of the node's ranks the host runs, when not all of them: a rank
+    rehearsal (`train --rank`) runs one rank's processes, so its host holds one rank's share of
+    every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's."""
     c = c or HostConstants()
-    a, per_node = s.arch, s.gpus_per_node
+    a, per_node = s.arch, ranks_here or s.gpus_per_node
     notes: list[str] = []
     extra = max(0, s.agent_workers - c.fitted_agent_workers) * c.agent_worker_bytes
     roles = [(r, crit) for r, crit in ((s.critic, True), (s.ref_role if s.ref == "separate" else None, False)) if r]

@@ -101,7 +101,7 @@ def host_rows(root: Path) -> list[HostRow]:
         got = measured(run)
         if not got:
             continue
-        hp = plan_host(run_setup(run), run.fixes_off)
+        hp = plan_host(run_setup(run), run.fixes_off, ranks_here=1 if run.provenance.rank_rehearsal else None)
         want = predicted(hp, stepped=bool(run.raw.get("steps")))
         label = str(run.run_dir.relative_to(root))
         for moment in ROWS:
