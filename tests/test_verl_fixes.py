@@ -110,7 +110,7 @@ def test_fixes_leave_other_verl_versions_alone(monkeypatch: pytest.MonkeyPatch) 
     assert verl_fixes.apply() == []
 
 
-# --- the merged LoRA weight sync (fix 3) ---------------------------------------------------------
+# --- the merged LoRA weight sync (fix 4) ---------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

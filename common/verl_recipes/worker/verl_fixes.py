@@ -411,15 +411,16 @@ def _patch_ray_start(main_ppo: ModuleType) -> None:
 
 
 # The fixes' names, as `--verl-fix-off` takes them and provenance.json records them: every other
-# module names a fix through these.
+# module names a fix through these. The numbers are the fixes' places in the list of
+# recipes/7b-lora/README.md ("fix 5" there and elsewhere); its 3 is a configuration, not a patch.
 ATTN_FIX = "critic-attn-implementation"  # 1.
 CRITIC_LORA_FIX = "critic-lora-token-cls"  # 2.
-MERGE_FIX = "lora-merge-out-of-place"  # 3.
-LOGPROBS_FIX = "logprobs-chunked"  # 4.
-CRITIC_BATCHING_FIX = "critic-engine-batching"  # 5.
-RAY_START_FIX = "ray-local-start"  # 6.
-PACKED_ATTN_FIX = "packed-attention"  # 7.
-REPLAY_POLL_FIX = "replay-buffer-poll"  # 8.
+MERGE_FIX = "lora-merge-out-of-place"  # 4.
+LOGPROBS_FIX = "logprobs-chunked"  # 5.
+CRITIC_BATCHING_FIX = "critic-engine-batching"  # 6.
+RAY_START_FIX = "ray-local-start"  # 7.
+PACKED_ATTN_FIX = "packed-attention"  # 8.
+REPLAY_POLL_FIX = "replay-buffer-poll"  # 9.
 
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
