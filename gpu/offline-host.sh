@@ -144,6 +144,12 @@ case "$cmd" in
     limit=${1:?usage: gpu/offline-host.sh wait SECONDS [OUT]}
     out=${2:-${OUT:-/tmp/out}}
     deadline=$(( $(date +%s) + limit ))
+    # A lent host can be taken back between two calls; the next call then lands on a bare one with
+    # no campaign, where waiting would only spend the limit on nothing.
+    if ! compgen -G "$CAMPAIGN_DIR/*/" >/dev/null; then
+      echo "gpu/offline-host.sh wait: no campaign under $CAMPAIGN_DIR on this host (a fresh host: was the one that ran it given back?); carry the wheelhouse and start the campaign again" >&2
+      exit 2
+    fi
     all_done() { local d; for d in "$CAMPAIGN_DIR"/*/; do [[ -e "$d/DONE" ]] || return 1; done; }
     pack() {
       mkdir -p "$out"

@@ -208,3 +208,24 @@ def test_import_times_runs_to_the_end_and_times_both_ways(root: Path, tmp_path: 
     assert all(row[2] == "json" and float(row[3]) > 0 for row in rows), rows
     assert len((out / "importtime-vllm-top40.txt").read_text().splitlines()) == 41
     assert not (out / "importtime-vllm.raw").exists()
+
+
+def test_a_wait_on_a_host_without_a_campaign_says_so_at_once(root: Path, tmp_path: Path) -> None:
+    """A lent host taken back between calls leaves the next call on a bare one: `wait` there says
+    so in one line and exits 2 at once, instead of waiting out its limit on nothing."""
+    import time
+
+    env = {**os.environ, "CAMPAIGN_DIR": str(tmp_path / "campaign"), "SITE": str(tmp_path / "site")}
+    t0 = time.monotonic()
+    r = subprocess.run(
+        ["bash", "gpu/offline-host.sh", "wait", "120", str(tmp_path / "out")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and time.monotonic() - t0 < 30
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no campaign under" in lines[0] and "start the campaign again" in lines[0]
+    assert not (tmp_path / "out").exists()
