@@ -195,3 +195,18 @@ def test_a_summary_cut_short_fails_its_check_and_the_others_still_run(
     lines = [ln for ln in out.splitlines() if ln.startswith(("FAIL", "ok"))]
     assert len(lines) == len(get_recipe("7b-lora").expected)  # every bounds file still checked
     assert "ends early" in out
+
+
+def test_the_7b_readme_names_every_bounds_file_with_its_runs(root: Path) -> None:
+    """recipes/7b-lora/README.md's "Expected results" table is written by hand: each bounds file of
+    recipe.yaml has its row, and the row names every run the file was written from."""
+    import re
+
+    rd = root / "recipes/7b-lora"
+    readme = (rd / "README.md").read_text().splitlines()
+    for expected in get_recipe("7b-lora").expected:
+        rows = [ln for ln in readme if ln.startswith("| [`") and f"]({expected})" in ln.split("|")[1]]
+        assert len(rows) == 1, f"7b-lora README: {expected} has {len(rows)} rows in Expected results"
+        named = set(re.findall(r"\((results/[^)/]+)/", rows[0].split("|")[3]))
+        sources = set(yaml.safe_load((rd / expected).read_text())["source_runs"])
+        assert sources <= named, f"7b-lora README: the {expected} row leaves out {sorted(sources - named)}"
