@@ -316,3 +316,22 @@ def test_load_table_names_the_busiest_host_processes(tmp_path: Path) -> None:
     assert summary["load"]["update_actor"]["cpu_cores"] == {"driver": 1.0, "ray_worker": 0.5}
     md = (run / "report.md").read_text()
     assert "| update_actor |" in md.split("## Load per phase")[1] and "1.5 (driver 1.0, ray_worker 0.5)" in md
+
+
+def test_vllm_s_own_picks_come_from_its_log(root: Path) -> None:
+    """The PPO run of 2026-12-04: vLLM 0.24.0 on the H200 took FlashAttention 3 of four backends and
+    captured CUDA graphs for 19 batch sizes up to 128, as its own log lines say; a run whose log
+    has none of these lines has no picks and no report line."""
+    from verl_recipes.measure.startup import picks_line
+
+    run = root / "recipes/7b-lora/results/h200x1-ppo-5"
+    picks = summarize(run)["startup"]["vllm_picks"]
+    log = (run / "train.log").read_text()
+    assert picks["attention_backend"] == "FLASH_ATTN" and "Using FLASH_ATTN attention backend" in log
+    assert picks["flash_attention_version"] == 3 and "FLASHINFER" in picks["attention_backends_possible"]
+    assert picks["cudagraph_capture_sizes"][:4] == [1, 2, 4, 8] and picks["cudagraph_capture_sizes"][-1] == 128
+    assert picks["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    line = picks_line(picks)
+    assert line is not None and line.startswith("vLLM's own picks: attention FLASH_ATTN (FlashAttention 3), of ")
+    assert summarize(root / "recipes/7b-lora/results/h200x1-ppo-3")["startup"]["vllm_picks"] == {}
+    assert picks_line({}) is None

@@ -419,6 +419,9 @@ def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, i
         lines += [_row([st["stage"], _f(st["s"], 1), _f(st["at_s"], 1)]) for st in boot["stages"]]
         if boot.get("vllm_s"):
             lines += ["", "vLLM's own timings: " + "; ".join(f"{k} {v:.1f} s" for k, v in boot["vllm_s"].items())]
+        picks = startup.picks_line(boot.get("vllm_picks") or {})
+        if picks:
+            lines += ["", picks]
     split_rows = summary.get("gen_split") or []
     if split_rows:
         lines += ["", "## Where gen goes, per step (s)", ""]

@@ -103,6 +103,45 @@ def vllm_timings(lines: Iterable[str]) -> dict[str, float]:
     return out
 
 
+_BACKEND = re.compile(r"Using (\w+) attention backend out of potential backends: \[([^\]]*)\]")
+_FA_VERSION = re.compile(r"Using FlashAttention version (\d+)")
+_GRAPH_SIZES = re.compile(r"'cudagraph_capture_sizes': \[([\d, ]+)\]")
+_GRAPH_MODE = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)")
+
+
+def vllm_picks(lines: Iterable[str]) -> dict[str, Any]:
+    """What vLLM chose for itself on this GPU, from its own log lines (the first of each): the
+    attention backend and the ones it could have taken, the FlashAttention version, and the batch
+    sizes it captured CUDA graphs for with their mode. The decode speed of a rollout depends on
+    these, and none is in verl's config unless the recipe sets it."""
+    out: dict[str, Any] = {}
+    for line in lines:
+        if "attention_backend" not in out and (m := _BACKEND.search(line)):
+            out["attention_backend"] = m[1]
+            out["attention_backends_possible"] = [x.strip(" '") for x in m[2].split(",") if x.strip(" '")]
+        if "flash_attention_version" not in out and (m := _FA_VERSION.search(line)):
+            out["flash_attention_version"] = int(m[1])
+        if "cudagraph_capture_sizes" not in out and (m := _GRAPH_SIZES.search(line)):
+            out["cudagraph_capture_sizes"] = [int(x) for x in m[1].split(",") if x.strip()]
+        if "cudagraph_mode" not in out and (m := _GRAPH_MODE.search(line)):
+            out["cudagraph_mode"] = m[1]
+    return out
+
+
+def picks_line(picks: dict[str, Any]) -> str | None:
+    """The report's one line for `vllm_picks` (None when the log had none of them)."""
+    parts = []
+    if picks.get("attention_backend"):
+        fa = f" (FlashAttention {picks['flash_attention_version']})" if picks.get("flash_attention_version") else ""
+        others = [b for b in picks.get("attention_backends_possible", []) if b != picks["attention_backend"]]
+        parts.append(f"attention {picks['attention_backend']}{fa}" + (f", of {', '.join(others)}" if others else ""))
+    sizes = picks.get("cudagraph_capture_sizes")
+    if sizes:
+        mode = f" {picks['cudagraph_mode']}" if picks.get("cudagraph_mode") else ""
+        parts.append(f"CUDA graphs{mode} for batch sizes {', '.join(map(str, sizes))}")
+    return "vLLM's own picks: " + "; ".join(parts) if parts else None
+
+
 def stages(t_start: float, found: dict[str, float], t_first_step: float | None) -> list[dict[str, Any]]:
     """Consecutive stages from the monitor's start to the first step's begin."""
     if found:
@@ -129,4 +168,5 @@ def summarize(run_dir: Path, t_start: float, t_first_step: float | None, log_nam
         "to_first_step_s": round(t_first_step - t_start, 2) if t_first_step is not None else None,
         "stages": st,
         "vllm_s": vllm_timings(lines),
+        "vllm_picks": vllm_picks(lines),
     }
