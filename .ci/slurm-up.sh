@@ -35,9 +35,16 @@ fi
 export SLURM_CONF="$conf"
 
 node_state() { sinfo -h -n "$node" -o '%T' 2>/dev/null | head -n 1; }
+running() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-if [[ -f "$conf" ]] && [[ "$(node_state)" == idle* || "$(node_state)" == mixed* || "$(node_state)" == allocated* ]]; then
-  echo "slurm-up: node $node already up ($(node_state)); SLURM_CONF=$conf"
+# Where no slurmctld answers, sinfo spends about 9 s on each call before it gives up: ask only the
+# slurmctld this script started (its pid file), and once.
+state=""
+if [[ -f "$conf" ]] && running "$dir/run/slurmctld.pid"; then
+  state="$(node_state)"
+fi
+if [[ "$state" == idle* || "$state" == mixed* || "$state" == allocated* ]]; then
+  echo "slurm-up: node $node already up ($state); SLURM_CONF=$conf"
   exit 0
 fi
 
@@ -121,8 +128,6 @@ else
   mkdir -p /etc/slurm
   ln -s "$conf" "$etc_conf"
 fi
-
-running() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 if ! running "$dir/run/slurmctld.pid"; then
   echo "slurm-up: starting slurmctld (log: $dir/log/slurmctld.log)"

@@ -379,15 +379,30 @@ ONE_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=2000",
 
 
 def sbatch(template: Path, tmp_path: Path, env: dict[str, str], wait: bool = True) -> tuple[int, str, Path]:
+    """Submit the template; with `wait`, the code is the job's exit code once it has ended (as
+    `sbatch --wait` gives it), else sbatch's own."""
     out = tmp_path / "job.out"
     args = ["sbatch", "--parsable", *ONE_NODE, f"--output={out}"]
-    if wait:
-        args.append("--wait")
     full = base_env(VENV=sys.prefix, JOB_DIR=str(tmp_path / "job"), RAY_DASHBOARD="0", **env)
     res = subprocess.run([*args, str(template)], env=full, capture_output=True, text=True, cwd=ROOT)
     job = res.stdout.strip().split(";")[0]
     assert job.isdigit(), res.stderr
-    return res.returncode, job, out
+    return (job_exit_code(job) if wait else res.returncode), job, out
+
+
+def job_exit_code(job: str, timeout: float = 600) -> int:
+    """Wait for the job to end; its exit code as `sbatch --wait` returns it (128 + the signal where
+    a signal ended it). `sbatch --wait` itself looks at 2, 10, 42, 74 s after submitting: a job of
+    3 s took 10 s there, one of 20 s 42 s. This looks every half second."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        res = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True)
+        fields = dict(f.split("=", 1) for f in res.stdout.split() if "=" in f)
+        if fields.get("JobState") in ENDED:
+            code, sig = (int(x) for x in fields["ExitCode"].split(":"))
+            return 128 + sig if sig else code
+        time.sleep(0.5)
+    pytest.fail(f"job {job} did not end within {timeout}s ({job_state(job) or 'gone'})")
 
 
 def ray_left(job: str) -> list[str]:

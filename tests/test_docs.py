@@ -16,6 +16,11 @@ def plans() -> str:
     return plans_table()  # composes every recipe and variant against verl's config: ~20 s
 
 
+@pytest.fixture(scope="module")
+def results() -> str:
+    return results_table()  # reads every committed run's verl config: ~4 s
+
+
 def test_readme_tables_are_fresh(root: Path) -> None:
     for path, text in generated(root).items():
         assert text == path.read_text(), f"{path.relative_to(root)} is stale: run `verl-recipes docs --write`"
@@ -64,7 +69,7 @@ def test_plans_table_covers_every_recipe_variant_and_agrees_with_the_measured_pe
     assert cells[("7b-lora", "default")]["a10g-24g"].startswith("no")
 
 
-def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path) -> None:
+def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path, results: str) -> None:
     """Each row's $ per million tokens = GPUs x 1e6 / (tokens/s/GPU x GPUs) / 3600 x price."""
     import re
 
@@ -72,7 +77,7 @@ def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path) -> No
 
     price = pick_offer(load_prices(prices_file()), "h200-141g")
     assert price is not None
-    rows = [r for r in results_table().splitlines() if r.startswith("| 7b-lora")]
+    rows = [r for r in results.splitlines() if r.startswith("| 7b-lora")]
     assert len(rows) >= 3
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -94,7 +99,7 @@ def test_readme_table_numbers_come_from_expected_files(tmp_path: Path) -> None:
     assert row.endswith("| not measured yet |"), row
 
 
-def test_docs_results_prints_the_readmes_results_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_docs_results_prints_the_readmes_results_table(capsys: pytest.CaptureFixture[str], results: str) -> None:
     """`docs --results` prints the measured-results table the README carries, and writes nothing."""
     assert main(["docs", "--results"]) == 0
-    assert capsys.readouterr().out.strip() == results_table().strip()
+    assert capsys.readouterr().out.strip() == results.strip()

@@ -604,6 +604,8 @@ def test_deepspeed_zero3_on_two_cpu_ranks(tiny: dict[str, Path], tmp_path: Path)
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # gloo for every collective: DeepSpeed's shared-memory op is neither built nor loaded
+    assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["run"]["world"] == 2 and res["run"]["backend"] == "deepspeed"
     assert res["run"]["ds_config_train"]["gradient_accumulation_steps"] == 2
@@ -669,9 +671,11 @@ def test_a_rehearsed_rank_partitions_zero3_to_its_share_and_trains(tiny: dict[st
 import json, sys, torch
 sys.path.insert(0, {str(RECIPE)!r})
 from ds_ppo import engines, losses
+from ds_ppo.harness import cpu_collectives_over_gloo
 from ds_ppo.timing import Dist
 d = Dist.from_env("cpu")
 import deepspeed
+cpu_collectives_over_gloo()
 deepspeed.init_distributed(dist_backend="gloo")
 hp = losses.PPOHyper.from_verl_defaults()
 cfg = engines.ds_config(engines.load_ds_config(), 1, 1, d.world)
@@ -691,6 +695,7 @@ print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local"
     env.update({"DS_ACCELERATOR": "cpu", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr, proc.stderr[-3000:]  # as the baseline's CPU ranks
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["world"], got["rank"], got["writes"], got["backend"]) == (2, 0, True, "fake")
     assert got["local"] * 2 == got["full"] and math.isfinite(got["loss"])

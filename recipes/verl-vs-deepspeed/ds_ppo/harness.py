@@ -396,6 +396,24 @@ def _notes(
 # The DeepSpeed run
 
 
+def cpu_collectives_over_gloo() -> None:
+    """CPU ranks: every collective over gloo, without DeepSpeed's shared-memory op. Call it before
+    `deepspeed.init_distributed`.
+
+    DeepSpeed's TorchBackend JIT-compiles its shared-memory op (deepspeed_shm_comm) whenever the
+    op's compatibility probe passes: 30-60 s on two cores, again in every fresh environment. The op
+    serves only `inference_all_reduce` (AutoTP inference), which ZeRO-3 training never calls. The
+    probe's result marked incompatible, TorchBackend takes the path DeepSpeed itself takes where the
+    op cannot be built (`build_shm_op` returns None): torch.distributed over gloo for everything.
+    """
+    from deepspeed import ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        ops.__compatible_ops__[builder.NAME] = False
+
+
 def run_ds(
     w: Workload,
     out: Path,
@@ -428,6 +446,8 @@ def run_ds(
     if backend == "deepspeed":
         import deepspeed
 
+        if device_type == "cpu":
+            cpu_collectives_over_gloo()
         deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
     elif d.world != 1:
         raise SystemExit("the torch backend (CPU tests) runs in one process only")
