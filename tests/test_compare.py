@@ -12,9 +12,10 @@ from verl_recipes.measure.compare import compare, render, run_figures
 R = Path("recipes/7b-lora/results")
 
 
-def _steady_throughput(run: Path) -> float:
+def _steady(run: Path, key: str = "perf/throughput") -> float:
+    """The median of `key` over steps 2+, read from the run's metrics.jsonl here, not by compare."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return statistics.median(r["metrics"]["perf/throughput"] for r in rows if r["step"] >= 2)
+    return statistics.median(r["metrics"][key] for r in rows if r["step"] >= 2)
 
 
 def test_recipe_grpo_against_verl_example_settings(root: Path) -> None:
@@ -22,7 +23,7 @@ def test_recipe_grpo_against_verl_example_settings(root: Path) -> None:
     doc = compare(base, [ours])
     b, o = doc["rows"]
     assert b["throughput_ratio"] == pytest.approx(1.0) and b["peak_ratio"] == pytest.approx(1.0)
-    assert o["throughput_ratio"] == pytest.approx(_steady_throughput(ours) / _steady_throughput(base))
+    assert o["throughput_ratio"] == pytest.approx(_steady(ours) / _steady(base))
     # a fair comparison: the same tokens per step (batch 8 x 512 response + prompts)
     assert abs(o["tokens_per_step"] - b["tokens_per_step"]) / b["tokens_per_step"] < 0.02
     assert "(baseline)" in render(doc)
@@ -44,11 +45,6 @@ def test_a_single_step_run_is_refused(root: Path, tmp_path: Path) -> None:
 C = Path("recipes/7b-lora/comparisons")
 
 
-def _steady_gen(run: Path) -> float:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return statistics.median(r["metrics"]["timing_s/gen"] for r in rows if r["step"] >= 2)
-
-
 def test_each_run_meets_the_bench_of_its_own_work(root: Path) -> None:
     """verl's gen over vLLM alone: a PPO run is set beside the PPO bench, never the GRPO one, and a
     run with a fix turned off (the same work for vLLM) beside the same bench as the default."""
@@ -64,7 +60,7 @@ def test_each_run_meets_the_bench_of_its_own_work(root: Path) -> None:
     ]:
         row = by_run[name]
         assert row["bench"] == bench
-        assert row["gen_ratio"] == pytest.approx(_steady_gen(root / R / name) / alone[bench])
+        assert row["gen_ratio"] == pytest.approx(_steady(root / R / name, "timing_s/gen") / alone[bench])
     assert "| gen / vLLM alone |" in render(doc).splitlines()[0]
     # without records the table keeps its columns
     assert "vLLM alone" not in render(compare(runs[0], runs[1:]))

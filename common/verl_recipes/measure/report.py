@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,15 +324,11 @@ class PhaseLoad:
 
 
 def _mean(xs: list[float] | None) -> float | None:
-    return round(sum(xs) / len(xs), 1) if xs else None
+    return round(statistics.fmean(xs), 1) if xs else None
 
 
 def _median(xs: list[float] | None) -> float | None:
-    if not xs:
-        return None
-    ys = sorted(xs)
-    mid = len(ys) // 2
-    return round(ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2, 1)
+    return round(statistics.median(xs), 1) if xs else None
 
 
 def _monitor_cost(exit_: dict[str, Any] | None) -> dict[str, Any] | None:
