@@ -118,6 +118,26 @@ def test_cpu_cores_busy_per_process(tmp_path: Path) -> None:
     # one core at most, less when the machine's other core work takes turns with it
     assert busy[len(busy) // 2] >= 0.5 and busy[-1] <= 1.3, busy
     assert max(idle) < 0.1, idle
+    # the whole host counts the spinner too: never fewer cores busy than the run's own processes
+    whole = [h["host_cpu"] for h in readings[1:] if h["n"] == 2][1:-1]
+    assert len(whole) == len(spans)
+    for sp, h in zip(spans, whole, strict=True):
+        assert h["busy"] >= sum(sp.values()) - 0.15 and h["steal"] >= 0, (sp, h)
+
+
+def test_host_cpu_ticks_read_busy_and_steal_from_proc_stat(tmp_path: Path) -> None:
+    """/proc/stat's `cpu` line: user nice system idle iowait irq softirq steal ...; busy leaves
+    idle and iowait out. A file without that line reads as nothing, never as zero."""
+    from verl_recipes.measure.monitor import host_cpu_ticks
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 9000 30 1 2 7 0 0\ncpu0 50 2 10 4500 15 0 1 3 0 0\n")
+    assert host_cpu_ticks(str(stat)) == (100 + 5 + 20 + 1 + 2, 7)
+    stat.write_text("intr 1 2 3\n")
+    assert host_cpu_ticks(str(stat)) is None
+    assert host_cpu_ticks(str(tmp_path / "absent")) is None
+    here = host_cpu_ticks()
+    assert here is not None and here[0] > 0
 
 
 def test_exit_code_of_a_signalled_child(tmp_path: Path) -> None:

@@ -310,12 +310,16 @@ def test_load_table_names_the_busiest_host_processes(tmp_path: Path) -> None:
         rec = json.loads(line)
         if rec.get("kind") == "sample" and "host" in rec:
             rec["host"]["cpu_by_class"] = {"driver": 1.0, "ray_worker": 0.5}
+            rec["host"]["host_cpu"] = {"busy": 2.0, "steal": 0.25}
         out.append(json.dumps(rec))
     (run / SAMPLES_FILE).write_text("\n".join(out) + "\n")
     summary = write_report(run)
     assert summary["load"]["update_actor"]["cpu_cores"] == {"driver": 1.0, "ray_worker": 0.5}
+    assert summary["load"]["update_actor"]["host_cpu"] == {"busy": 2.0, "steal": 0.25}
     md = (run / "report.md").read_text()
-    assert "| update_actor |" in md.split("## Load per phase")[1] and "1.5 (driver 1.0, ray_worker 0.5)" in md
+    table = md.split("## Load per phase")[1]
+    assert "| update_actor |" in table and "1.5 (driver 1.0, ray_worker 0.5) | 2.0 / 0.25 |" in table
+    assert "| host cores busy / stolen (all processes) |" in table
 
 
 def test_vllm_s_own_picks_come_from_its_log(root: Path) -> None:

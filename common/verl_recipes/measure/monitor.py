@@ -41,6 +41,7 @@ line on a full disk; readers skip it). Records (`kind`):
   clock_events (NVML's bit mask; null where the driver has none), procs [{pid, used, class}]}],
   and every `host_s`: host {rss, uss, pss (bytes or null), n, by_class {class: rss}, pids {pid: rss},
   cpu_by_class {class: cores busy since the previous host reading; absent on the first},
+  host_cpu {busy, steal: the whole host's cores busy and stolen by the hypervisor in that span},
   and read: "peak" on a USS/PSS read taken at an RSS high};
 - exit: t, rc, samples, sampler_cpu_s (and per part, sampler_cpu_parts_s), members_max,
   full_reads and peak_reads (USS/PSS reads in all, and those taken at RSS highs), wall_s
@@ -256,6 +257,24 @@ def _read(path: str) -> bytes | None:
         return None
 
 
+def host_cpu_ticks(stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, steal) clock ticks of all the host's cores since boot, from /proc/stat's `cpu` line.
+
+    Busy is user + nice + system + irq + softirq (guest time is inside user); steal is the time a
+    virtual machine's cores were ready but the hypervisor ran something else. A lent GPU host is a
+    virtual machine: a phase whose worker is bound to one core runs slower when its core is
+    stolen, which no process of the run shows, so the monitor reads it beside them.
+    """
+    raw = _read(stat)
+    if not raw or not raw.startswith(b"cpu "):
+        return None
+    f = [int(x) for x in raw.split(b"\n", 1)[0].split()[1:9]]
+    if len(f) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = f
+    return user + nice + system + irq + softirq, steal
+
+
 class _ProcSet:
     """The monitored processes: the command's tree plus processes tagged with our run dir.
 
@@ -278,6 +297,7 @@ class _ProcSet:
         self._stat: dict[int, int] = {}  # pid -> open fd of /proc/PID/stat (CPU time)
         self._cpu: dict[int, int] = {}  # pid -> utime + stime (clock ticks) at the previous host reading
         self._cpu_at: float | None = None  # when that reading was taken (time.monotonic)
+        self._host_ticks: tuple[int, int] | None = None  # (busy, steal) of /proc/stat's cpu line then
 
     def _pids(self) -> set[int]:
         pids = all_pids()
@@ -348,6 +368,13 @@ class _ProcSet:
                     cls = self.info.get(pid, ("other", "", ""))[0]
                     cpu_by_class[cls] = cpu_by_class.get(cls, 0.0) + max(0, ticks - self._cpu[pid]) / _TICKS / dt
         self._cpu, self._cpu_at = cpu_now, mono
+        host_ticks = host_cpu_ticks()
+        host_cpu = None
+        if dt and host_ticks and self._host_ticks:
+            pairs = zip(host_ticks, self._host_ticks, strict=True)
+            busy, steal = (max(0, now - then) / _TICKS / dt for now, then in pairs)
+            host_cpu = {"busy": round(busy, 3), "steal": round(steal, 3)}
+        self._host_ticks = host_ticks
         for pid in self.members:
             statm = self._read_statm(pid)
             if not statm:
@@ -371,6 +398,8 @@ class _ProcSet:
         }
         if dt:
             out["cpu_by_class"] = {c: round(v, 3) for c, v in cpu_by_class.items()}
+        if host_cpu:
+            out["host_cpu"] = host_cpu
         return out
 
     def _cpu_ticks(self, pid: int) -> int | None:

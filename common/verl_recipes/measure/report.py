@@ -286,14 +286,16 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 class PhaseLoad:
     """How busy the GPUs and the host were in each phase of steps 2+ (step 1 carries compiles and
     warm-ups): NVML's utilization, SM clock and power, and the CPU cores each process class kept
-    busy, from the 2 Hz readings of `monitor`. Two runs of one phase that differ in time differ
-    here in why: a GPU half idle waits on the host, a GPU busy at a lower clock is held back."""
+    busy, and the whole host's cores busy and stolen by the hypervisor, from the 2 Hz readings of
+    `monitor`. Two runs of one phase that differ in time differ here in why: a GPU half idle waits
+    on the host (on a stolen core where steal is up), a GPU busy at a lower clock is held back."""
 
     def __init__(self) -> None:
         self.gpu: dict[str, dict[int, dict[str, list[float]]]] = defaultdict(
             lambda: defaultdict(lambda: defaultdict(list))
         )
         self.cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
+        self.host: dict[str, list[dict[str, float]]] = defaultdict(list)
 
     def add(self, phase: str, sample: dict[str, Any]) -> None:
         for g in sample.get("gpus") or ():
@@ -303,6 +305,9 @@ class PhaseLoad:
         cpu = (sample.get("host") or {}).get("cpu_by_class")
         if cpu is not None:
             self.cpu[phase].append(cpu)
+        host = (sample.get("host") or {}).get("host_cpu")
+        if host is not None:
+            self.host[phase].append(host)
 
     def to_json(self, order: list[str]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -319,7 +324,9 @@ class PhaseLoad:
             spans = self.cpu.get(phase, [])
             classes = sorted({c for sp in spans for c in sp})
             cores = {c: round(sum(sp.get(c, 0.0) for sp in spans) / len(spans), 2) for c in classes}
-            out[phase] = {"gpus": gpus, "host_readings": len(spans), "cpu_cores": cores}
+            hosts = self.host.get(phase, [])
+            whole = {k: round(statistics.fmean(h[k] for h in hosts), 2) for k in ("busy", "steal")} if hosts else None
+            out[phase] = {"gpus": gpus, "host_readings": len(spans), "cpu_cores": cores, "host_cpu": whole}
         return out
 
 
@@ -505,6 +512,9 @@ def _load_lines(load: dict[str, Any], gpus: list[int]) -> list[str]:
     for i in gpus:
         head += [f"GPU{i} busy %", f"GPU{i} SM MHz", f"GPU{i} W"]
     head.append("host cores busy (by process class)")
+    whole = any(v.get("host_cpu") for v in load.values())
+    if whole:
+        head.append("host cores busy / stolen (all processes)")
     lines += [_row(head), _row(["---"] * len(head))]
     for name, v in load.items():
         cells = [name, str(max([g["readings"] for g in v["gpus"].values()] + [v["host_readings"]]))]
@@ -518,6 +528,9 @@ def _load_lines(load: dict[str, Any], gpus: list[int]) -> list[str]:
             if cores
             else "–"
         )
+        if whole:
+            h = v.get("host_cpu")
+            cells.append(f"{h['busy']:.1f} / {h['steal']:.2f}" if h else "–")
         lines.append(_row(cells))
     return lines
 
