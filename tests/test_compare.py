@@ -66,6 +66,21 @@ def test_each_run_meets_the_bench_of_its_own_work(root: Path) -> None:
     assert "vLLM alone" not in render(compare(runs[0], runs[1:]))
 
 
+def test_a_training_side_override_keeps_the_bench_a_rollout_override_does_not(root: Path) -> None:
+    """verl's bypass mode (an `algorithm.` override) gives vLLM the same work: its run meets the
+    GRPO 8x8 bench; an override of the rollout's own settings is other work and meets none."""
+    from verl_recipes.measure.compare import rollout_work
+
+    bench = root / C / "rollout-bench-h200x1-grpo-8x8.json"
+    doc = compare(root / R / "h200x1-grpo-8x8-3", [root / R / "h200x1-grpo-8x8-bypass"], [bench])
+    assert [r["bench"] for r in doc["rows"]] == [bench.name, bench.name]
+    v = ("grpo", "8x8")
+    assert rollout_work("7b-lora", v, ["algorithm.rollout_correction.bypass_mode=true"]) == ("7b-lora", v, ())
+    assert rollout_work("7b-lora", v, ["+actor_rollout_ref.actor.x=1"]) == ("7b-lora", v, ())
+    other = ["actor_rollout_ref.rollout.n=4"]
+    assert rollout_work("7b-lora", v, other) == ("7b-lora", v, tuple(other))
+
+
 def test_a_run_without_a_bench_of_its_work_shows_none(root: Path) -> None:
     doc = compare(root / R / "h200x1-grpo-8x8-2", [], [root / C / "rollout-bench-h200x1-ppo.json"])
     assert doc["rows"][0]["bench"] is None and doc["rows"][0]["gen_ratio"] is None
@@ -87,6 +102,10 @@ def test_the_committed_rollout_comparison_is_what_its_runs_give(root: Path) -> N
     """comparisons/rollout-vs-vllm.md carries the tables its regenerate line prints."""
     md = (root / C / "rollout-vs-vllm.md").read_text()
     benches = [root / C / "rollout-bench-h200x1-ppo.json", root / C / "rollout-bench-h200x1-grpo-8x8.json"]
-    for base, run in [("h200x1-ppo-verl-poll", "h200x1-ppo-5"), ("h200x1-grpo-8x8-verl-poll", "h200x1-grpo-8x8-2")]:
-        table = render(compare(root / R / base, [root / R / run], benches))
+    for base, *runs in [
+        ("h200x1-ppo-verl-poll", "h200x1-ppo-5"),
+        ("h200x1-grpo-8x8-verl-poll", "h200x1-grpo-8x8-2"),
+        ("h200x1-grpo-8x8-verl-poll-2", "h200x1-grpo-8x8-3", "h200x1-grpo-8x8-bypass"),
+    ]:
+        table = render(compare(root / R / base, [root / R / r for r in runs], benches))
         assert table in md, f"rollout-vs-vllm.md: the {base} table is stale; regenerate it"

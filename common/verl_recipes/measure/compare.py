@@ -9,7 +9,8 @@ Peak memory is the NVML device peak over the whole run (every process on the run
 
 With `--bench`, each run's `gen` is set beside vLLM alone on the same work: the `rollout-bench`
 record of the same recipe, variants and `--set` overrides (the work vLLM is given does not depend
-on verl's fixes, so a run with a fix turned off meets the same record).
+on verl's fixes, so a run with a fix turned off meets the same record, nor on the overrides of
+the training side, `TRAINING_ONLY`, so a run with verl's bypass mode meets it too).
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ from typing import Any
 
 from verl_recipes import RecipeError, inflight
 from verl_recipes.rundir import METRICS, STEADY_FROM, read_jsonl, read_provenance, read_summary
+
+#: `--set` keys under these sections change what the trainer does with the answers, never what
+#: vLLM is asked: the advantage and its corrections, the actor's and the reference's updates and
+#: micro-batches, the critic. A run with such an override meets the bench of the same work.
+TRAINING_ONLY = ("algorithm.", "actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")
+
+
+def rollout_work(recipe: str | None, variants: Sequence[str], sets: Sequence[str]) -> tuple:
+    """The work vLLM is given, as a key: the recipe, its variants and the overrides that reach
+    the rollout (a leading `+` or `++` of Hydra's append syntax does not change the key)."""
+    reach = tuple(s for s in sets if not s.lstrip("+").startswith(TRAINING_ONLY))
+    return (recipe, tuple(variants), reach)
 
 
 def run_figures(run_dir: Path) -> dict[str, Any]:
@@ -52,7 +65,7 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
         "update_weights_s": med("timing_s/update_weights"),
         "gen_s": med("timing_s/gen"),
         "peak_gib": peak,
-        "work": (prov.recipe, tuple(prov.variants), tuple(prov.sets)),
+        "work": rollout_work(prov.recipe, prov.variants, prov.sets),
     }
 
 
@@ -62,7 +75,7 @@ def bench_figures(path: Path) -> dict[str, Any]:
         rec = json.loads(path.read_text())
         return {
             "bench": path.name,
-            "work": (rec["recipe"], tuple(rec["variants"]), tuple(rec["sets"])),
+            "work": rollout_work(rec["recipe"], rec["variants"], rec["sets"]),
             "vllm_alone_s": float(rec["median_s"]),
             "decode_ms_per_step": float(rec["decode_ms_per_step"]),
         }
