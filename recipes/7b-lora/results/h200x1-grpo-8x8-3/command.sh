@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+set -euo pipefail
+/opt/torch/.venv/bin/python3 -m verl_recipes.worker.driver --config-path /tmp/campaign/rollout/runs/grpo-8x8 --config-name verl_config
