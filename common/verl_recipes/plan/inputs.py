@@ -97,6 +97,10 @@ class Rollout:
     bucket_bytes: int = 2048 * 1024**2
     n: int = 1
     name: str = "vllm"
+    # vLLM's `distributed_executor_backend` ("mp": verl 0.9.1's own, a worker process beside the
+    # engine core; "uni": the worker inside it). Only the host-RAM model reads it: device memory
+    # and a run's rate are the same either way, so it takes no part in comparing configurations.
+    executor: str = field(default="mp", compare=False)
 
 
 @dataclass(frozen=True)
@@ -421,6 +425,7 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         * 1024**2,
         n=int(_sel(cfg, f"{r}.n", 1)),
         name=str(name),
+        executor=str(_sel(cfg, f"{r}.engine_kwargs.vllm.distributed_executor_backend", None, required=False) or "mp"),
     )
     if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
         raise RecipeError(f"{r}.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1]")

@@ -449,6 +449,12 @@ def recorded_off(prov: Provenance) -> tuple[str, ...]:
     return tuple(off)
 
 
+def recorded_on(prov: Provenance, name: str) -> bool:
+    """Whether a recorded run ran with fix NAME. Only a record that lists the fixes applied
+    (`verl_fixes`) can say so: a fix it does not list was off or did not exist yet."""
+    return prov.verl_fixes is not None and name in prov.verl_fixes and name not in (prov.verl_fixes_off or ())
+
+
 def _guarded(name: str, patch: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
     def hook(mod: ModuleType) -> None:
         try:
