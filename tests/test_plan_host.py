@@ -15,7 +15,10 @@ import pytest
 from verl_recipes import GIB
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.host import (
-    HostConstants,
+    DEFAULT_FIT,
+    FIRST_RUNS_FIT,
+    RAY_JOB_ENV_FIT,
+    host_fit,
     host_ram_warning,
     plan_host,
     run_label,
@@ -155,7 +158,7 @@ def test_host_model_against_the_committed_runs(root: Path) -> None:
     """The fitted base and the terms reproduce every committed 7B run's RSS at the moments the base
     was fitted on within 4% (the table is validation/planner-errors.md)."""
     rows = host_rows(root)
-    fitted = {f"recipes/7b-lora/results/{r}" for r in HostConstants().fitted_from}
+    fitted = {f"recipes/7b-lora/results/{r}" for r in FIRST_RUNS_FIT.fitted_from}
     checked = [r for r in rows if r.run in fitted and r.moment in ("train", "update_weights", "peak")]
     assert len(checked) >= 20
     for r in checked:
@@ -163,6 +166,34 @@ def test_host_model_against_the_committed_runs(root: Path) -> None:
     by = {(r.run, r.moment): r for r in rows}
     ppo = by[("recipes/7b-lora/results/h200x1-ppo-24gib-cap24-partial", "peak")]
     assert ppo.cpu_backup_sync and abs(ppo.measured_rss / GIB - 81.33) < 0.01
+
+
+def test_each_run_is_predicted_from_its_own_configurations_fit(root: Path) -> None:
+    """A run of today's default (`ray-local-start` listed as applied, vLLM's `uni` executor) takes
+    the default fit's base, one recorded before `verl_fixes_off` the first runs', one without the
+    fix and with `mp` the job-env fit: each from the runs it lists in `fitted_from`, and each
+    within 10% of its own runs' RSS in the steps."""
+    from verl_recipes.plan.host_runs import run_fit
+    from verl_recipes.plan.runs import committed_runs, run_setup
+
+    runs = {r.run_dir.name: r for r in committed_runs(root, "7b-lora")}
+    named = (("h200x1-ppo-5", DEFAULT_FIT), ("h200x1-grpo", FIRST_RUNS_FIT), ("h200x1-ppo-mb8", RAY_JOB_ENV_FIT))
+    for name, fit in named:
+        assert name in fit.fitted_from
+        s = run_setup(runs[name])
+        assert run_fit(runs[name], s) is fit, name
+        assert plan_host(s, runs[name].fixes_off, fit).moment("train").base_rss == fit.base_train_rss
+    assert host_fit(True, True) is DEFAULT_FIT and host_fit(False, False) is RAY_JOB_ENV_FIT
+    # a configuration without runs of its own: the default plus the processes it runs beyond it
+    mixed = host_fit(True, False)
+    assert mixed.base_train_rss == DEFAULT_FIT.base_train_rss + DEFAULT_FIT.vllm_worker_process_bytes
+    assert mixed.base_load_rss == DEFAULT_FIT.base_load_rss
+    rows = {(r.run, r.moment): r for r in host_rows(root)}
+    for fit in (DEFAULT_FIT, RAY_JOB_ENV_FIT, FIRST_RUNS_FIT):
+        train = [rows[k] for n in fit.fitted_from if (k := (f"recipes/7b-lora/results/{n}", "train")) in rows]
+        assert train
+        within = [r for r in train if abs(r.rss_error) <= 0.10]
+        assert len(within) >= len(train) - 2, [(r.run, r.rss_error) for r in train]
 
 
 def test_fixes_off_from_provenance(tmp_path: Path) -> None:

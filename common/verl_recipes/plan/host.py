@@ -41,9 +41,10 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
     `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
     (`CuMemAllocator.sleep(offload_tags=("weights",))`) while the trainer works; level 2 (full or
     merged weights, the recipes' case) discards them; `free_cache_engine: false` never sleeps.
-  * processes: a fixed base fitted to the committed runs (`HostConstants`), plus the processes
-    those runs did not have: agent-loop workers beyond their count, and a trainer process and a
-    vLLM worker for every GPU of the node beyond the first (priors from measured per-process RSS).
+  * processes: a base fitted to the committed runs of the same configuration of Ray and vLLM
+    (`HostConstants`, `host_fit`), plus the processes those runs did not have: agent-loop workers
+    beyond their count, and a trainer process and a vLLM worker for every GPU of the node beyond
+    the first (priors from measured per-process RSS).
 
 RSS counts each process's shared library pages again; PSS divides them among the processes that
 share them, so PSS is what the node really spends and the figure to compare with its RAM. Every
@@ -56,36 +57,54 @@ block (checked against the one-GPU 70B runs at 1-3 layers). Everything here is a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from verl_recipes import GIB
 from verl_recipes.plan.inputs import Role, Setup
 from verl_recipes.plan.model import Arch
-from verl_recipes.worker.verl_fixes import MERGE_FIX  # its out-of-place merge takes no CPU copy
+from verl_recipes.worker.verl_fixes import MERGE_FIX, RAY_START_FIX  # the merge takes no CPU copy
 
 
 @dataclass(frozen=True)
 class HostConstants:
     """The base of every moment: the run's processes before they hold any model state.
 
-    Fitted to the committed 7b-lora runs on H200 hosts (verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU,
-    two agent-loop workers): the measured host total minus the module's terms, the median over
-    the runs that reached the moment (`plan --errors` prints the residuals to refit from). The
-    load PSS comes from the reads that fell on the plateau of the actor's load in the two runs
-    that stopped there (failed/cap24-*: 56.80 GiB less 46.02 GiB of terms, 41.21 less 29.41).
+    Each fit is the median, over the committed 7b-lora runs of one configuration of those processes
+    (`fitted_from`; H200 hosts, verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU, two agent-loop workers),
+    of the measured host RSS minus the module's terms; `plan --errors` prints the residuals to
+    refit from. Two settings change the processes: the fix `ray-local-start` (Ray's cluster starts
+    without its dashboard, whose head modules are ten processes, and verl's actors take the
+    prestarted workers) and vLLM's executor (`uni` runs its worker inside the engine core, `mp`
+    in a third process). A measured PSS read is a lower bound (reads are 10 s to minutes apart),
+    so the newer fits take the largest read for PSS, the median for RSS (read at 2 Hz).
+
+    Host cores are not a term: Ray prestarts one idle worker per CPU (each about 0.1 GiB RSS), but
+    the runs do not record their host's cores; every host their campaigns describe had 16
+    (gpu/hosts/*/README.md), so each fit holds a 16-core host's idle workers.
     """
 
+    configuration: str = ""  # what the fitted runs ran, in words
+    ray_local_start: bool = True  # the fix `ray-local-start` was on
+    vllm_in_engine: bool = True  # vLLM's executor "uni": no worker process of its own
     # Ray's daemons and workers (TaskRunner, dataloader, reward and agent-loop workers, the vLLM
     # server, engine and worker) and the trainer process itself: in a step's phases ...
-    base_train_rss: int = round(33.4 * GIB)
-    base_train_pss: int = round(20.3 * GIB)
-    # ... at the first weight sync, before the agent loop and the reward workers have all started
-    # (their processes' RSS is 18-20 GiB then, 22-24 GiB in the steps) ...
-    base_first_sync_rss: int = round(28.8 * GIB)
-    base_first_sync_pss: int = round(17.5 * GIB)
+    base_train_rss: int = 0
+    base_train_pss: int = 0
+    # ... at the first weight sync, before the agent loop and the reward workers have all started ...
+    base_first_sync_rss: int = 0
+    base_first_sync_pss: int = 0
     # ... and while the trainer loads its models, before vLLM and the agent loop start.
-    base_load_rss: int = round(16.2 * GIB)
-    base_load_pss: int = round(11.3 * GIB)
+    base_load_rss: int = 0
+    base_load_pss: int = 0
+    fitted_from: tuple[str, ...] = ()
+    # What a configuration without committed runs adds to the closest fit, from the runs' RSS per
+    # process class (`host.by_class`) mid-update in step 2, counted at RSS for both figures (an
+    # upper bound of their PSS): Ray's dashboard and its head modules without `ray-local-start`
+    # (ray_system 1.64-1.67 GiB in h200x1-ppo-chunked, -mb8, -start-base against 0.67-0.68 in
+    # h200x1-ppo-4, -5, -start), and vLLM's worker process under `mp` (vllm_engine 4.0-4.1 GiB in
+    # those first three and in 13b-fsdp's h200x1-ppo, against 3.0-3.1 under `uni`).
+    ray_dashboard_bytes: int = round(1.0 * GIB)
+    vllm_worker_process_bytes: int = round(1.0 * GIB)
     # Priors, not fitted (every committed run has one GPU and two agent-loop workers), from the
     # measured RSS of such processes in h200x1-ppo and verl-vs-deepspeed's run: an agent-loop
     # worker (1.05-1.23 GiB), a trainer process (2.4-2.8 GiB) and a vLLM worker (1.9 GiB) for each
@@ -94,7 +113,89 @@ class HostConstants:
     extra_trainer_bytes: int = round(2.8 * GIB)
     extra_vllm_worker_bytes: int = round(1.9 * GIB)
     fitted_agent_workers: int = 2
-    fitted_from: tuple[str, ...] = (
+
+
+#: Today's default: `ray-local-start` on, vLLM's `uni` executor (recipes/7b-lora/config.yaml).
+DEFAULT_FIT = HostConstants(
+    configuration="ray-local-start, vLLM executor uni",
+    ray_local_start=True,
+    vllm_in_engine=True,
+    base_train_rss=round(27.1 * GIB),
+    base_train_pss=round(16.9 * GIB),
+    base_first_sync_rss=round(21.5 * GIB),
+    base_first_sync_pss=round(13.9 * GIB),  # four reads at the first sync: thin, the largest
+    base_load_rss=round(11.1 * GIB),
+    base_load_pss=round(7.2 * GIB),
+    fitted_from=(
+        "h200x1-ppo-4",
+        "h200x1-ppo-5",
+        "h200x1-ppo-verl-poll",
+        "h200x1-ppo-packed",
+        "h200x1-ppo-start",
+        "h200x1-ppo-start-cold",
+        "h200x1-grpo-8x8",
+        "h200x1-grpo-8x8-2",
+        "h200x1-grpo-8x8-3",
+        "h200x1-grpo-8x8-bypass",
+        "h200x1-grpo-8x8-packed",
+        "h200x1-grpo-8x8-verl-poll",
+        "h200x1-grpo-8x8-verl-poll-2",
+        "h200x1-grpo-8x8-verl-poll-3",
+    ),
+)
+
+#: `--verl-fix-off ray-local-start` with vLLM's `mp` executor: the job's runtime_env, as verl
+#: hands it to Ray, and verl's own executor (and every run recorded before the fix existed).
+RAY_JOB_ENV_FIT = HostConstants(
+    configuration="Ray's job runtime_env (no ray-local-start), vLLM executor mp",
+    ray_local_start=False,
+    vllm_in_engine=False,
+    base_train_rss=round(29.5 * GIB),
+    base_train_pss=round(19.1 * GIB),  # six reads in the steps: thin, the largest
+    base_first_sync_rss=round(24.5 * GIB),
+    base_first_sync_pss=round(14.7 * GIB),  # seven reads: the largest
+    base_load_rss=round(12.5 * GIB),
+    base_load_pss=round(7.1 * GIB),
+    fitted_from=(
+        "h200x1-ppo-chunked",
+        "h200x1-ppo-fast",
+        "h200x1-ppo-loop",
+        "h200x1-ppo-mb8",
+        "h200x1-ppo-profile",
+        "h200x1-ppo-l4-sync-check",
+        "h200x1-ppo-adapter",
+        "h200x1-ppo-verl-sync",
+        "h200x1-ppo-start-base",
+        "h200x1-ppo-24gib-cap22.5",
+        "h200x1-ppo-24gib-cap24",
+        "h200x1-grpo-chunked",
+        "h200x1-grpo-fast",
+        "h200x1-grpo-verl-sync",
+        "h200x1-grpo-24gib-cap22.5",
+        "h200x1-grpo-24gib-cap24",
+    ),
+)
+
+#: The first runs, recorded before provenance had `verl_fixes_off` (2026-11-29/30): Ray's job
+#: runtime_env and vLLM's `mp`, as RAY_JOB_ENV_FIT, yet their Ray workers held 3.9 GiB more RSS
+#: in the steps (h200x1-grpo: 20 idle workers where later runs of that configuration kept 4, and
+#: storage units of 0.88 GiB each instead of 0.69). Their records do not show why (they carry no
+#: core count); they are predicted from their own fit, and no configuration of today runs like them.
+FIRST_RUNS_FIT = HostConstants(
+    configuration="the first runs' records (no verl_fixes_off)",
+    ray_local_start=False,
+    vllm_in_engine=False,
+    base_train_rss=round(33.4 * GIB),
+    base_train_pss=round(20.3 * GIB),
+    # (their agent loop's and reward workers' processes held 18-20 GiB RSS at the first sync,
+    # 22-24 GiB in the steps); the load PSS comes from the reads that fell on the plateau of the
+    # actor's load in the two runs that stopped there (failed/cap24-*: 56.80 GiB less 46.02 GiB of
+    # terms, 41.21 less 29.41)
+    base_first_sync_rss=round(28.8 * GIB),
+    base_first_sync_pss=round(17.5 * GIB),
+    base_load_rss=round(16.2 * GIB),
+    base_load_pss=round(11.3 * GIB),
+    fitted_from=(
         "h200x1-ppo",
         "h200x1-ppo-2",
         "h200x1-ppo-3",
@@ -105,6 +206,37 @@ class HostConstants:
         "h200x1-grpo-verl-example",
         "failed/h200x1-ppo-24gib-cap24-max-model-len",
         "failed/h200x1-grpo-24gib-cap24-max-model-len",
+    ),
+)
+
+FITS = (DEFAULT_FIT, RAY_JOB_ENV_FIT)
+
+
+def host_fit(ray_local_start: bool, vllm_in_engine: bool) -> HostConstants:
+    """The fit for a configuration of today's code: the one fitted to it, else today's default plus
+    what the configuration runs beyond it (Ray's dashboard, vLLM's worker process). A configuration
+    that runs fewer processes than the default has no runs to fit and is given the default's base:
+    an upper bound."""
+    for fit in FITS:
+        if (fit.ray_local_start, fit.vllm_in_engine) == (ray_local_start, vllm_in_engine):
+            return fit
+    c = DEFAULT_FIT
+    more = 0 if ray_local_start else c.ray_dashboard_bytes
+    engine = 0 if vllm_in_engine else c.vllm_worker_process_bytes  # vLLM starts after the load
+    what = ("ray-local-start" if ray_local_start else "no ray-local-start") + (
+        ", vLLM executor uni" if vllm_in_engine else ", vLLM executor mp"
+    )
+    return replace(
+        c,
+        configuration=f"{what} (no runs: {c.configuration} plus its processes)",
+        ray_local_start=ray_local_start,
+        vllm_in_engine=vllm_in_engine,
+        base_train_rss=c.base_train_rss + more + engine,
+        base_train_pss=c.base_train_pss + more + engine,
+        base_first_sync_rss=c.base_first_sync_rss + more + engine,
+        base_first_sync_pss=c.base_first_sync_pss + more + engine,
+        base_load_rss=c.base_load_rss + more,
+        base_load_pss=c.base_load_pss + more,
     )
 
 
@@ -336,10 +468,12 @@ def plan_host(
 ) -> HostPlan:
     """Predict the host RAM of node 0 at every moment of a run.
 
-    `ranks_here`: how many of the node's ranks the host runs, when not all of them: a rank
-    rehearsal (`train --rank`) runs one rank's processes, so its host holds one rank's share of
-    every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's."""
-    c = c or HostConstants()
+    `c`: the fit of the base (`host_fit` of the configuration: the fix `ray-local-start` off or
+    on, vLLM's executor) unless given. `ranks_here`: how many of the node's ranks the host runs,
+    when not all of them: a rank rehearsal (`train --rank`) runs one rank's processes, so its host
+    holds one rank's share of every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's."""
+    fixes_off = tuple(fixes_off)
+    c = c or host_fit(RAY_START_FIX not in fixes_off, s.rollout.executor == "uni")
     a, per_node = s.arch, ranks_here or s.gpus_per_node
     notes: list[str] = []
     extra = max(0, s.agent_workers - c.fitted_agent_workers) * c.agent_worker_bytes

@@ -5,7 +5,10 @@ processes of RSS, read at 2 Hz, and of PSS, read every 10 s in the first runs an
 less since) is compared moment by
 moment with the prediction for the configuration it ran (its verl_config.yaml) and the weight sync
 it ran: the fixes it ran without, from its provenance.json (`verl_fixes.recorded_off`: a run
-recorded before `verl_fixes_off` existed ran verl's merged sync with its CPU copy).
+recorded before `verl_fixes_off` existed ran verl's merged sync with its CPU copy). The base is the
+fit of the run's own configuration (`host.host_fit`): `ray-local-start` on where its record lists
+the fix as applied, vLLM's executor from its verl_config.yaml; a record without `verl_fixes_off`
+is one of the first runs, predicted from their fit (`host.FIRST_RUNS_FIT`).
 
     outside         the report's time outside every step (loading, vLLM start, the first sync,
                     and the run's end after its last step) vs the largest of `load`, `first
@@ -26,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB
-from verl_recipes.plan.host import HostPlan, plan_host
+from verl_recipes.plan.host import FIRST_RUNS_FIT, HostConstants, HostPlan, host_fit, plan_host
+from verl_recipes.plan.inputs import Setup
 from verl_recipes.plan.runs import MeasuredRun, committed_runs, residual_line, run_setup
+from verl_recipes.worker.verl_fixes import RAY_START_FIX, recorded_on
 
 ROWS = ("outside", "train", "update_weights", "peak")
 _NOT_TRAIN = {"outside", "update_weights"}
@@ -80,6 +85,14 @@ def measured(run: MeasuredRun) -> dict[str, tuple[int, int | None]]:
     return out
 
 
+def run_fit(run: MeasuredRun, s: Setup) -> HostConstants:
+    """The fit of the base for the configuration a committed run recorded."""
+    prov = run.provenance
+    if prov.verl_fixes_off is None:
+        return FIRST_RUNS_FIT
+    return host_fit(recorded_on(prov, RAY_START_FIX), s.rollout.executor == "uni")
+
+
 def predicted(hp: HostPlan, stepped: bool) -> dict[str, tuple[int, int]]:
     """moment -> (RSS, PSS) predicted, as the rows compare them."""
     load = hp.moment("load")
@@ -101,7 +114,9 @@ def host_rows(root: Path) -> list[HostRow]:
         got = measured(run)
         if not got:
             continue
-        hp = plan_host(run_setup(run), run.fixes_off, ranks_here=1 if run.provenance.rank_rehearsal else None)
+        s = run_setup(run)
+        ranks = 1 if run.provenance.rank_rehearsal else None
+        hp = plan_host(s, run.fixes_off, run_fit(run, s), ranks_here=ranks)
         want = predicted(hp, stepped=bool(run.raw.get("steps")))
         label = str(run.run_dir.relative_to(root))
         for moment in ROWS:
@@ -117,7 +132,7 @@ def _e(x: float | None) -> str:
 
 
 def format_rows(rows: list[HostRow]) -> str:
-    """The console table, and the mean residual per moment to refit `HostConstants` from."""
+    """The console table, and the mean residual per moment to refit the fits (`HostConstants`) from."""
     cols = f"{'RSS meas':>8s} {'pred':>6s} {'err':>7s} {'PSS meas':>8s} {'pred':>6s} {'err':>7s}"
     out = [f"{'run':48s} {'moment':15s} {cols}"]
     for r in rows:
