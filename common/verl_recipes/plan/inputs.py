@@ -101,6 +101,9 @@ class Rollout:
     # engine core; "uni": the worker inside it). Only the host-RAM model reads it: device memory
     # and a run's rate are the same either way, so it takes no part in comparing configurations.
     executor: str = field(default="mp", compare=False)
+    # `rollout.load_format`: "dummy" (verl's default) starts vLLM with random weights, so verl's
+    # first sync of a LoRA served as an adapter sends the whole base model. Host RAM only.
+    load_format: str = field(default="dummy", compare=False)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,9 @@ class Setup:
     # Agent-loop worker processes (`rollout.agent.num_workers`): each is a Ray actor with verl
     # imported, so they move host RAM only (plan/host.py).
     agent_workers: int = 8
+    # `actor.use_torch_compile` (verl's default true): the FSDP engine compiles its entropy on the
+    # padding-free path, which starts torch inductor's compile workers. Host RAM only.
+    torch_compile: bool = field(default=True, compare=False)
 
     @property
     def world(self) -> int:
@@ -426,6 +432,7 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         n=int(_sel(cfg, f"{r}.n", 1)),
         name=str(name),
         executor=str(_sel(cfg, f"{r}.engine_kwargs.vllm.distributed_executor_backend", None, required=False) or "mp"),
+        load_format=str(_sel(cfg, f"{r}.load_format", "dummy", required=False) or "dummy"),
     )
     if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
         raise RecipeError(f"{r}.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1]")
@@ -453,6 +460,7 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         eager_attention=str(attn) == "eager",
         notes=tuple(notes),
         agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
+        torch_compile=bool(_sel(cfg, f"{a}.use_torch_compile", True, required=False)),
     )
     check_layout(setup)
     return setup
