@@ -105,11 +105,19 @@ class HostConstants:
     # those first three and in 13b-fsdp's h200x1-ppo, against 3.0-3.1 under `uni`).
     ray_dashboard_bytes: int = round(1.0 * GIB)
     vllm_worker_process_bytes: int = round(1.0 * GIB)
-    # Priors, not fitted (every committed run has one GPU and two agent-loop workers), from the
-    # measured RSS of such processes in h200x1-ppo and verl-vs-deepspeed's run: an agent-loop
-    # worker (1.05-1.23 GiB), a trainer process (2.4-2.8 GiB) and a vLLM worker (1.9 GiB) for each
-    # GPU beyond the first. Counted at their RSS for both figures (an upper bound of their PSS).
-    agent_worker_bytes: int = round(1.2 * GIB)
+    # An agent-loop worker beyond the fits' two, from 70b-3d's runs with eight (11.35-11.41 GiB RSS
+    # mid-update, against 2.28 for the two of the 7b-lora runs: 1.52 GiB for each of the six more;
+    # h200x1-ppo's were 1.05-1.23). Priors, not fitted (every committed run has one GPU), from
+    # the measured RSS of such processes in h200x1-ppo and verl-vs-deepspeed's run: a trainer
+    # process (2.4-2.8 GiB) and a vLLM worker (1.9 GiB) for each GPU beyond the first. Counted at
+    # their RSS for both figures (an upper bound of their PSS).
+    agent_worker_bytes: int = round(1.5 * GIB)
+    # torch inductor's compile workers (`compiles_entropy`): 17 processes on a 16-core host (a pool
+    # of `--workers=16` and its parent, forked from the trainer), 6.28 GiB RSS mid-update in
+    # 7b-lora's two packed runs and 6.46-6.80 in 70b-3d's four; the median. They are forked, so
+    # their pages are the trainer's: PSS barely moves (the packed runs' PSS matched the fit
+    # without them), and the term is counted at RSS only.
+    inductor_workers_rss: int = round(6.6 * GIB)
     extra_trainer_bytes: int = round(2.8 * GIB)
     extra_vllm_worker_bytes: int = round(1.9 * GIB)
     fitted_agent_workers: int = 2
@@ -448,12 +456,48 @@ def _checkpoint_copy(s: Setup, role: Role, critic: bool) -> int:
     return copies * _exact(base_tensors(s.arch, critic), role.param_bytes, 1)
 
 
+def _upcast_pages(s: Setup, role: Role, critic: bool) -> int:
+    """The checkpoint's own pages while `from_pretrained` upcasts it (`model_dtype: fp32` from a
+    bf16 checkpoint): the fp32 copy is new memory, and the safetensors files it is read from stay
+    mapped, in RSS, until the load ends. In bf16 the copy is the mapped pages themselves (13b-fsdp:
+    the trainer held its 24.24 GiB copy and nothing more). verl-vs-deepspeed's rank rehearsal
+    (fp32) held 42.88 GiB in its trainer at the load peak: the 28.37 GiB copy, about 2.3 GiB of
+    process, and 12.2 of its 14.2 GiB checkpoint. Every committed checkpoint is stored in bf16."""
+    if role.backend == "megatron" or role.param_bytes <= 2:
+        return 0
+    copies = s.gpus_per_node if s.arch.tie_embeddings else 1
+    return copies * _exact(base_tensors(s.arch, critic), 2, 1)
+
+
 def cpu_backup_sync(s: Setup, fixes_off: Iterable[str] = ()) -> bool:
     """Whether the weight sync is verl's merged one with its CPU copy of every base weight."""
     a = s.actor
     if not (a.lora_rank and s.lora_merge and a.backend == "fsdp"):
         return False
     return MERGE_FIX in set(fixes_off) or not a.fsdp2  # the fix covers FSDP2 only
+
+
+def compiles_entropy(s: Setup) -> bool:
+    """Whether the trainer runs torch.compile, which starts inductor's compile workers at the first
+    log-prob pass (step 1) and keeps them to the end. verl 0.9.1's Megatron engine always compiles
+    a piece of its vocab-parallel entropy (`_VocabParallelEntropy.forward`'s `mul_reduce`); the
+    FSDP engine compiles `entropy_from_logits` when `use_torch_compile` (the default) and calls it
+    on the padding-free path only (`use_remove_padding`), the padded path calling it uncompiled.
+    Every committed run bears this out: the four 70b-3d runs that stepped and 7b-lora's two
+    packed runs have the workers, no other run has them. `TORCHINDUCTOR_COMPILE_THREADS=1` would
+    compile in the trainer itself; no recipe sets it."""
+    if s.actor.backend == "megatron":
+        return True
+    return s.remove_padding and s.torch_compile
+
+
+def adapter_base_sync(s: Setup) -> bool:
+    """Whether verl's first weight sync copies the whole base model to the CPU: a LoRA served as an
+    adapter (`lora.merge: false`) to a vLLM started with dummy weights sends the base once,
+    `collect_lora_params(base_sync_done=False)` moving the model to the CPU and taking a `.cpu()`
+    copy of every full weight (FSDP engine)."""
+    a = s.actor
+    return bool(a.lora_rank and not s.lora_merge and a.backend == "fsdp" and "dummy" in s.rollout.load_format)
 
 
 def sleep_level(s: Setup) -> int:
@@ -494,6 +538,7 @@ def plan_host(
         terms = [
             *done,
             HostTerm(f"{role.name} checkpoint copy (from_pretrained)", _checkpoint_copy(s, role, crit)),
+            HostTerm(f"{role.name} checkpoint pages (read while upcast)", _upcast_pages(s, role, crit)),
         ]
         if _cpu_policy(role):
             terms += resident[role.name]
@@ -513,17 +558,22 @@ def plan_host(
     size = _exact(base_tensors(a), s.actor.param_bytes, s.world) * per_node if merged else 0
     fused = cpu_backup_sync(s, fixes_off)
     backup = [HostTerm("verl's merged sync: CPU copy of the base weights", size)] if fused else []
+    first = []
+    if adapter_base_sync(s):
+        base_copy = _exact(base_tensors(a), s.actor.param_bytes, 1) * per_node
+        first = [HostTerm("verl's first adapter sync: CPU copy of the base model", base_copy)]
     if s.backend == "megatron":
         notes.append("Megatron: weights offloaded at exact size, optimizer states in power-of-two pinned blocks")
     more = max(0, per_node - 1)
     train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)
     load_extra = more * c.extra_trainer_bytes
-    base_t = (c.base_train_rss + train_extra, c.base_train_pss + train_extra)
+    inductor = c.inductor_workers_rss if compiles_entropy(s) else 0
+    base_t = (c.base_train_rss + train_extra + inductor, c.base_train_pss + train_extra)
     base_s = (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + train_extra)
     base_l = (c.base_load_rss + load_extra, c.base_load_pss + load_extra)
     moments = [
         HostMoment("load", *base_l, load),
-        HostMoment("first sync", *base_s, held + vllm + backup),
+        HostMoment("first sync", *base_s, held + vllm + backup + first),
         HostMoment("train", *base_t, held + optim + vllm),
         HostMoment("update_weights", *base_t, held + optim + vllm + backup),
     ]
