@@ -1,15 +1,16 @@
 """Numbers and keys a user types: numeric options that mean nothing, Hydra's override prefixes in
-`--set`, and what `show` warns about. Each through the real CLI in its own process."""
+`--set`, and what `show` warns about. The numbers through the real CLI in its own process (argparse
+ends it); `show` through the same `main` in this process, where verl is imported and composed once."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from verl_recipes.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,11 +22,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _clis(*calls: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """Several independent CLI processes at once (each spends seconds importing verl and composing
-    its config), their results in the order asked."""
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(lambda args: _cli(*args), calls))
+def _here(capsys: pytest.CaptureFixture[str], *calls: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Each call through `main` in this process: its exit status and what it printed, in the order asked."""
+    done = []
+    capsys.readouterr()
+    for args in calls:
+        code = main(args)
+        out = capsys.readouterr()
+        done.append(subprocess.CompletedProcess(["verl-recipes", *args], code, out.out, out.err))
+    return done
 
 
 @pytest.mark.parametrize(
@@ -47,8 +52,9 @@ def test_numbers_that_mean_nothing_are_one_line(args: list[str], want: str, tmp_
     assert not out.exists()  # nothing made
 
 
-def test_hydra_prefixes_in_set_are_answered_for_the_key_meant() -> None:
-    plus2, plus, tilde, typo = _clis(
+def test_hydra_prefixes_in_set_are_answered_for_the_key_meant(capsys: pytest.CaptureFixture[str]) -> None:
+    plus2, plus, tilde, typo = _here(
+        capsys,
         ["show", "7b-lora", "--set", "++data.train_batch_size=16", "--only", "data.train_batch_size"],
         ["show", "7b-lora", "--set", "+data.train_batch_size=16"],
         ["show", "7b-lora", "--set", "~data.max_prompt_length"],
@@ -66,8 +72,9 @@ def test_hydra_prefixes_in_set_are_answered_for_the_key_meant() -> None:
     assert all(len(x.stderr.strip().splitlines()) == 1 for x in [typo])
 
 
-def test_show_warns_about_what_train_would_refuse() -> None:
-    small, plain = _clis(
+def test_show_warns_about_what_train_would_refuse(capsys: pytest.CaptureFixture[str]) -> None:
+    small, plain = _here(
+        capsys,
         ["show", "7b-lora", "--set", "data.train_batch_size=4", "--only", "data.train_batch_size"],
         ["show", "7b-lora", "--only", "data.train_batch_size"],
     )

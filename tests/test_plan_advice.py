@@ -1,7 +1,8 @@
 """`plan` as a gate a script can trust, and one story per recipe (verl_recipes.plan.advice).
 
-Real compositions against verl's Hydra config and the committed calibrated prediction; the CLI runs
-as a separate process, as a script calls it, and its exit status is what is checked.
+Real compositions against verl's Hydra config and the committed calibrated prediction. The gate runs
+the CLI as a separate process, as a script calls it, and checks its exit status; the rest call the
+same `main` in this process, where verl is imported and composed once already.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from verl_recipes.cli import main
 from verl_recipes.plan.advice import calibrated, closing_line, whole_fix
 from verl_recipes.plan.cli import Job, judge, load_setup
 from verl_recipes.plan.gpus import parse_gpu
@@ -32,6 +34,14 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _plan_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`plan` through the same entry point, in this process: its exit status and what it printed."""
+    capsys.readouterr()
+    code = main(["plan", *args])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["verl-recipes", "plan", *args], code, out.out, out.err)
+
+
 def test_plan_exits_1_when_the_job_does_not_fit_the_gpu_named() -> None:
     # two independent processes at once: each spends seconds importing verl and composing
     with ThreadPoolExecutor(2) as pool:
@@ -48,10 +58,12 @@ def test_plan_exits_1_when_the_job_does_not_fit_the_gpu_named() -> None:
     assert knobs and all("host RAM about" in ln for ln in knobs), knobs
 
 
-def test_a_calibrated_prediction_decides_the_verdict_beside_the_planners_figure() -> None:
+def test_a_calibrated_prediction_decides_the_verdict_beside_the_planners_figure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """70b-3d on 32 x 80 GB: the planner says 76.8 GiB, the committed prediction from
     truncated-depth runs 85.8 GiB; the calibrated figure decides, and the exit status says so."""
-    r = _plan("70b-3d", "--gpu", "h100-80g")
+    r = _plan_here(capsys, "70b-3d", "--gpu", "h100-80g")
     assert r.returncode == 1, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "calibrated prediction" in ln)
     assert "expected/h100x32-ppo.yaml" in line and "85.8 of 80.0 GiB" in line and "76.8 GiB" in line
@@ -88,8 +100,8 @@ def test_the_whole_fix_and_the_closing_line_agree_with_the_plan() -> None:
     assert "fits a10g-24g" in ok and "run the same command on a GPU host" in ok
 
 
-def test_a_committed_run_of_the_job_on_that_gpu_is_shown_and_decides() -> None:
-    r = _plan("7b-lora", "--gpu", "h200-141g")
+def test_a_committed_run_of_the_job_on_that_gpu_is_shown_and_decides(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _plan_here(capsys, "7b-lora", "--gpu", "h200-141g")
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("h200-141g: measured run"))
     assert line.startswith("h200-141g: measured run (recipes/7b-lora/results/") and "on NVIDIA H200" in line

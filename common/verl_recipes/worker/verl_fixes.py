@@ -232,7 +232,7 @@ def _make_merged_lora_per_tensor_param(original: Any) -> Any:
 
         def full(t: Any) -> Any:  # a whole tensor on this rank's GPU (a collective for DTensors)
             if isinstance(t, DTensor):
-                return t.to(device, non_blocking=True).full_tensor()  # type: ignore[attr-defined]
+                return t.to(device, non_blocking=True).full_tensor()  # type: ignore[attr-defined,unused-ignore]  # torch-less mypy: Any
             return t.detach()
 
         peft_model = getattr(module, "_fsdp_wrapped_module", module)
