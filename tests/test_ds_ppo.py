@@ -708,3 +708,10 @@ def test_run_both_refuses_a_bad_rank_before_doing_anything(root: Path, tmp_path:
     r = _run_both(root, tmp_path / "out", "2", *rank)
     assert r.returncode == 2 and "--rank needs a rank below NPROC (2)" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("side", [["--side", "both-ish"], ["--side"]], ids=["word", "missing"])
+def test_run_both_refuses_a_bad_side_before_doing_anything(root: Path, tmp_path: Path, side: list[str]) -> None:
+    r = _run_both(root, tmp_path / "out", "2", "--rank", "0", *side)
+    assert r.returncode == 2 and "--side takes ds or verl" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

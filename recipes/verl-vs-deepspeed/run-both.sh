@@ -4,12 +4,14 @@
 # (compare.py report). Both sides read the same model, the same fixed-length prompts and the same
 # batch; every number comes from this one invocation.
 #
-# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [--rank R] [compare.py workload options...]
+# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [--rank R] [--side ds|verl] [compare.py workload options...]
 #   NPROC      GPUs for both sides (default 2)
 #   --rank R   a rank rehearsal: one local GPU runs rank R of NPROC on both sides (PyTorch's fake
 #              process group, VERL_RECIPES_RANK_REHEARSAL=R/NPROC; `verl-recipes train --rank`),
 #              full depth; each side's per-rank memory, no speed comparison (one rank's compute is
 #              not the job's speed), so no table
+#   --side S   run one side only (ds or verl), e.g. the DeepSpeed side of a rank whose verl side is
+#              already measured; no table either (the table compares two sides of one invocation)
 #   options    e.g. --batch 64 --warmup-steps 2 --measured-steps 5 (compare.py ds --help)
 #   LAYERS     env: truncate the synthetic Qwen2-7B (full width) to this many layers; default: all
 #              layers on 2+ GPUs, 8 on one (ZeRO-3 states of the full model need two H200s)
@@ -21,10 +23,14 @@ nproc=${2:-2}
 shift $(( $# >= 2 ? 2 : 1 ))
 workload=("$@")
 rank=""
-if [[ "${workload[0]:-}" == --rank ]]; then
-  rank=${workload[1]:-none}
+side=both
+while [[ "${workload[0]:-}" == --rank || "${workload[0]:-}" == --side ]]; do
+  case "${workload[0]}" in
+    --rank) rank=${workload[1]:-none} ;;
+    --side) side=${workload[1]:-none} ;;
+  esac
   workload=("${workload[@]:2}")
-fi
+done
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 compare="$here/compare.py"
 command -v verl-recipes >/dev/null || { echo "run-both.sh: verl-recipes is not installed (pip install -e '.[gpu]')" >&2; exit 2; }
@@ -32,6 +38,7 @@ command -v verl-recipes >/dev/null || { echo "run-both.sh: verl-recipes is not i
 if [[ -n "$rank" ]]; then
   [[ "$rank" =~ ^[0-9]+$ && "$rank" -lt "$nproc" ]] || { echo "run-both.sh: --rank needs a rank below NPROC ($nproc), got '$rank'" >&2; exit 2; }
 fi
+[[ "$side" == both || "$side" == ds || "$side" == verl ]] || { echo "run-both.sh: --side takes ds or verl, got '$side'" >&2; exit 2; }
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} PYTHONUNBUFFERED=1
 
@@ -55,30 +62,36 @@ mkdir -p "$out/data"
 python3 "$compare" prep-data --model "$model" --data "$src/train.parquet" --out "$out/data/train.parquet"
 cp "$out/data/train.parquet" "$out/data/test.parquet"
 
-echo "== 1/3 DeepSpeed ZeRO-3 PPO on $nproc GPU(s)${rank:+ (rank rehearsal: rank $rank of $nproc on one GPU)}"
-(
-  if [[ -n "$rank" ]]; then export VERL_RECIPES_RANK_REHEARSAL="$rank/$nproc"; fi
-  python3 -m torch.distributed.run --standalone --nproc_per_node "$ds_procs" "$compare" ds \
-    --model "$model" --data "$out/data/train.parquet" --out "$out/ds" "${workload[@]}"
-)
+if [[ "$side" != verl ]]; then
+  echo "== 1/3 DeepSpeed ZeRO-3 PPO on $nproc GPU(s)${rank:+ (rank rehearsal: rank $rank of $nproc on one GPU)}"
+  (
+    if [[ -n "$rank" ]]; then export VERL_RECIPES_RANK_REHEARSAL="$rank/$nproc"; fi
+    python3 -m torch.distributed.run --standalone --nproc_per_node "$ds_procs" "$compare" ds \
+      --model "$model" --data "$out/data/train.parquet" --out "$out/ds" "${workload[@]}"
+  )
+fi
 
-echo "== 2/3 verl PPO, same workload"
-sets=()
-steps=7
-while IFS= read -r line; do
-  line=${line% \\}
-  case "$line" in
-    # the launcher owns paths, GPU counts, steps and logging
-    data.train_files=* | data.val_files=* | *.model.path=* | trainer.n_gpus_per_node=* | trainer.nnodes=* | trainer.logger=*) ;;
-    trainer.total_training_steps=*) steps=${line#*=} ;;
-    *) sets+=(--set "$line") ;;
-  esac
-done < <(python3 "$compare" verl-overrides --model "$model" --data "$out/data/train.parquet" --gpus "$nproc" "${workload[@]}")
-verl-recipes train verl-vs-deepspeed --model "$model" --data "$out/data" --gpus "$nproc" --steps "$steps" \
-  "${verl_rank[@]}" "${sets[@]}" --run-dir "$out/verl" --quiet
+if [[ "$side" != ds ]]; then
+  echo "== 2/3 verl PPO, same workload"
+  sets=()
+  steps=7
+  while IFS= read -r line; do
+    line=${line% \\}
+    case "$line" in
+      # the launcher owns paths, GPU counts, steps and logging
+      data.train_files=* | data.val_files=* | *.model.path=* | trainer.n_gpus_per_node=* | trainer.nnodes=* | trainer.logger=*) ;;
+      trainer.total_training_steps=*) steps=${line#*=} ;;
+      *) sets+=(--set "$line") ;;
+    esac
+  done < <(python3 "$compare" verl-overrides --model "$model" --data "$out/data/train.parquet" --gpus "$nproc" "${workload[@]}")
+  verl-recipes train verl-vs-deepspeed --model "$model" --data "$out/data" --gpus "$nproc" --steps "$steps" \
+    "${verl_rank[@]}" "${sets[@]}" --run-dir "$out/verl" --quiet
+fi
 
-if [[ -n "$rank" ]]; then
-  echo "== 3/3 rank rehearsal: per-rank memory in $out/ds and $out/verl/report.md; no speed table (one rank's compute)"
+if [[ -n "$rank" || "$side" != both ]]; then
+  why="one side only (--side $side)"
+  if [[ -n "$rank" ]]; then why="a rank rehearsal: one rank's compute is not the job's speed"; fi
+  echo "== 3/3 no table ($why); each side's results in its folder: $out/ds (DeepSpeed), $out/verl/report.md (verl)"
   exit 0
 fi
 
