@@ -91,7 +91,10 @@ fi
 if [[ -n "$rank" || "$side" != both ]]; then
   why="one side only (--side $side)"
   if [[ -n "$rank" ]]; then why="a rank rehearsal: one rank's compute is not the job's speed"; fi
-  echo "== 3/3 no table ($why); each side's results in its folder: $out/ds (DeepSpeed), $out/verl/report.md (verl)"
+  where=()
+  if [[ "$side" != verl ]]; then where+=("$out/ds (DeepSpeed)"); fi
+  if [[ "$side" != ds ]]; then where+=("$out/verl/report.md (verl)"); fi
+  echo "== 3/3 no table ($why); results: ${where[*]}"
   exit 0
 fi
 
