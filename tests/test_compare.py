@@ -109,3 +109,13 @@ def test_the_committed_rollout_comparison_is_what_its_runs_give(root: Path) -> N
     ]:
         table = render(compare(root / R / base, [root / R / r for r in runs], benches))
         assert table in md, f"rollout-vs-vllm.md: the {base} table is stale; regenerate it"
+
+
+def test_a_bench_of_other_engine_settings_stands_beside_the_default_bench(root: Path) -> None:
+    """vLLM alone with async scheduling (a rollout-side `--set`) is other work than the PPO bench:
+    both records are accepted together, and the default PPO run meets the default bench only."""
+    ppo = root / C / "rollout-bench-h200x1-ppo.json"
+    async_ = root / C / "rollout-bench-h200x1-ppo-async.json"
+    assert json.loads(async_.read_text())["sets"] == ["+actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true"]
+    doc = compare(root / R / "h200x1-ppo-5", [], [ppo, async_])
+    assert doc["rows"][0]["bench"] == ppo.name
