@@ -116,6 +116,7 @@ def test_a_bench_of_other_engine_settings_stands_beside_the_default_bench(root: 
     both records are accepted together, and the default PPO run meets the default bench only."""
     ppo = root / C / "rollout-bench-h200x1-ppo.json"
     async_ = root / C / "rollout-bench-h200x1-ppo-async.json"
-    assert json.loads(async_.read_text())["sets"] == ["+actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true"]
+    want = ["+actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true"]
+    assert json.loads(async_.read_text())["sets"] == want
     doc = compare(root / R / "h200x1-ppo-5", [], [ppo, async_])
     assert doc["rows"][0]["bench"] == ppo.name
