@@ -109,3 +109,16 @@ def test_the_committed_rollout_comparison_is_what_its_runs_give(root: Path) -> N
     ]:
         table = render(compare(root / R / base, [root / R / r for r in runs], benches))
         assert table in md, f"rollout-vs-vllm.md: the {base} table is stale; regenerate it"
+
+
+def test_the_deepspeed_side_of_a_rank_says_what_it_is(root: Path) -> None:
+    """verl's rehearsed rank 0 of 4 against the DeepSpeed loop's same rank: compare-runs reads the
+    DeepSpeed run's derived metrics like verl's, and names its loop and the rehearsal on its row."""
+    vvd = root / "recipes/verl-vs-deepspeed/results"
+    doc = compare(vvd / "h200x1-ppo-rank0of4", [vvd / "h200x1-ppo-rank0of4-deepspeed"])
+    verl, ds = doc["rows"]
+    assert (verl["backend"], ds["backend"]) == (None, "deepspeed") and verl["rank"] == ds["rank"] == [0, 4]
+    assert ds["throughput_tok_s"] == pytest.approx(_steady(vvd / "h200x1-ppo-rank0of4-deepspeed"))
+    assert ds["tokens_per_step"] == 32 * 1024  # the rank's 32 prompts of 512 + 512 tokens
+    row = next(x for x in render(doc).splitlines() if x.startswith("| h200x1-ppo-rank0of4-deepspeed"))
+    assert "(rank rehearsal, 0 of 4)" in row and "| deepspeed, not verl |" in row
