@@ -120,3 +120,16 @@ def test_a_bench_of_other_engine_settings_stands_beside_the_default_bench(root: 
     assert json.loads(async_.read_text())["sets"] == want
     doc = compare(root / R / "h200x1-ppo-5", [], [ppo, async_])
     assert doc["rows"][0]["bench"] == ppo.name
+
+
+def test_the_deepspeed_side_of_a_rank_says_what_it_is(root: Path) -> None:
+    """verl's rehearsed rank 0 of 4 against the DeepSpeed loop's same rank: compare-runs reads the
+    DeepSpeed run's derived metrics like verl's, and names its loop and the rehearsal on its row."""
+    vvd = root / "recipes/verl-vs-deepspeed/results"
+    doc = compare(vvd / "h200x1-ppo-rank0of4", [vvd / "h200x1-ppo-rank0of4-deepspeed"])
+    verl, ds = doc["rows"]
+    assert (verl["backend"], ds["backend"]) == (None, "deepspeed") and verl["rank"] == ds["rank"] == [0, 4]
+    assert ds["throughput_tok_s"] == pytest.approx(_steady(vvd / "h200x1-ppo-rank0of4-deepspeed"))
+    assert ds["tokens_per_step"] == 32 * 1024  # the rank's 32 prompts of 512 + 512 tokens
+    row = next(x for x in render(doc).splitlines() if x.startswith("| h200x1-ppo-rank0of4-deepspeed"))
+    assert "(rank rehearsal, 0 of 4)" in row and "| deepspeed, not verl |" in row

@@ -8,8 +8,12 @@ What they pin down:
 - the loop runs two PPO steps on a tiny random Qwen2 on a CPU (plain-torch engines) with finite
   losses, and the harness writes results.json, table.md and plot.png and joins a verl JSONL;
 - the shared workload: exact prompt lengths, the ZeRO-3 memory pre-flight for Qwen2-7B, and Hydra
-  overrides that verl's own config accepts.
-The slow test runs the real DeepSpeed ZeRO-3 path on 2 CPU ranks (gloo); the gpu test on CUDA.
+  overrides that verl's own config accepts;
+- a rank rehearsal says so wherever it shows numbers and counts the rank's own work, a real job's
+  outputs stay as they were, and a DeepSpeed run folder is a monitored run in the project's
+  formats (`verl-recipes report` reads its phases, check-bounds holds the committed runs).
+The slow tests run the real DeepSpeed ZeRO-3 path on 2 CPU ranks (gloo) and as a rehearsed rank
+of 2; the gpu test on CUDA.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import warnings
@@ -35,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "verl-vs-deepspeed"
 sys.path.insert(0, str(RECIPE))
 
-from ds_ppo import engines, harness, losses, workload  # noqa: E402
+from ds_ppo import engines, harness, losses, records, workload  # noqa: E402
 from ds_ppo.loop import PPOLoop, Shapes, StepBatch  # noqa: E402
 from ds_ppo.timing import Dist  # noqa: E402
 
@@ -653,6 +658,189 @@ def _run_both(root: Path, out: Path, *args: str) -> subprocess.CompletedProcess[
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Rank rehearsals, and the run as a monitored run (the committed H200 runs and a CPU rehearsal)
+
+RESULTS = RECIPE / "results"
+REHEARSED = {"h200x1-ppo-rank0of4-deepspeed": (0, 4), "h200x1-ppo-rank0of2-deepspeed": (0, 2)}
+#: the host path each committed run had, which its summary and report name (as ingested runs do)
+HOST_DIR = {
+    "h200x1-ppo-rank0of4-deepspeed": "/tmp/campaign/rank/runs/vvd-ds-rank0of4/ds",
+    "h200x1-ppo-rank0of2-deepspeed": "/tmp/campaign/rank/runs/vvd-ds-rank0of2/ds",
+}
+
+
+def _check_rehearsal_labels(out: Path, rank: tuple[int, int]) -> None:
+    """What every output of a rehearsal must say, and count, whatever the run."""
+    from verl_recipes.measure.report import rank_line
+
+    run = json.loads((out / "run.json").read_text())
+    assert run["rank_rehearsal"] == {"rank": rank[0], "world": rank[1]}
+    res = json.loads((out / "results.json").read_text())
+    assert res["rank_rehearsal"] == {"rank": rank[0], "world": rank[1], "line": rank_line(rank)}
+    lines = (out / "table.md").read_text().splitlines()
+    assert lines[0] == rank_line(rank)
+    for row in lines[4:]:
+        if not row.startswith("| "):
+            break
+        label, unit = (c.strip() for c in row.strip("|").split("|")[:2])
+        speed = unit in harness.SPEED_UNITS
+        assert ("its compute alone" in label) == speed, row
+    for s in res["ds"]["steps"]:
+        t = s["table"]  # the rank's tokens are its own: per GPU is the rank's rate, not a world-th of it
+        rate = s["tokens"] / s["step_s"]
+        assert t["overall_tok_s_per_gpu"] == pytest.approx(t["overall_tok_s"]) == pytest.approx(rate)
+        assert len(s["torch_memory"]) == 1  # the one real process, never copies from the fake group
+    prov = json.loads((out / "provenance.json").read_text())
+    assert (prov["backend"], prov["rank_rehearsal"]) == ("deepspeed", {"rank": rank[0], "world": rank[1]})
+
+
+@pytest.mark.parametrize("name", sorted(REHEARSED))
+def test_a_committed_rehearsal_says_so_and_counts_the_ranks_own_work(name: str, tmp_path: Path) -> None:
+    """results.json and table.md of the committed rehearsals are what the harness writes from their
+    records today (rank line first, speed rows labelled, per-GPU rate the rank's own, one process's
+    torch memory), and they carry the label."""
+    src = RESULTS / name
+    run, steps = harness.load_ds_dir(src)
+    harness.write_report(tmp_path, run, steps)
+    for f in ("table.md", "results.json"):
+        assert (tmp_path / f).read_text() == (src / f).read_text(), f"{name}/{f} is stale: compare.py report"
+    _check_rehearsal_labels(src, REHEARSED[name])
+
+
+def test_a_real_jobs_outputs_are_what_they_were(tmp_path: Path) -> None:
+    """A run of a real job (no rehearsal) reads back to the very results.json and table.md it wrote:
+    no label, per-GPU rate over its world."""
+    src = RESULTS / "h200x1-ppo-l8" / "ds"
+    run, steps = harness.load_ds_dir(src)
+    assert harness.rank_of(run) is None and harness.token_gpus(run) == run["world"]
+    harness.write_report(tmp_path, run, steps)
+    for f in ("table.md", "results.json"):
+        assert (tmp_path / f).read_text() == (src / f).read_text(), f
+    assert "rank_rehearsal" not in json.loads((tmp_path / "results.json").read_text())
+
+
+def _phase_seconds(steps: list[dict[str, Any]]) -> dict[tuple[int, str], float]:
+    """(step, phase) -> seconds between the loop's own wall-clock stamps (steps.jsonl intervals)."""
+    out: dict[tuple[int, str], float] = {}
+    for s in steps:
+        for name, a, b in s["intervals"]:
+            out[(s["step"], name)] = out.get((s["step"], name), 0.0) + b - a
+    return out
+
+
+def _check_summary_phases(summary: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """The report's phases are the DeepSpeed loop's: every interval it timed, with its length, and
+    its step times and token rates from the derived metrics."""
+    seconds = _phase_seconds(steps)
+    by_step = {st["step"]: st for st in summary["steps"]}
+    assert sorted(by_step) == [s["step"] for s in steps]
+    for (step, name), sec in seconds.items():
+        assert by_step[step]["phases"][name]["duration_s"] == pytest.approx(sec, abs=1e-3), (step, name)
+    for s in steps:
+        st = by_step[s["step"]]
+        assert st["time_s"] == pytest.approx(s["step_s"], abs=1e-3)
+        assert st["timing_s"]["gen"] == pytest.approx(s["timing_s"]["gen"], abs=1e-3)
+        assert st["throughput"] == pytest.approx(s["table"]["overall_tok_s_per_gpu"])
+
+
+@pytest.mark.parametrize("name", sorted(REHEARSED))
+def test_a_committed_deepspeed_run_is_a_monitored_run(name: str, tmp_path: Path) -> None:
+    """The committed runs' phases.jsonl, metrics.jsonl and provenance.json are what `compare.py
+    records` derives from run.json and steps.jsonl, and `verl-recipes report` on them gives the
+    committed summary: phases from the DeepSpeed intervals, headed by the rank line."""
+    from verl_recipes.measure.report import rank_line, summarize
+
+    src = RESULTS / name
+    run = tmp_path / name
+    shutil.copytree(src, run, ignore=shutil.ignore_patterns(*records.FILES, "summary.json", "report.md", "*.png"))
+    written = records.write_records(run)
+    assert [p.name for p in written] == list(records.FILES)
+    for f in records.FILES:
+        assert (run / f).read_text() == (src / f).read_text(), f"{name}/{f} is stale: compare.py records"
+    summary = summarize(run)
+    committed = json.loads((src / "summary.json").read_text())
+    assert committed["run_dir"] == HOST_DIR[name]
+    assert {**summary, "run_dir": HOST_DIR[name]} == committed, f"{name}/summary.json is stale: verl-recipes report"
+    _, steps = harness.load_ds_dir(src)
+    _check_summary_phases(committed, steps)
+    report = (src / "report.md").read_text().splitlines()
+    assert report[0] == f"# Memory report: {HOST_DIR[name]}" and report[2] == f"- {rank_line(REHEARSED[name])}"
+    assert (src / "samples.jsonl.gz").is_file() and not (src / "samples.jsonl").exists()
+
+
+def test_records_of_a_rehearsal_made_before_run_json_said_so(tmp_path: Path, compare: Any) -> None:
+    """`compare.py records RUN --rank-rehearsal R/N` adds the rehearsal to an older run.json when the
+    records agree (the world, torch memory of one process), and refuses when they do not."""
+    run = tmp_path / "ds"
+    shutil.copytree(RESULTS / "h200x1-ppo-rank0of4-deepspeed", run)
+    rec = json.loads((run / "run.json").read_text())
+    del rec["rank_rehearsal"]
+    (run / "run.json").write_text(json.dumps(rec, indent=1) + "\n")
+    assert compare.main(["records", str(run), "--rank-rehearsal", "0/2"]) == 2  # a world of 4 ran
+    assert "rank_rehearsal" not in json.loads((run / "run.json").read_text())
+    assert compare.main(["records", str(run), "--rank-rehearsal", "0/4"]) == 0
+    assert (run / "run.json").read_text() == (RESULTS / "h200x1-ppo-rank0of4-deepspeed" / "run.json").read_text()
+    assert compare.main(["records", str(run), "--rank-rehearsal", "1/4"]) == 2  # it says rank 0 now
+    real = tmp_path / "real"
+    shutil.copytree(RESULTS / "h200x1-ppo-l8" / "ds", real)
+    steps = [json.loads(x) for x in (real / "steps.jsonl").read_text().splitlines()]
+    steps[0]["torch_memory"] = [{"max_allocated_gib": 1.0}, {"max_allocated_gib": 2.0}]  # two processes' own
+    (real / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    assert compare.main(["records", str(real), "--rank-rehearsal", "0/1"]) == 2
+
+
+def test_the_committed_deepspeed_runs_pass_their_bounds(root: Path) -> None:
+    """check-bounds holds both committed DeepSpeed rehearsals; their bounds cover the phases named
+    like verl's (the loop's probes, switch_* and repeat_*, are DeepSpeed-only and unbounded) and say
+    that they are a rank's and the DeepSpeed side's."""
+    import yaml
+    from verl_recipes.cli import main
+    from verl_recipes.measure.bounds import BOUNDED_PHASES
+    from verl_recipes.recipe.metadata import get_recipe
+
+    assert main(["check-bounds", "verl-vs-deepspeed"]) == 0
+    recipe = get_recipe("verl-vs-deepspeed")
+    assert sorted(recipe.expected) == sorted(f"expected/{n}.yaml" for n in REHEARSED)
+    for name, rank in REHEARSED.items():
+        doc = yaml.safe_load((recipe.dir / "expected" / f"{name}.yaml").read_text())
+        assert doc["source_runs"] == [f"results/{name}"]
+        assert doc["rank_rehearsal"] == {"rank": rank[0], "world": rank[1]}
+        assert doc["provenance"][f"results/{name}"]["backend"] == "deepspeed"
+        phases = set(doc["bounds"]["memory_gib"])
+        assert {"gen", "old_log_prob", "ref", "values", "update_critic", "update_actor"} <= phases
+        assert phases <= set(BOUNDED_PHASES)
+        assert doc["bounds"]["step_time_s"] and doc["bounds"]["throughput_tok_s"] and doc["bounds"]["host_gib"]
+
+
+@pytest.mark.slow
+def test_a_rehearsed_rank_runs_the_loop_and_its_records_make_a_report(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """`compare.py ds` as rank 0 of 2 on a CPU (DeepSpeed ZeRO-3 over the fake group): every output
+    says it is a rehearsal, and `verl-recipes report` on the folder gives a summary whose phases are
+    the loop's intervals, headed by the rank line."""
+    pytest.importorskip("deepspeed")
+    from verl_recipes.cli import main
+    from verl_recipes.measure.report import rank_line
+
+    out = tmp_path / "ds"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "VERL_RECIPES_RANK_REHEARSAL": "0/2"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "common"), env.get("PYTHONPATH", "")])
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "1", str(RECIPE / "compare.py"), "ds"]
+    cmd += ["--backend", "deepspeed", "--device", "cpu", *_ds_args(tiny, out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check_rehearsal_labels(out, (0, 2))
+    res = json.loads((out / "results.json").read_text())
+    assert [s["tokens"] for s in res["ds"]["steps"]] == [4 * 48] * 3  # the rank's 4 of the 8 prompts
+    raw = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert all(len(s["torch_memory"]) == 1 for s in raw)  # as written, not only as read back
+    assert (out / "model_config.json").is_file()  # the checkpoint's config: a truncated model names its run
+    assert main(["report", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    _check_summary_phases(summary, res["ds"]["steps"])
+    assert (out / "report.md").read_text().splitlines()[2] == f"- {rank_line((0, 2))}"
+
+
 def test_run_both_refuses_a_bad_gpu_count_before_doing_anything(root: Path, tmp_path: Path) -> None:
     r = _run_both(root, tmp_path / "out", "two")
     assert r.returncode == 2 and "NPROC must be a positive number" in r.stderr
@@ -689,7 +877,8 @@ engine.engine.backward(loss)
 engine.engine.step()
 print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local": w.ds_tensor.numel(),
                   "full": w.ds_numel, "loss": float(loss.detach()),
-                  "backend": torch.distributed.get_backend()}}))
+                  "backend": torch.distributed.get_backend(), "label": d.rank_rehearsal,
+                  "gathered": d.gather_objects({{"max_allocated_gib": 1.0}})}}))
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "common"), "VERL_RECIPES_RANK_REHEARSAL": "0/2"}
     env.update({"DS_ACCELERATOR": "cpu", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
@@ -699,6 +888,8 @@ print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local"
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["world"], got["rank"], got["writes"], got["backend"]) == (2, 0, True, "fake")
     assert got["local"] * 2 == got["full"] and math.isfinite(got["loss"])
+    # the one real process answers for itself: a fake group's gather would give copies, one per rank
+    assert got["label"] == {"rank": 0, "world": 2} and got["gathered"] == [{"max_allocated_gib": 1.0}]
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,16 @@ def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_no
     assert "per million tokens" not in out
 
 
+def test_the_deepspeed_side_stands_behind_none_of_verls_jobs() -> None:
+    """The bounds of verl-vs-deepspeed's DeepSpeed side (rank 0 of 4 and of 2) are another loop's
+    memory: `plan` never names them behind verl's job, and the tables say whose they are."""
+    recipe = get_recipe("verl-vs-deepspeed")
+    assert any("deepspeed" in name for name in recipe.expected)
+    assert behind(recipe, [], 2) == [] and behind(recipe, [], 4) == []
+    rows = [x for x in results_table().splitlines() if "-deepspeed.yaml)" in x]
+    assert len(rows) == 2 and all("[deepspeed, not verl; rank rehearsal (" in x for x in rows)
+
+
 def test_the_tables_show_a_rehearsed_ranks_memory_and_never_its_speed() -> None:
     table = results_table()
     for _, name, _doc in _rehearsed_bounds():

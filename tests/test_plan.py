@@ -478,6 +478,27 @@ def test_errors_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) 
     assert main_errors(root=tmp_path) == (0 if ok else 1)
 
 
+def test_a_committed_deepspeed_run_is_never_held_against_verls_planner(root: Path, tmp_path: Path) -> None:
+    """The DeepSpeed side of verl-vs-deepspeed has a summary like a verl run's, but no verl config
+    to re-plan and another framework's memory: `plan --errors` and every reader of the committed
+    runs leave it out (its provenance says `backend: deepspeed`), and still check the verl runs."""
+    import shutil
+
+    from verl_recipes.plan.runs import committed_runs, read_run, run_setup
+
+    _fake_run(tmp_path, 1.0)
+    src = get_recipe("verl-vs-deepspeed").dir / "results" / "h200x1-ppo-rank0of4-deepspeed"
+    ds = tmp_path / "recipes" / "verl-vs-deepspeed" / "results" / src.name
+    shutil.copytree(src, ds)
+    with pytest.raises(RecipeError, match=r"no verl_config\.yaml"):  # what reading it as verl's would do
+        run_setup(read_run(ds))
+    assert [r.run_dir.name for r in committed_runs(tmp_path)] == ["h200-fake"]
+    rows, ok = error_rows(tmp_path, tolerance=0.10)
+    assert ok and rows and {r.run for r in rows} == {"recipes/7b-lora/results/h200-fake"}
+    here = committed_runs(root, "verl-vs-deepspeed")  # the checkout's: verl's side only
+    assert here and not [r for r in here if r.run_dir.name.endswith("-deepspeed") or not r.provenance.verl]
+
+
 def test_committed_error_table_is_fresh(root: Path) -> None:
     """validation/planner-errors.md is what `plan --errors --write` gives on the committed runs,
     and every error beyond the tolerance carries a cause or says that it has none yet."""

@@ -10,7 +10,14 @@ import pytest
 import yaml
 from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import discover
-from verl_recipes.recipe.run_names import RULE, RunName, gpu_family, parse_bounds_name, parse_run_name
+from verl_recipes.recipe.run_names import (
+    RULE,
+    RunName,
+    backend_label,
+    gpu_family,
+    parse_bounds_name,
+    parse_run_name,
+)
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, PROVENANCE, read_provenance
 from verl_recipes.workload.arch import resolve_arch
 
@@ -34,9 +41,10 @@ def run_folders() -> list[tuple[str, Path]]:
 
 def _record_dir(run: Path) -> Path | None:
     """The folder holding the run's provenance.json: the run, or its one verl part (a comparison
-    run keeps verl's run in verl/ beside the other framework's)."""
+    run keeps verl's run in verl/ beside the other framework's). A verl run has its
+    verl_config.yaml beside it; a run of another loop (provenance.json `backend`) has none."""
     for d in (run, run / "verl"):
-        if (d / PROVENANCE).is_file() and (d / CONFIG).is_file():
+        if (d / PROVENANCE).is_file() and ((d / CONFIG).is_file() or not read_provenance(d).verl):
             return d
     return None
 
@@ -47,15 +55,20 @@ def what_ran(run: Path, rid: str) -> RunName | None:
     if d is None:
         return None
     prov = read_provenance(d)
-    cfg = yaml.safe_load((d / CONFIG).read_text())
-    algo = "ppo" if cfg["algorithm"]["adv_estimator"] == "gae" else cfg["algorithm"]["adv_estimator"]
+    if prov.verl:
+        cfg = yaml.safe_load((d / CONFIG).read_text())
+        estimator = cfg["algorithm"]["adv_estimator"]
+        world = cfg["trainer"]["n_gpus_per_node"] * cfg["trainer"]["nnodes"]
+    else:  # another loop's provenance names its estimator and world in verl's words
+        estimator, world = prov.raw["adv_estimator"], int(prov.raw["world"])
+    algo = "ppo" if estimator == "gae" else estimator
     layers = prov.argv_value("--layers")
     if layers is None and (d / MODEL_CONFIG).is_file():  # the model the run saved: the recipe's, cut short?
         model = json.loads((d / MODEL_CONFIG).read_text())
         full = resolve_arch(RECIPES[rid].model.arch)
         if model["hidden_size"] == full["hidden_size"] and model["num_hidden_layers"] < full["num_hidden_layers"]:
             layers = str(model["num_hidden_layers"])
-    world = cfg["trainer"]["n_gpus_per_node"] * cfg["trainer"]["nnodes"]
+    label = backend_label(prov.backend)
     return RunName(
         gpu=gpu_family(prov.gpu_names[0]) if prov.gpu_names else "",
         n=1 if prov.rank_rehearsal else world,  # a rehearsed rank ran on one GPU of the job's N
@@ -64,13 +77,17 @@ def what_ran(run: Path, rid: str) -> RunName | None:
         layers=int(layers) if layers is not None else None,
         cap_gib=prov.cap_gib,
         rank=prov.rank_rehearsal,
-        labels=(),
+        labels=(label,) if label else (),  # the records give the loop's label only; the others are words
         repeat=None,
     )
 
 
 def _configuration(name: RunName) -> tuple:
     return (name.gpu, name.n, name.algo, name.variants, name.layers, name.cap_gib, name.rank)
+
+
+#: labels the records give (a loop other than verl's): a name carries one exactly when its records say so
+RECORDED_LABELS = {"deepspeed"}
 
 
 @pytest.mark.parametrize(("rid", "run"), run_folders(), ids=lambda x: x if isinstance(x, str) else x.name)
@@ -80,6 +97,18 @@ def test_every_committed_run_is_named_by_what_ran(rid: str, run: Path) -> None:
     ran = what_ran(run, rid)
     if ran is not None:
         assert _configuration(name) == _configuration(ran), f"{run.relative_to(ROOT)} ran {ran}"
+        assert set(name.labels) & RECORDED_LABELS == set(ran.labels), f"{run.relative_to(ROOT)} ran {ran}"
+
+
+def test_the_deepspeed_side_is_named_by_its_records() -> None:
+    """The DeepSpeed side of verl-vs-deepspeed is named from its provenance.json alone (no verl
+    config): the rank it stood for, on one H200, PPO, and the label of its loop."""
+    run = ROOT / "recipes" / "verl-vs-deepspeed" / "results" / "h200x1-ppo-rank0of2-deepspeed"
+    ran = what_ran(run, "verl-vs-deepspeed")
+    assert ran == RunName("h200", 1, "ppo", (), None, None, (0, 2), ("deepspeed",), None)
+    assert backend_label(None) is None
+    with pytest.raises(RecipeError, match="not a lowercase label"):
+        backend_label("DeepSpeed ZeRO-3")
 
 
 def _bounds_files() -> list[tuple[str, Path]]:

@@ -23,6 +23,8 @@ def test_every_committed_provenance_reads_as_the_typed_record() -> None:
         assert prov.cap_gib == raw.get("cap_gib")
         assert prov.gpu_names == [g["name"] for g in raw["gpu"]["gpus"]]
         assert (prov.verl_fixes_off is None) == ("verl_fixes_off" not in raw)
+        # verl's runs name no backend; the DeepSpeed side of verl-vs-deepspeed names its loop
+        assert prov.backend == raw.get("backend") and prov.verl == (not path.parent.name.endswith("-deepspeed"))
 
 
 def test_a_record_before_a_key_existed_says_so_and_a_broken_one_is_one_line(

@@ -56,27 +56,34 @@ def _figures(doc: dict[str, Any]) -> tuple[float | None, float | None, float | N
 
 def _measured_cell(recipe: Recipe) -> str:
     cells = []
+    verl_bounds = False
     for name in recipe.expected:
         doc = yaml.safe_load((recipe.dir / name).read_text())
         peak, tput, _ = _figures(doc)
-        label = Path(name).stem
+        tags = []
+        provs = [p for p in (doc.get("provenance") or {}).values() if isinstance(p, dict)]
+        backend = Provenance.from_record(provs[0]).backend if provs else None
+        if backend:  # the other side of a comparison: its figures are not verl's
+            tags.append(f"{backend}, not verl")
+        verl_bounds = verl_bounds or backend is None
         rank = doc.get("rank_rehearsal")
         if rank:  # a rehearsed rank's memory is that rank's; its speed is never the job's
-            label += f" (rank rehearsal, {rank['rank']} of {rank['world']})"
+            tags.append(f"rank rehearsal, {rank['rank']} of {rank['world']}")
             tput = None
+        label = Path(name).stem + (f" ({'; '.join(tags)})" if tags else "")
         parts = [f"{peak:.1f} GiB peak" if peak is not None else "", f"{tput:,.0f} tok/s" if tput else ""]
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
-    if cells:
+    if verl_bounds:
         return "<br>".join(cells)
     from verl_recipes.plan.runs import committed_runs, results_dir
 
     results = results_dir(recipe.dir)
     found = committed_runs(recipe.dir.parent.parent, recipe.id)
     runs = sorted({run.run_dir.relative_to(results).parts[0] for run in found if run.run_dir != results})
-    if runs:  # measured, but no run makes bounds yet (partial, or another setup than the recipe's)
+    if runs:  # verl measured, but no run makes bounds yet (partial, or another setup than the recipe's)
         links = ", ".join(f"[{r}](recipes/{recipe.id}/results/{r}/)" for r in runs)
-        return f"no bounds yet; runs: {links}"
-    return "not measured yet"
+        cells.append(f"{'verl: ' if cells else ''}no bounds yet; runs: {links}")
+    return "<br>".join(cells) or "not measured yet"
 
 
 def recipe_table(recipes: dict[str, Recipe] | None = None) -> str:
@@ -125,6 +132,8 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             used = {g for run in _runs(doc) for per in (run.get("memory_gib") or {}).values() for g in per}
             n = len(used) or r.gpus.count
             variants = " + ".join(first.variants) or "default"
+            if first.backend:  # the other side of a comparison: none of verl's configurations
+                variants = f"{first.backend}, not verl"
             cap = f", --cap-gib {first.cap_gib:g}" if first.cap_gib else ""
             # a model truncated in depth is not the recipe's model: say so where the figures are
             runs = doc.get("source_runs") or [doc.get("source_run")]

@@ -217,7 +217,9 @@ def measured_runs(base: Path) -> list[Path]:
 
 # --- provenance.json ----------------------------------------------------------------------------
 # Written once by `verl-recipes train` (measure.provenance.record plus the launcher's inputs), before
-# verl starts. Records written before a key existed lack it: each field says what its absence means.
+# verl starts; a run of recipe verl-vs-deepspeed's DeepSpeed loop gets one copied from its run.json
+# (`backend: deepspeed`). Records written before a key existed lack it: each field says what its
+# absence means.
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,10 @@ class Provenance:
     verl_fixes: list[str] | None
     #: (R, N) when one GPU ran rank R of a job of N GPUs (`train --rank`); None: a full run
     rank_rehearsal: tuple[int, int] | None = None
+    #: the training loop when it is not verl's trainer: `deepspeed` for recipe verl-vs-deepspeed's
+    #: ZeRO-3 loop (its compare.py writes the record from run.json); None: verl, which every
+    #: `verl-recipes train` run is (its engine, FSDP or Megatron, is in verl_config.yaml)
+    backend: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -263,8 +269,15 @@ class Provenance:
             verl_fixes_off=listed("verl_fixes_off"),
             verl_fixes=listed("verl_fixes"),
             rank_rehearsal=(int(rank["rank"]), int(rank["world"])) if rank else None,
+            backend=str(raw["backend"]) if raw.get("backend") else None,
             raw=raw,
         )
+
+    @property
+    def verl(self) -> bool:
+        """Whether verl's trainer made the run: the planner re-plans only such runs (from the
+        verl_config.yaml beside them), and only their names carry no backend label."""
+        return self.backend is None
 
     def argv_value(self, flag: str) -> str | None:
         """The value given to `flag` on the command line that made the run (None: not given)."""

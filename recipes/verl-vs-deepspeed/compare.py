@@ -5,6 +5,8 @@ Subcommands:
   ds              run the DeepSpeed baseline (launch with torchrun or the deepspeed launcher)
   verl-overrides  print the Hydra overrides that give verl's trainer the same workload
   report          results.json, table.md and plot.png from a DeepSpeed run dir and a verl metrics JSONL
+  records         phases.jsonl, metrics.jsonl, provenance.json of a DeepSpeed run dir (`ds` writes them
+                  too), so `verl-recipes report RUN_DIR` and check-bounds read it as a monitored run
 
 On the GPU host (keep NVLink multicast off: NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 NVSHMEM_DISABLE_NVLS=1; PYTHONUNBUFFERED=1 for live logs):
@@ -129,6 +131,25 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_records(a: argparse.Namespace) -> int:
+    from ds_ppo.harness import record_rehearsal
+    from ds_ppo.records import write_records
+    from verl_recipes import RecipeError
+    from verl_recipes.worker.rank_rehearsal import RankSpec
+
+    run_dir = Path(a.run_dir)
+    try:
+        if a.rank_rehearsal:
+            spec = RankSpec.parse(a.rank_rehearsal)
+            record_rehearsal(run_dir, spec.rank, spec.world)
+        written = write_records(run_dir)
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(str(p) for p in written)}; next: verl-recipes report {run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -191,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--verl-monitor", help="summary.json of `verl-recipes report` on the verl run (NVML peaks)")
     rep.add_argument("--out", required=True)
     rep.set_defaults(func=cmd_report)
+
+    rec = sub.add_parser("records", help="the project's run records (phases, metrics, provenance) of a `ds` run")
+    rec.add_argument("run_dir", help="the `ds` output dir")
+    rec.add_argument(
+        "--rank-rehearsal",
+        metavar="R/N",
+        help="a rehearsal made before run.json recorded it: add rank_rehearsal {rank: R, world: N} to run.json",
+    )
+    rec.set_defaults(func=cmd_records)
     return p
 
 

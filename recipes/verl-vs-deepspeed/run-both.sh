@@ -69,6 +69,8 @@ if [[ "$side" != verl ]]; then
     python3 -m torch.distributed.run --standalone --nproc_per_node "$ds_procs" "$compare" ds \
       --model "$model" --data "$out/data/train.parquet" --out "$out/ds" "${workload[@]}"
   )
+  # `ds` also writes the run's phases, metrics and provenance: the monitor's report reads them as a verl run's
+  verl-recipes report "$out/ds"
 fi
 
 if [[ "$side" != ds ]]; then
@@ -92,7 +94,7 @@ if [[ -n "$rank" || "$side" != both ]]; then
   why="one side only (--side $side)"
   if [[ -n "$rank" ]]; then why="a rank rehearsal: one rank's compute is not the job's speed"; fi
   where=()
-  if [[ "$side" != verl ]]; then where+=("$out/ds (DeepSpeed)"); fi
+  if [[ "$side" != verl ]]; then where+=("$out/ds/report.md (DeepSpeed)"); fi
   if [[ "$side" != ds ]]; then where+=("$out/verl/report.md (verl)"); fi
   echo "== 3/3 no table ($why); results: ${where[*]}"
   exit 0

@@ -120,6 +120,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
             "verl_fixes_off",
             "compile_cache",
             "rank_rehearsal",
+            "backend",  # absent (None) for verl; `deepspeed` for verl-vs-deepspeed's other side
         )
         return {k: p.get(k) for k in keys}
 

@@ -55,6 +55,8 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     peak = max((g["used_gib"] for g in summary["peak"]["gpu"].values()), default=None)
     return {
         "run": run_dir.name,
+        "backend": prov.backend,
+        "rank": list(prov.rank_rehearsal) if prov.rank_rehearsal else None,
         "variants": prov.variants,
         "cap_gib": prov.cap_gib,
         "gpu": ", ".join(sorted({g["name"] for g in summary.get("gpus", [])})),
@@ -123,9 +125,11 @@ def render(doc: dict[str, Any]) -> str:
         cols += 3
     lines = [head, "|" + "---|" * cols]
     for r in doc["rows"]:
+        # a rehearsed rank's tokens/s is its compute alone; another loop's run is none of verl's variants
+        rank = f" (rank rehearsal, {r['rank'][0]} of {r['rank'][1]})" if r.get("rank") else ""
         cells = [
-            r["run"] + (" (baseline)" if r["run"] == doc["baseline"] else ""),
-            " + ".join(r["variants"]) or "-",
+            r["run"] + (" (baseline)" if r["run"] == doc["baseline"] else "") + rank,
+            f"{r['backend']}, not verl" if r.get("backend") else " + ".join(r["variants"]) or "-",
             _f(r["cap_gib"], 0),
             _f(r["tokens_per_step"], 0),
             _f(r["throughput_tok_s"], 1),

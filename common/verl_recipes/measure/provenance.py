@@ -95,16 +95,22 @@ def git_commit(root: Path | None = None) -> str:
     return "unknown"
 
 
+#: what `record` says of every run, in its order. A record kept inside another file (the DeepSpeed
+#: loop of recipe verl-vs-deepspeed writes it into its run.json) is copied into a run's
+#: provenance.json by these keys.
+RECORD_KEYS = ("date_utc", "command", "argv", "host", "python", "platform", "packages", "gpu", "git_commit")
+
+
 def record(command: list[str], extra: dict[str, Any] | None = None, root: Path | None = None) -> dict[str, Any]:
-    return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
-        "argv": sys.argv,
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "packages": package_versions(),
-        "gpu": gpus(),
-        "git_commit": git_commit(root),
-        **(extra or {}),
-    }
+    values = (
+        _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        command,
+        sys.argv,
+        platform.node(),
+        platform.python_version(),
+        platform.platform(),
+        package_versions(),
+        gpus(),
+        git_commit(root),
+    )
+    return {**dict(zip(RECORD_KEYS, values, strict=True)), **(extra or {})}

@@ -48,6 +48,8 @@ def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
         provs = [p for p in (doc.get("provenance") or {}).values() if isinstance(p, dict)]
         if not provs or sorted(provs[0].get("variants") or []) != sorted(variants):
             continue
+        if provs[0].get("backend"):  # another training loop (DeepSpeed) stands behind none of verl's jobs
+            continue
         rank = doc.get("rank_rehearsal")
         if rank:
             job, r = int(rank["world"]), int(rank["rank"])

@@ -4,7 +4,10 @@ A committed run is a folder under `recipes/<id>/results/` with a summary.json (w
 `verl_recipes.measure.report`, read through `rundir.read_summary`), the verl_config.yaml it trained
 with and its provenance.json. Every module that walks the committed results (the planner's checks
 against measurements, the layer fit, its cost lookup, the README's tables) goes through
-`committed_runs`, so what counts as a run is decided here.
+`committed_runs`, so what counts as a run is decided here: a run verl's trainer made. A monitored
+run of another training loop (recipe verl-vs-deepspeed's DeepSpeed side: provenance.json
+`backend: deepspeed`) has a summary and bounds of its own, but no verl configuration to re-plan,
+and its memory is another framework's: the planner never holds it against verl's.
 """
 
 from __future__ import annotations
@@ -73,13 +76,17 @@ def results_dir(recipe_dir: Path) -> Path:
 
 
 def committed_runs(root: Path | None = None, recipe: str | None = None) -> list[MeasuredRun]:
-    """Every committed run with a summary (of one recipe, with `recipe`), in path order."""
+    """Every committed run of verl's trainer with a summary (of one recipe, with `recipe`), in path
+    order; runs of another training loop are left out (module docstring)."""
     from verl_recipes.paths import repo_root
 
     base = root or repo_root()
     pattern = f"recipes/{recipe or '*'}"
     return [
-        read_run(d) for recipe_dir in sorted(base.glob(pattern)) for d in rundir.measured_runs(results_dir(recipe_dir))
+        read_run(d)
+        for recipe_dir in sorted(base.glob(pattern))
+        for d in rundir.measured_runs(results_dir(recipe_dir))
+        if read_provenance(d).verl
     ]
 
 

@@ -6,7 +6,8 @@
 adv_estimator: gae is PPO), then the recipe's variants in the order they compose (the variant
 named like the algorithm is not repeated), `l<L>` a model truncated to L layers (`train
 --layers`), `cap<G>` a `--cap-gib G` budget, `rank<R>of<N>` a rank rehearsal; labels are lowercase
-words for what else sets the run apart (a fix turned off, a --set, a start mode, `partial`); `k`
+words for what else sets the run apart (a fix turned off, a --set, a start mode, `partial`, and
+`deepspeed` for a run of another training loop than verl's: `backend_label`); `k`
 (2, 3, ...) is a repeat of one configuration. A bounds file (`expected/<name>.yaml`) is named by
 the configuration its runs share: the same rule without the repeat. A rehearsed rank keeps its
 `rank<R>of<N>`: one GPU standing in for rank 0 of 2 is another configuration than the same job on
@@ -42,6 +43,17 @@ class RunName:
     rank: tuple[int, int] | None  # (R, N) of a rank rehearsal
     labels: tuple[str, ...]
     repeat: int | None  # 2, 3, ...: another run of the same configuration
+
+
+def backend_label(backend: str | None) -> str | None:
+    """The label a run of another training loop than verl's carries, from its provenance.json
+    `backend` (`deepspeed`: recipe verl-vs-deepspeed's ZeRO-3 loop); None for a verl run. Without
+    it the DeepSpeed side of a comparison and verl's side of the same rank would share one name."""
+    if not backend:
+        return None
+    if not _LABEL.fullmatch(f"-{backend}"):
+        raise RecipeError(f"backend {backend!r} is not a lowercase label; the rule: {RULE}")
+    return backend
 
 
 def gpu_family(nvml_name: str) -> str:

@@ -107,6 +107,35 @@ def device_used() -> dict[str, int] | None:
         return None
 
 
+def phase_record(
+    event: str,
+    name: str,
+    step: int | None,
+    t: float,
+    pid: int,
+    ok: bool | None = None,
+    gpu_used: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """One line of phases.jsonl: `begin` or `end` of phase `name` in `step`, at time.time() `t`.
+
+    The one spelling of the format: the markers inside verl write it, and so does a run of another
+    training loop that derives the same lines from its own phase intervals (recipe
+    verl-vs-deepspeed's DeepSpeed loop), so `verl-recipes report` reads both alike."""
+    rec: dict[str, Any] = {"t": t, "event": event, "name": name, "step": step, "pid": pid}
+    if event == "end":
+        rec["ok"] = bool(ok)
+        if gpu_used is not None:
+            rec["gpu_used"] = gpu_used
+    return rec
+
+
+def metrics_record(step: int | None, metrics: dict[str, Any], t: float, pid: int) -> dict[str, Any]:
+    """One line of metrics.jsonl: a step's metrics as JSON numbers (NaN, inf and anything that is
+    not a number left out); written as `phase_record` is, by verl's Tracking.log and by another loop."""
+    numbers = {str(k): _number(v) for k, v in metrics.items()}
+    return {"t": t, "step": step, "pid": pid, "metrics": {k: v for k, v in numbers.items() if v is not None}}
+
+
 class _PhaseTimer:
     """Wraps verl's timer context: a begin line, verl's own timing, an end line (also on error)."""
 
@@ -114,27 +143,14 @@ class _PhaseTimer:
         self.inner, self.name, self.step = inner, name, step
 
     def __enter__(self) -> Any:
-        rundir.append(
-            rundir.PHASES,
-            {"t": time.time(), "event": "begin", "name": self.name, "step": self.step, "pid": os.getpid()},
-        )
+        rundir.append(rundir.PHASES, phase_record("begin", self.name, self.step, time.time(), os.getpid()))
         return self.inner.__enter__()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> Any:
         try:
             return self.inner.__exit__(et, ev, tb)
         finally:
-            rec: dict[str, Any] = {
-                "t": time.time(),
-                "event": "end",
-                "name": self.name,
-                "step": self.step,
-                "pid": os.getpid(),
-                "ok": et is None,
-            }
-            used = device_used()
-            if used is not None:
-                rec["gpu_used"] = used
+            rec = phase_record("end", self.name, self.step, time.time(), os.getpid(), et is None, device_used())
             rundir.append(rundir.PHASES, rec)
 
 
@@ -178,16 +194,7 @@ def _wrap_log(orig: Callable[..., Any]) -> Callable[..., Any]:
             bound = sig.bind(*args, **kwargs)
             data = bound.arguments.get("data") or {}
             step = bound.arguments.get("step")
-            metrics = {str(k): _number(v) for k, v in dict(data).items()}
-            rundir.append(
-                rundir.METRICS,
-                {
-                    "t": time.time(),
-                    "step": step,
-                    "pid": os.getpid(),
-                    "metrics": {k: v for k, v in metrics.items() if v is not None},
-                },
-            )
+            rundir.append(rundir.METRICS, metrics_record(step, dict(data), time.time(), os.getpid()))
         except Exception as e:  # never break training for a record; say why in the file
             rundir.append(rundir.METRICS, {"t": time.time(), "error": repr(e)[:300]})
         return orig(*args, **kwargs)

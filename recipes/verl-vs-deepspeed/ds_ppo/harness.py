@@ -7,16 +7,25 @@ output folder (rank 0):
 - samples.jsonl, device-level NVML samples at 10 Hz from `verl_recipes.measure.monitor.Monitor` (a
   background thread of rank 0, all GPUs of the job), joined to the steps by wall-clock time;
 - at the end results.json (everything above plus min/median/max over the measured steps),
-  table.md and plot.png.
+  table.md and plot.png, and the run in the project's shared formats (phases.jsonl,
+  metrics.jsonl, provenance.json: ds_ppo.records), so `verl-recipes report` and check-bounds read
+  it as they read a verl run.
 `compare.py report` rebuilds results/table/plot from run.json + steps.jsonl + samples.jsonl (a run
 cut short) and adds a verl run's metrics JSONL (and, optionally, its monitor summary).
+
+A rank rehearsal (`VERL_RECIPES_RANK_REHEARSAL=R/N`, ds_ppo.timing.Dist) runs one process as rank R
+of N through PyTorch's fake process group. Its memory is that rank's; its step time and tokens/s
+are that rank's compute alone (no communication, the rank's own tokens), never the job's speed.
+run.json records `rank_rehearsal: {rank, world}`, and every output that shows numbers says so
+with `verl_recipes.measure.report.rank_line`, the sentence verl's rehearsals carry.
 
 Definitions (the same for both sides; a token is a prompt or response token, padding excluded,
 which is verl's `perf/total_num_tokens`):
 - step_s: the whole PPO step (probes excluded); gen_s, update_actor_s, update_critic_s: phases;
   train_s = update_actor_s + update_critic_s;
 - gen_tok_s = tokens / gen_s; train_tok_s = tokens / train_s; overall_tok_s = tokens / step_s;
-  overall_tok_s_per_gpu = overall_tok_s / GPUs (verl's `perf/throughput`);
+  overall_tok_s_per_gpu = overall_tok_s / GPUs (verl's `perf/throughput`), GPUs being those whose
+  work `tokens` counts: the job's, or the one of a rehearsed rank (its tokens are its own);
 - switch_*_s and repeat_*_s: see ds_ppo.loop (DeepSpeed only; verl reports no such metric);
 - nvml_peak_gib: per GPU, the largest device-level used memory (NVML total - free) sampled during
   the step; actor/critic phase peaks are the same over the actor's phases (gen, old_log_prob,
@@ -85,7 +94,8 @@ FILES = {
 
 
 def derive(timing: dict[str, float], step_s: float, tokens: int, n_gpus: int) -> dict[str, float]:
-    """The table's per-step numbers from phase seconds (verl's timing_s/* names) and tokens."""
+    """The table's per-step numbers from phase seconds (verl's timing_s/* names) and tokens;
+    `n_gpus` are the GPUs whose work `tokens` counts (`token_gpus`)."""
     out: dict[str, float] = {"step_s": step_s, "tokens": float(tokens)}
     for name in ("gen", "update_actor", "update_critic", "update_weights", *_probe_names()):
         if name in timing:
@@ -100,6 +110,21 @@ def derive(timing: dict[str, float], step_s: float, tokens: int, n_gpus: int) ->
         out["overall_tok_s"] = tokens / step_s
         out["overall_tok_s_per_gpu"] = tokens / step_s / n_gpus
     return out
+
+
+def rank_of(run: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(R, N) of a rank rehearsal from run.json's `rank_rehearsal`; None for a real job."""
+    rank = (run or {}).get("rank_rehearsal")
+    return (int(rank["rank"]), int(rank["world"])) if rank else None
+
+
+def token_gpus(run: dict[str, Any]) -> int:
+    """The GPUs whose work a step's `tokens` counts: the job's world, or one for a rehearsed rank.
+
+    A fake process group's all-reduce returns each value as it was, so a rehearsal's token sum is
+    its own rank's share, which one GPU did: dividing it by the world would give a per-GPU rate a
+    world-th of the rank's (as verl's rehearsals, whose perf/throughput is the rank's own)."""
+    return 1 if rank_of(run) else int(run["world"])
 
 
 def _probe_names() -> tuple[str, ...]:
@@ -230,20 +255,38 @@ def _cell(summary: dict[str, dict[str, float]] | None, key: str) -> str:
     return f"{_fmt(s['median'])} ({_fmt(s['min'])} - {_fmt(s['max'])})"
 
 
+#: units of the rows a rank rehearsal measures as one rank's compute, not as the job's speed
+SPEED_UNITS = ("s", "tokens/s", "tokens/s/GPU")
+
+
 def markdown_table(
     ds: dict[str, dict[str, float]] | None,
     verl: dict[str, dict[str, float]] | None,
     notes: list[str],
     ds_label: str = "DeepSpeed ZeRO-3",
+    rank: tuple[int, int] | None = None,
 ) -> str:
+    """The side-by-side table; a rank rehearsal's opens with `rank_line` and labels its speed rows.
+
+    A rehearsal's speed rows are kept, each labelled as the rank's compute, rather than dropped:
+    the phase times are what says where a rank of the DeepSpeed loop spends its compute (ZeRO-3's
+    generate is most of the step) and what a switch between actor and critic costs beside the
+    same forward repeated, figures that no other record gives; verl's rehearsal reports keep their
+    step times under the same sentence. The label rides on each row, so a row quoted alone still
+    says that it is not the job's speed.
+    """
     cols = [(ds_label, ds)] + ([("verl", verl)] if verl is not None else [])
     head = "| metric | unit | " + " | ".join(c for c, _ in cols) + " |"
     sep = "|---|---|" + "---|" * len(cols)
     lines = [head, sep]
+    if rank:
+        lines = [_rank_line(rank), "", *lines]
     for key, label, unit in ROWS:
         cells = [_cell(s, key) for _, s in cols]
         if all(c == "n/a" for c in cells):
             continue
+        if rank and unit in SPEED_UNITS:
+            label = f"{label} (rank {rank[0]} of {rank[1]}: its compute alone)"
         lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Cells: median (min - max) over the measured steps (warm-up steps excluded).")
@@ -302,17 +345,58 @@ def plot(
 
 
 def load_ds_dir(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """run.json and the steps of a (possibly unfinished) DeepSpeed run, NVML peaks joined."""
+    """run.json and the steps of a (possibly unfinished) DeepSpeed run, NVML peaks joined.
+
+    Each step's table is derived again from its raw record (phase seconds, step seconds, tokens),
+    so a run is read under today's definitions: a rehearsal made before `token_gpus` gave its
+    per-GPU rate a world-th of the rank's own. So is its `torch_memory`: before `gather_objects`
+    knew the fake group, a rehearsal listed its one process once per rank of the fake world,
+    copies of one record, which are read as the one they are."""
     from verl_recipes.rundir import read_jsonl
 
     run = json.loads((out / FILES["run"]).read_text())
     steps, _ = read_jsonl(out / FILES["steps"])
     samples = [s for s in read_jsonl(out / FILES["samples"])[0] if s.get("kind") == "sample"]
+    gpus = token_gpus(run)
     for s in steps:
+        mem = s.get("torch_memory")
+        if rank_of(run) and isinstance(mem, list) and mem and all(m == mem[0] for m in mem):
+            s["torch_memory"] = mem[:1]
+        s["table"] = derive(s["timing_s"], s["step_s"], s["tokens"], gpus)
         s.update(nvml_step_peaks(samples, tuple(s["wall"]), [tuple(i) for i in s["intervals"]]))
         s["table"].update(flatten_nvml(s))
     run["nvml_run_peak_gib_per_gpu"] = nvml_step_peaks(samples, (-math.inf, math.inf), [])["nvml_peak_gib_per_gpu"]
     return run, steps
+
+
+def write_run_json(out: Path, run: dict[str, Any]) -> None:
+    (out / FILES["run"]).write_text(json.dumps(run, indent=1, default=str) + "\n")
+
+
+def record_rehearsal(out: Path, rank: int, world: int) -> dict[str, Any]:
+    """Add `rank_rehearsal` to the run.json of a rehearsal made before run.json recorded it.
+
+    The records must agree: run.json's world is the rehearsal's, and every step's torch_memory
+    is one record or copies of one (a fake group's gather), never N ranks' own. A run.json that
+    already records a rehearsal keeps it; another one is refused."""
+    from verl_recipes import RecipeError
+    from verl_recipes.rundir import read_jsonl
+
+    run = json.loads((out / FILES["run"]).read_text())
+    want = {"rank": rank, "world": world}
+    if run.get("rank_rehearsal") is not None:
+        if run["rank_rehearsal"] != want:
+            raise RecipeError(f"{out / FILES['run']}: records rank_rehearsal {run['rank_rehearsal']}, not {want}")
+        return run
+    if int(run["world"]) != world:
+        raise RecipeError(f"{out / FILES['run']}: a world of {run['world']}, not the rehearsal's {world}")
+    for s in read_jsonl(out / FILES["steps"])[0]:
+        mem = s.get("torch_memory") or []
+        if any(m != mem[0] for m in mem):
+            raise RecipeError(f"{out}: step {s.get('step')} has torch_memory of several processes: not a rehearsal")
+    run["rank_rehearsal"] = want
+    write_run_json(out, run)
+    return run
 
 
 def write_report(
@@ -338,8 +422,11 @@ def write_report(
                 rec["nvml_peak_gib"] = verl_peaks[i]
     verl_summary = summarize(verl_table, vwarm) if verl_table is not None else None
     notes = _notes(run, ds_steps, verl_table, vwarm, verl_peaks)
+    rank = rank_of(run)
     results = {
         "schema": "verl-recipes/verl-vs-deepspeed/1",
+        # a rehearsal's figures say what they are where they are read: the sentence and the rank
+        **({"rank_rehearsal": {"rank": rank[0], "world": rank[1], "line": _rank_line(rank)}} if rank else {}),
         "run": run,
         "ds": {"summary": ds_summary, "steps": ds_steps},
         "verl": None
@@ -349,7 +436,7 @@ def write_report(
     }
     (out / FILES["results"]).write_text(json.dumps(results, indent=1, default=str) + "\n")
     label = "DeepSpeed ZeRO-3" if not run or run.get("backend") == "deepspeed" else "plain torch (test stand-in)"
-    (out / FILES["table"]).write_text(markdown_table(ds_summary, verl_summary, notes, label))
+    (out / FILES["table"]).write_text(markdown_table(ds_summary, verl_summary, notes, label, rank))
     plot(
         out / FILES["plot"],
         ds_table,
@@ -359,6 +446,13 @@ def write_report(
         verl_peaks,
     )
     return results
+
+
+def _rank_line(rank: tuple[int, int]) -> str:
+    """verl_recipes.measure.report.rank_line: the one sentence every rehearsal's figures carry."""
+    from verl_recipes.measure.report import rank_line
+
+    return rank_line(rank)
 
 
 def _notes(
@@ -372,10 +466,16 @@ def _notes(
     if run:
         w = run["workload"]
         ref = "on (KL in reward)" if w["use_ref"] else "off"
+        rank = rank_of(run)
+        where = (
+            f"one GPU as rank {rank[0]} of a {rank[1]}-GPU job ({w['batch'] // rank[1]} of the prompts a step)"
+            if rank
+            else f"{run['world']} GPU(s)"
+        )
         notes.append(
             f"Workload: {w['batch']} prompts x ({w['prompt_len']} prompt + {w['response_len']} response) "
-            f"tokens, mini-batch {w['mini_batch']}, reference model {ref}; DeepSpeed on {run['world']} "
-            f"GPU(s), {len(ds_steps)} steps of which {w['warmup_steps']} warm-up."
+            f"tokens, mini-batch {w['mini_batch']}, reference model {ref}; DeepSpeed on {where}, "
+            f"{len(ds_steps)} steps of which {w['warmup_steps']} warm-up."
         )
         if run.get("prompt_len_mismatch"):
             notes.append(f"{run['prompt_len_mismatch']} prompts were not exactly prompt_len tokens (padded/cut).")
@@ -485,8 +585,10 @@ def run_ds(
 
     monitor = None
     if d.writes:
+        from ds_ppo import records
+
         out.mkdir(parents=True, exist_ok=True)
-        for name in FILES.values():
+        for name in (*FILES.values(), *records.FILES):  # no record of an earlier run in this folder
             (out / name).unlink(missing_ok=True)
         from verl_recipes.measure.monitor import Monitor
 
@@ -529,9 +631,11 @@ def run_ds(
     loop = PPOLoop(actor, critic, ref, tokenizer, hp, shapes, d)
     if d.writes:
         run = _run_record(w, hp, d, backend, train_cfg, infer_cfg, counts, init_s, mismatch, time_budget_s)
+        if d.rank_rehearsal:
+            run["rank_rehearsal"] = d.rank_rehearsal
         run["grad_ckpt"] = grad_ckpt
         run["zero3_model_state_gib_per_gpu"] = zero3_state_bytes_per_gpu(counts, d.world, w.use_ref) / GIB
-        (out / FILES["run"]).write_text(json.dumps(run, indent=1, default=str) + "\n")
+        write_run_json(out, run)
 
     t_loop = time.perf_counter()
     ds_last_step_s = 0.0
@@ -552,7 +656,7 @@ def run_ds(
                 "step": i + 1,
                 "warmup": i < w.warmup_steps,
                 **res,
-                "table": derive(res["timing_s"], res["step_s"], res["tokens"], d.world),
+                "table": derive(res["timing_s"], res["step_s"], res["tokens"], 1 if d.rehearsed else d.world),
             }
             with open(out / FILES["steps"], "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
@@ -572,6 +676,10 @@ def run_ds(
         run, steps = load_ds_dir(out)
         write_report(out, run, steps)
         print(f"wrote {out / FILES['results']}, {out / FILES['table']}, {out / FILES['plot']}", flush=True)
+        from ds_ppo.records import write_records
+
+        written = write_records(out)
+        print(f"wrote {', '.join(p.name for p in written)}: `verl-recipes report {out}` reads them", flush=True)
     d.barrier()
     return 0
 

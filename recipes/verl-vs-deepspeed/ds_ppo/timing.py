@@ -60,6 +60,11 @@ class Dist:
         return cls(world=world, rank=rank, local_rank=local, device=device)
 
     @property
+    def rank_rehearsal(self) -> dict[str, int] | None:
+        """{rank, world} of a rank rehearsal, as provenance.json records it; None for a real job."""
+        return {"rank": self.rank, "world": self.world} if self.rehearsed else None
+
+    @property
     def writes(self) -> bool:
         """Whether this process writes the run's files: rank 0, or the one rank a rehearsal runs."""
         return self.rank == 0 or self.rehearsed
@@ -102,7 +107,10 @@ class Dist:
         return torch.cat(parts, dim=0)
 
     def gather_objects(self, obj: Any) -> list[Any]:
-        if not self.active:
+        """Every rank's `obj`, in rank order. A rehearsal has one real process: the fake group
+        answers a gather with copies of its object, one per rank of the fake world, so the one
+        process's object is all there is to report."""
+        if not self.active or self.rehearsed:
             return [obj]
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
