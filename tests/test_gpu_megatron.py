@@ -31,13 +31,31 @@ BOUNDS = "expected/h200x1-ppo-tp1pp1-l2.yaml"
 PHASES = ("gen", "old_log_prob", "values", "update_critic", "update_actor", "update_weights")
 
 
-def campaign_line(name: str = LINE) -> tuple[int, list[str]]:
-    """(time limit in s, `verl-recipes train` arguments) of one line of the committed campaign."""
-    for raw in CAMPAIGN.read_text().splitlines():
+def campaign_line(name: str = LINE, campaign: Path = CAMPAIGN) -> tuple[int, list[str]]:
+    """(time limit in s, `verl-recipes train` arguments) of one line of a committed campaign."""
+    for raw in campaign.read_text().splitlines():
         if raw.startswith(f"{name}|"):
             _, limit, _, what = raw.split("|", 3)
             return int(limit), shlex.split(what)
-    raise AssertionError(f"{CAMPAIGN}: no line {name}")
+    raise AssertionError(f"{campaign}: no line {name}")
+
+
+def train_line(root: Path, tmp_path: Path, name: str, limit: int, args: list[str]) -> Path:
+    """Run a campaign line's `train` and check what every Megatron PPO run must leave: exit 0, 3
+    steps logged and an NVML peak for every phase. The run folder is returned for further checks;
+    under gpu/campaign.sh (VERL_RECIPES_GPU_RUNS_DIR) it is kept as a result."""
+    keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")
+    run = Path(keep) / name if keep else tmp_path / "run"
+    env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
+    cli = [sys.executable, "-m", "verl_recipes.cli"]
+    proc = subprocess.run([*cli, "train", *args, "--run-dir", str(run), "--quiet"], env=env, timeout=limit)
+    assert proc.returncode == 0, f"verl failed; see {run}/train.log"
+    steps = [line for line in (run / "verl_metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len(steps) >= 3, f"{len(steps)} step(s) logged; see {run}/train.log"
+    summary = json.loads((run / "summary.json").read_text())
+    missing = [ph for ph in PHASES if not (summary.get("phases") or {}).get(ph, {}).get("gpu")]
+    assert not missing, f"no NVML peak for {missing} in {run}/summary.json"
+    return run
 
 
 def test_the_rerun_is_the_campaigns_two_layer_run() -> None:
@@ -51,18 +69,18 @@ def test_the_rerun_is_the_campaigns_two_layer_run() -> None:
 @pytest.mark.gpu
 def test_70b_two_layers_tp1_runs_three_steps(root: Path, tmp_path: Path) -> None:
     limit, args = campaign_line()
-    # gpu/campaign.sh sets VERL_RECIPES_GPU_RUNS_DIR so the run this test makes is kept as a result.
-    keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")
-    run = Path(keep) / LINE if keep else tmp_path / "run"
-    env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
-    cli = [sys.executable, "-m", "verl_recipes.cli"]
-    proc = subprocess.run([*cli, "train", *args, "--run-dir", str(run), "--quiet"], env=env, timeout=limit)
-    assert proc.returncode == 0, f"verl failed; see {run}/train.log"
-    steps = [line for line in (run / "verl_metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert len(steps) >= 3, f"{len(steps)} step(s) logged; see {run}/train.log"
-    summary = json.loads((run / "summary.json").read_text())
-    missing = [ph for ph in PHASES if not (summary.get("phases") or {}).get(ph, {}).get("gpu")]
-    assert not missing, f"no NVML peak for {missing} in {run}/summary.json"
+    run = train_line(root, tmp_path, LINE, limit, args)
     if (root / "recipes" / "70b-3d" / BOUNDS).is_file():
-        cmd = [*cli, "check-bounds", "70b-3d", "--run", str(run), "--expected", BOUNDS]
+        env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "verl_recipes.cli",
+            "check-bounds",
+            "70b-3d",
+            "--run",
+            str(run),
+            "--expected",
+            BOUNDS,
+        ]
         assert subprocess.run(cmd, env=env).returncode == 0

@@ -13,27 +13,13 @@ file so the test and the campaign cannot drift apart; CPU CI checks that line on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_gpu_megatron import PHASES
+from test_gpu_megatron import campaign_line, train_line
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-rank.txt"
 LINE = "70b-tp2pp2-rank4of8-l4"
-
-
-def campaign_line() -> tuple[int, list[str]]:
-    """(time limit in s, `verl-recipes train` arguments) of the committed campaign's line."""
-    import shlex
-
-    for raw in CAMPAIGN.read_text().splitlines():
-        if raw.startswith(f"{LINE}|"):
-            _, limit, _, what = raw.split("|", 3)
-            return int(limit), shlex.split(what)
-    raise AssertionError(f"{CAMPAIGN}: no line {LINE}")
 
 
 def test_the_line_is_one_rank_of_a_tp2_pp2_layout_on_the_last_stage() -> None:
@@ -44,7 +30,7 @@ def test_the_line_is_one_rank_of_a_tp2_pp2_layout_on_the_last_stage() -> None:
     from verl_recipes import train
     from verl_recipes.worker.megatron_rehearsal import MegatronLayout
 
-    limit, args = campaign_line()
+    limit, args = campaign_line(LINE, CAMPAIGN)
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())
     a = parser.parse_args(["train", *args])
@@ -60,17 +46,7 @@ def test_the_line_is_one_rank_of_a_tp2_pp2_layout_on_the_last_stage() -> None:
 
 @pytest.mark.gpu
 def test_a_tp2_pp2_rank_runs_three_steps(root: Path, tmp_path: Path) -> None:
-    limit, args = campaign_line()
-    keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")  # gpu/campaign.sh keeps the run as a result
-    run = Path(keep) / LINE if keep else tmp_path / "run"
-    env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
-    cli = [sys.executable, "-m", "verl_recipes.cli"]
-    proc = subprocess.run([*cli, "train", *args, "--run-dir", str(run), "--quiet"], env=env, timeout=limit)
-    assert proc.returncode == 0, f"verl failed; see {run}/train.log"
-    steps = [line for line in (run / "verl_metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert len(steps) >= 3, f"{len(steps)} step(s) logged; see {run}/train.log"
+    limit, args = campaign_line(LINE, CAMPAIGN)
+    run = train_line(root, tmp_path, LINE, limit, args)
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["rank_rehearsal"] == {"rank": 4, "world": 8}
-    summary = json.loads((run / "summary.json").read_text())
-    missing = [ph for ph in PHASES if not (summary.get("phases") or {}).get(ph, {}).get("gpu")]
-    assert not missing, f"no NVML peak for {missing} in {run}/summary.json"
