@@ -801,7 +801,7 @@ def test_the_committed_deepspeed_runs_pass_their_bounds(root: Path) -> None:
 
     assert main(["check-bounds", "verl-vs-deepspeed"]) == 0
     recipe = get_recipe("verl-vs-deepspeed")
-    assert sorted(recipe.expected) == sorted(f"expected/{n}.yaml" for n in REHEARSED)
+    assert {f"expected/{n}.yaml" for n in REHEARSED} <= set(recipe.expected)
     for name, rank in REHEARSED.items():
         doc = yaml.safe_load((recipe.dir / "expected" / f"{name}.yaml").read_text())
         assert doc["source_runs"] == [f"results/{name}"]

@@ -61,15 +61,17 @@ def test_the_deepspeed_side_stands_behind_none_of_verls_jobs() -> None:
     memory: `plan` never names them behind verl's job, and the tables say whose they are."""
     recipe = get_recipe("verl-vs-deepspeed")
     assert any("deepspeed" in name for name in recipe.expected)
-    assert behind(recipe, [], 2) == [] and behind(recipe, [], 4) == []
+    for world in (2, 4):  # verl's own rehearsed rank stands behind each, never the DeepSpeed side's
+        words = [e.words for e in behind(recipe, [], world)]
+        assert words == [f"rank rehearsal (0 of {world}): expected/h200x1-ppo-rank0of{world}.yaml"], words
     rows = [x for x in results_table().splitlines() if "-deepspeed.yaml)" in x]
     assert len(rows) == 2 and all("[deepspeed, not verl; rank rehearsal (" in x for x in rows)
 
 
 def test_the_tables_show_a_rehearsed_ranks_memory_and_never_its_speed() -> None:
     table = results_table()
-    for _, name, _doc in _rehearsed_bounds():
-        (row,) = [x for x in table.splitlines() if f"/expected/{Path(name).name})" in x]
+    for rid, name, _doc in _rehearsed_bounds():
+        (row,) = [x for x in table.splitlines() if f"/{rid}/expected/{Path(name).name})" in x]
         cells = [c.strip() for c in row.split("|")]
         assert "rank rehearsal (" in cells[2]
         assert cells[4] != "-" and cells[5:9] == ["-"] * 4, row  # peak yes; tokens/s, step, cost no
