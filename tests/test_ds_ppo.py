@@ -878,7 +878,8 @@ engine.engine.step()
 print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local": w.ds_tensor.numel(),
                   "full": w.ds_numel, "loss": float(loss.detach()),
                   "backend": torch.distributed.get_backend(), "label": d.rank_rehearsal,
-                  "gathered": d.gather_objects({{"max_allocated_gib": 1.0}})}}))
+                  "gathered": d.gather_objects({{"max_allocated_gib": 1.0}}),
+                  "sum": d.sum_int(5), "job_sum": d.job_sum_int(5), "mean": d.mean_floats([0.25, 3.0])}}))
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "common"), "VERL_RECIPES_RANK_REHEARSAL": "0/2"}
     env.update({"DS_ACCELERATOR": "cpu", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
@@ -890,6 +891,9 @@ print(json.dumps({{"world": d.world, "rank": d.rank, "writes": d.writes, "local"
     assert got["local"] * 2 == got["full"] and math.isfinite(got["loss"])
     # the one real process answers for itself: a fake group's gather would give copies, one per rank
     assert got["label"] == {"rank": 0, "world": 2} and got["gathered"] == [{"max_allocated_gib": 1.0}]
+    # a loss's token count is the job's (the rank's times the world); the rank's counts and reported
+    # means are its own (a fake group's all_reduce returns them alone: no division by the world)
+    assert (got["sum"], got["job_sum"], got["mean"]) == (5, 10, [0.25, 3.0])
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ class PPOLoop:
         self.critic.train()
         mb_losses, clipfracs, norms = [], [], []
         for mb in _chunks(seq.shape[0], self.shapes.mini_batch_per_gpu):
-            ntok = self.dist.sum_int(int(resp_mask[mb].sum()))
+            ntok = self.dist.job_sum_int(int(resp_mask[mb].sum()))
             total = 0.0
             for s in _chunks(mb.stop - mb.start, self.shapes.train_micro):
                 s = slice(mb.start + s.start, mb.start + s.stop)
@@ -219,7 +219,7 @@ class PPOLoop:
         mb_losses, norms = [], []
         pg: dict[str, list[float]] = {}
         for mb in _chunks(seq.shape[0], self.shapes.mini_batch_per_gpu):
-            ntok = self.dist.sum_int(int(resp_mask[mb].sum()))
+            ntok = self.dist.job_sum_int(int(resp_mask[mb].sum()))
             total = 0.0
             for s in _chunks(mb.stop - mb.start, self.shapes.train_micro):
                 s = slice(mb.start + s.start, mb.start + s.stop)

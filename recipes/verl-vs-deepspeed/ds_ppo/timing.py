@@ -78,11 +78,21 @@ class Dist:
             dist.barrier()
 
     def sum_int(self, value: int) -> int:
+        """The sum over the ranks; a rehearsal's fake group returns this rank's value alone (its
+        own tokens, as its step records count them)."""
         if not self.active:
             return int(value)
         t = torch.tensor([value], dtype=torch.long, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return int(t.item())
+
+    def job_sum_int(self, value: int) -> int:
+        """The job's sum of a count each rank holds its share of: the token count a loss is divided
+        by. A rehearsal cannot ask the ranks that are not there, so it takes `world` ranks holding
+        as many as this one; with that the rank's loss and gradients have the job's scale."""
+        if self.rehearsed:
+            return int(value) * self.world
+        return self.sum_int(value)
 
     def max_floats(self, values: list[float]) -> list[float]:
         if not self.active or not values:
@@ -92,7 +102,9 @@ class Dist:
         return [float(v) for v in t.tolist()]
 
     def mean_floats(self, values: list[float]) -> list[float]:
-        if not self.active or not values:
+        """The mean over the ranks. A rehearsal reports its one rank's values: the fake group's
+        all_reduce returns them alone, and dividing by `world` would give 1/world of them."""
+        if not self.active or self.rehearsed or not values:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
