@@ -339,3 +339,17 @@ def test_vllm_s_own_picks_come_from_its_log(root: Path) -> None:
     assert line is not None and line.startswith("vLLM's own picks: attention FLASH_ATTN (FlashAttention 3), of ")
     assert summarize(root / "recipes/7b-lora/results/h200x1-ppo-3")["startup"]["vllm_picks"] == {}
     assert picks_line({}) is None
+
+
+def test_a_start_up_without_verls_stages_is_not_called_verls_weight_sync() -> None:
+    """The last stage before step 1 is verl's initial weight sync only after verl's milestones; a log
+    that names none of them (another training loop's, or none) has one stage, the whole start-up."""
+    from verl_recipes.measure.startup import FIRST_STEP, TO_FIRST_STEP, stages
+
+    assert stages(100.0, {}, 123.8) == [{"stage": TO_FIRST_STEP, "s": 23.8, "at_s": 23.8}]
+    found = {"trainer ready": 150.0}
+    assert [s["stage"] for s in stages(100.0, found, 151.5)] == ["trainer ready", FIRST_STEP]
+    for name in ("h200x1-ppo-rank0of4-deepspeed", "h200x1-ppo-rank0of2-deepspeed"):
+        run = Path(__file__).resolve().parents[1] / "recipes/verl-vs-deepspeed/results" / name
+        summary = json.loads((run / "summary.json").read_text())
+        assert [s["stage"] for s in summary["startup"]["stages"]] == [TO_FIRST_STEP], name

@@ -41,6 +41,9 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("trainer ready", r"all initialize finished"),
 )
 FIRST_STEP = "first step begins (initial weight sync)"
+#: the one stage of a log that names none of verl's milestones (another training loop, or no log):
+#: the whole start-up, not verl's weight sync
+TO_FIRST_STEP = "launch to the first step (the log names no stage)"
 
 _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})[,.](\d{3})")
 #: vLLM's own stamp: ``INFO 12-01 17:30:25 [model.py:524]``, no year, whole seconds
@@ -149,7 +152,7 @@ def stages(t_start: float, found: dict[str, float], t_first_step: float | None) 
         found = {k: v - shift for k, v in found.items()}
     points = [(name, found[name]) for name, _ in MILESTONES if name in found]
     if t_first_step is not None:
-        points.append((FIRST_STEP, t_first_step))
+        points.append((FIRST_STEP if points else TO_FIRST_STEP, t_first_step))
     out, prev = [], t_start
     for name, t in points:
         if t < prev:  # out of order (a line logged late): fold it into the next stage
