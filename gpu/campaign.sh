@@ -16,9 +16,12 @@ set -euo pipefail
 
 campaign=${1:?usage: gpu/campaign.sh CAMPAIGN OUT_DIR}
 out=${2:?usage: gpu/campaign.sh CAMPAIGN OUT_DIR}
+mkdir -p "$out/runs"
+# DONE holds the campaign's exit code, written however it ends (its own checks included), so
+# `gpu/offline-host.sh wait` stops at once for a campaign that ended early and says how it ended.
+trap 'echo "$?" >"$out/DONE"' EXIT
 [[ -f "$campaign" ]] || { echo "campaign: no campaign file $campaign" >&2; exit 2; }
 command -v verl-recipes >/dev/null || { echo "campaign: verl-recipes is not on PATH; install the wheelhouse first" >&2; exit 2; }
-mkdir -p "$out/runs"
 status="$out/status.tsv"
 touch "$status"
 
@@ -61,4 +64,3 @@ while IFS='|' read -r name limit requires what; do
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" "$run" >>"$status"
 done <"$campaign"
 echo "== campaign done"
-touch "$out/DONE"

@@ -112,6 +112,7 @@ case "$cmd" in
     rm -rf "$keep"
     ;;
   install)
+    [[ -f "$STAGE/install.sh" ]] || { echo "install: no wheelhouse staged in $STAGE; carry the pieces (gather says which are missing) or the chunks (stage) first" >&2; exit 2; }
     bash "$STAGE/install.sh" --install "$STAGE" --target "$SITE"
     # The wheels go in without bytecode (--no-compile), and a host that never writes it
     # (PYTHONDONTWRITEBYTECODE) may ship its own torch without any: then every new process (verl's
@@ -131,6 +132,9 @@ case "$cmd" in
     gpus=${2:-}
     dir="$CAMPAIGN_DIR/${3:-gpus-${gpus:-all}}"
     [[ -e "$dir/campaign.log" && ! -e "$dir/DONE" ]] && { echo "$dir is running; give another NAME" >&2; exit 2; }
+    # what campaign.sh would refuse in the background is refused here, where the caller sees it
+    [[ -f "$campaign" ]] || { echo "start: no campaign file $campaign" >&2; exit 2; }
+    command -v verl-recipes >/dev/null || { echo "start: verl-recipes is not on PATH (nothing installed in $SITE); run gpu/offline-host.sh install first" >&2; exit 2; }
     mkdir -p "$dir"
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES="$gpus"; fi
     setsid nohup bash "$here/campaign.sh" "$campaign" "$dir" >"$dir/campaign.log" 2>&1 </dev/null &
@@ -184,6 +188,10 @@ case "$cmd" in
         log=$(ls -t "$latest"/train.log "$latest"/pytest.log "$latest"/*/train.log 2>/dev/null | head -n 1 || true)
         [[ -n "$log" ]] && tail -n 25 "$log" | cut -c1-300
       fi
+    done
+    for d in "$CAMPAIGN_DIR"/*/; do
+      rc=$(cat "$d/DONE" 2>/dev/null || true)
+      if [[ -n "$rc" && "$rc" != 0 ]]; then echo "CAMPAIGN $(basename "$d") ENDED EARLY (exit $rc): see its campaign.log above"; fi
     done
     all_done && echo "CAMPAIGN DONE" || echo "CAMPAIGN RUNNING"
     ;;

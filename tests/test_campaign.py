@@ -229,3 +229,53 @@ def test_a_wait_on_a_host_without_a_campaign_says_so_at_once(root: Path, tmp_pat
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "no campaign under" in lines[0] and "start the campaign again" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early_says_so(
+    root: Path, tmp_path: Path
+) -> None:
+    """On a host where the wheelhouse never got installed, `start` once answered "campaign started"
+    while the background campaign refused to run, and `wait` then spent its whole limit reporting
+    CAMPAIGN RUNNING (the campaign's own refusal wrote no DONE), and the NAME stayed taken. `start`
+    refuses such a host itself, in one line; a campaign that ends early, however, writes its exit
+    code into DONE, and `wait` returns at once and names it."""
+    import time
+
+    camp = tmp_path / "campaign"
+    env = {
+        **os.environ,
+        "PATH": "/usr/bin:/bin",  # no verl-recipes: nothing installed
+        "CAMPAIGN_DIR": str(camp),
+        "SITE": str(tmp_path / "site"),
+    }
+    start = ["bash", "gpu/offline-host.sh", "start", "gpu/campaigns/rank-followups.txt", "", "followups"]
+    r = subprocess.run(start, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "verl-recipes is not on PATH" in lines[0] and "install" in lines[0]
+    assert not (camp / "followups").exists()
+
+    # campaign.sh itself refuses a campaign file that is not there: DONE holds its exit code
+    early = camp / "typo"
+    r = subprocess.run(
+        ["bash", "gpu/campaign.sh", str(tmp_path / "no-such.txt"), str(early)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no campaign file" in r.stderr
+    assert (early / "DONE").read_text().strip() == "2"
+    t0 = time.monotonic()
+    w = subprocess.run(
+        ["bash", "gpu/offline-host.sh", "wait", "120", str(tmp_path / "out")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert w.returncode == 0 and time.monotonic() - t0 < 30
+    assert "CAMPAIGN typo ENDED EARLY (exit 2)" in w.stdout
+    assert w.stdout.strip().endswith("CAMPAIGN DONE")
