@@ -102,3 +102,18 @@ def test_a_rehearsed_runs_report_says_what_it_cannot_measure() -> None:
             report = (get_recipe(rid).dir / run / "report.md").read_text()
             assert f"rank rehearsal ({rank['rank']} of {rank['world']})" in report, run
     json.dumps(summary)
+
+
+def test_a_run_with_set_overrides_says_them_wherever_it_stands_behind_a_job() -> None:
+    """Runs made with `--set` overrides (EOS ignored, so every response has the same length) did
+    other work than the job as written: `plan`'s "behind it", the fit table's link and the measured
+    table name each override, so two rank rehearsals of one job never read as the same one."""
+    recipe = get_recipe("13b-fsdp")
+    found = {e.path.name: e for e in behind(recipe, [], 2)}
+    plain, fixed = found["h200x1-ppo-rank0of2.yaml"], found["h200x1-ppo-rank0of2-fixedlen.yaml"]
+    assert plain.sets == () and fixed.sets == ("actor_rollout_ref.rollout.ignore_eos=True",)
+    assert "--set actor_rollout_ref.rollout.ignore_eos=True" in fixed.words
+    assert "--set" not in plain.words
+    assert "rank 0 of 2 rehearsed, --set actor_rollout_ref.rollout.ignore_eos=True](recipes/13b-fsdp/" in gpus_table()
+    rows = [line for line in results_table().splitlines() if "h200x1-ppo-rank0of2-fixedlen.yaml" in line]
+    assert len(rows) == 1 and "--set actor_rollout_ref.rollout.ignore_eos=True; rank rehearsal (0 of 2)" in rows[0]

@@ -30,3 +30,28 @@ def test_the_committed_comparison_is_what_the_command_writes() -> None:
     doc = compare(RUNS / "h200x1-ppo", [RUNS / "h200x1-ppo-rank0of1", RUNS / "h200x1-ppo-rank0of2"])
     committed = (RECIPE / "comparisons" / "rank-rehearsal-fidelity.md").read_text()
     assert committed == render(doc), "run the compare-ranks command the 13b-fsdp README gives"
+
+
+FIXEDLEN = ("h200x1-ppo-fixedlen", "h200x1-ppo-rank0of1-fixedlen", "h200x1-ppo-rank0of2-fixedlen")
+
+
+def test_at_equal_work_the_rehearsal_path_adds_nothing_and_the_rank_does_half() -> None:
+    """The fidelity trio with EOS ignored (every response 1024 tokens): the same work in every run,
+    so the checks read the machinery and the sharding alone. A world of 1 through the rehearsal
+    path is within 2% of the plain run in every phase; rank 0 of 2 logs half the tokens and holds
+    less in every phase, by 0.85 to 1.05 of the planner's sharded terms (the README gives the
+    phases past 10%)."""
+    base, world1, rank0of2 = (RUNS / n for n in FIXEDLEN)
+    doc = compare(base, [world1, rank0of2])
+    w1, r2 = doc["runs"]
+    assert w1["tokens"] == doc["tokens"]  # equal work, token for token
+    assert all(abs(r["diff_gib"]) <= 0.02 * r["baseline_gib"] for r in w1["rows"]), w1["rows"]
+    assert abs(r2["tokens"] / doc["tokens"] - 0.5) < 0.005, (r2["tokens"], doc["tokens"])
+    for r in r2["rows"]:
+        assert r["planner_diff_gib"] < 0 and 0.85 <= r["diff_gib"] / r["planner_diff_gib"] <= 1.05, r
+
+
+def test_the_committed_equal_work_comparison_is_what_the_command_writes() -> None:
+    base, world1, rank0of2 = (RUNS / n for n in FIXEDLEN)
+    committed = (RECIPE / "comparisons" / "rank-rehearsal-fidelity-fixedlen.md").read_text()
+    assert committed == render(compare(base, [world1, rank0of2])), "run the compare-ranks command the 13b-fsdp README gives"

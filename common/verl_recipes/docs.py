@@ -145,6 +145,8 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             fewer = first_run.argv_value("--gpus") if first_run else None
             if fewer is not None:
                 cap += f", --gpus {fewer}"
+            # and so is one run with `--set` overrides (EOS ignored, say): name each
+            cap += "".join(f", --set {x}" for x in first.sets)
             # a configuration measured with one of our verl fixes off is another configuration
             off = sorted({f for p in provs for f in p.verl_fixes_off or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
@@ -317,7 +319,8 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
             found = behind(r, [row.variant] if row.variant else [], row.world)
             links = [
                 f"[{'rank ' + str(e.rank) + ' of ' + str(e.world) + ' rehearsed' if e.rank is not None else 'full run'}"
-                f"{f' at {e.cap_gib:g} GiB' if e.cap_gib else ''}](recipes/{r.id}/expected/{e.path.name})"
+                f"{f' at {e.cap_gib:g} GiB' if e.cap_gib else ''}{''.join(f', --set {x}' for x in e.sets)}]"
+                f"(recipes/{r.id}/expected/{e.path.name})"
                 for e in found
             ]
             measured = "; ".join([x for x in (measured if row.variant is None else "", *links) if x])

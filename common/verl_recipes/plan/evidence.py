@@ -24,10 +24,12 @@ class Evidence:
     world: int  # the job's GPUs the runs stood for
     rank: int | None  # the rehearsed rank; None: a full run of `world` GPUs
     cap_gib: float | None  # the --cap-gib budget the runs ran under
+    sets: tuple[str, ...] = ()  # the --set overrides the runs ran with (another workload, say)
 
     @property
     def words(self) -> str:
         cap = f" at a {self.cap_gib:g} GiB budget" if self.cap_gib else ""
+        cap += "".join(f", --set {x}" for x in self.sets)
         what = f"rank rehearsal ({self.rank} of {self.world})" if self.rank is not None else "full run"
         return f"{what}{cap}: {self.path.parent.name}/{self.path.name}"
 
@@ -60,7 +62,8 @@ def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
             r = None
         if job == world:
             cap = provs[0].get("cap_gib")
-            out.append(Evidence(path, job, r, float(cap) if cap else None))
+            sets = tuple(str(x) for x in provs[0].get("sets") or [])
+            out.append(Evidence(path, job, r, float(cap) if cap else None, sets))
     return out
 
 
