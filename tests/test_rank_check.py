@@ -54,4 +54,5 @@ def test_at_equal_work_the_rehearsal_path_adds_nothing_and_the_rank_does_half() 
 def test_the_committed_equal_work_comparison_is_what_the_command_writes() -> None:
     base, world1, rank0of2 = (RUNS / n for n in FIXEDLEN)
     committed = (RECIPE / "comparisons" / "rank-rehearsal-fidelity-fixedlen.md").read_text()
-    assert committed == render(compare(base, [world1, rank0of2])), "run the compare-ranks command the 13b-fsdp README gives"
+    fresh = render(compare(base, [world1, rank0of2]))
+    assert committed == fresh, "run the compare-ranks command the 13b-fsdp README gives"
