@@ -330,7 +330,9 @@ def test_vllm_s_own_picks_come_from_its_log(root: Path) -> None:
 
     run = root / "recipes/7b-lora/results/h200x1-ppo-5"
     picks = summarize(run)["startup"]["vllm_picks"]
-    log = (run / "train.log").read_text()
+    from verl_recipes.rundir import read_log
+
+    log = read_log(run / "train.log")  # committed gzipped
     assert picks["attention_backend"] == "FLASH_ATTN" and "Using FLASH_ATTN attention backend" in log
     assert picks["flash_attention_version"] == 3 and "FLASHINFER" in picks["attention_backends_possible"]
     assert picks["cudagraph_capture_sizes"][:4] == [1, 2, 4, 8] and picks["cudagraph_capture_sizes"][-1] == 128
@@ -353,3 +355,44 @@ def test_a_start_up_without_verls_stages_is_not_called_verls_weight_sync() -> No
         run = Path(__file__).resolve().parents[1] / "recipes/verl-vs-deepspeed/results" / name
         summary = json.loads((run / "summary.json").read_text())
         assert [s["stage"] for s in summary["startup"]["stages"]] == [TO_FIRST_STEP], name
+
+
+def test_a_committed_runs_gzipped_log_reads_as_the_plain_one(root: Path, tmp_path: Path) -> None:
+    """Committed results keep train.log gzipped (a ninth of the size of what travels to a GPU host).
+    The start-up stages, vLLM's own timings and picks come from that log: a copy with the log
+    unpacked gives the same summary, and a copy with no log at all does not (so the log is read)."""
+    import gzip
+    import shutil
+
+    from verl_recipes.rundir import read_log
+
+    src = root / "recipes/13b-fsdp/results/h200x1-ppo-rank0of2-fixedlen"
+    assert (src / "train.log.gz").is_file() and not (src / "train.log").exists()
+    plain, bare = tmp_path / "plain", tmp_path / "bare"
+    shutil.copytree(src, plain)
+    shutil.copytree(src, bare)
+    with gzip.open(plain / "train.log.gz", "rb") as f:
+        (plain / "train.log").write_bytes(f.read())
+    (plain / "train.log.gz").unlink()
+    (bare / "train.log.gz").unlink()
+    assert read_log(plain / "train.log") == read_log(src / "train.log") != ""
+    got = {}
+    for name, run in (("packed", src), ("plain", plain), ("bare", bare)):
+        s = summarize(run)
+        s.pop("run_dir", None)
+        got[name] = s
+    assert got["packed"] == got["plain"]
+    assert got["packed"]["startup"]["vllm_picks"] and got["packed"]["startup"]["vllm_s"]
+    assert got["bare"]["startup"] != got["packed"]["startup"]
+
+
+def test_a_gzipped_log_cut_short_is_read_up_to_where_it_ends(tmp_path: Path) -> None:
+    import gzip
+
+    from verl_recipes.rundir import read_log
+
+    packed = gzip.compress("".join(f"line {i}\n" for i in range(20000)).encode())
+    (tmp_path / "train.log.gz").write_bytes(packed[: len(packed) // 2])
+    text = read_log(tmp_path / "train.log")
+    assert text.startswith("line 0\n") and 0 < len(text.splitlines()) < 20000
+    assert read_log(tmp_path / "absent.log") == ""

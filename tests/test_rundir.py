@@ -37,3 +37,17 @@ def test_a_record_before_a_key_existed_says_so_and_a_broken_one_is_one_line(
     (tmp_path / PROVENANCE).write_text('{"argv": ["verl-recipes", "tr')  # cut short: read as none
     assert read_provenance(tmp_path).raw == {}
     assert "ends early" in capsys.readouterr().err
+
+
+def test_committed_runs_keep_their_log_and_samples_gzipped() -> None:
+    """The repository travels to a GPU host beside each wheelhouse piece, within one transfer's
+    limit, so its size is taken from every piece: committed run folders keep their two large files,
+    the trainer's log and the NVML samples, gzipped (a ninth and a tenth of the size). The readers
+    (`rundir.read_log`, `rundir.read_jsonl`) take either form."""
+    from verl_recipes.rundir import LOG, SAMPLES
+
+    plain = sorted(
+        str(p.relative_to(ROOT)) for name in (LOG, SAMPLES) for p in ROOT.glob(f"recipes/*/results/**/{name}")
+    )
+    assert not plain, f"gzip these (gzip -9n FILE): {plain}"
+    assert len(list(ROOT.glob(f"recipes/*/results/**/{LOG}.gz"))) >= 60

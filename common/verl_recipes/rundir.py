@@ -40,7 +40,7 @@ PHASES = "phases.jsonl"  # the phase markers: begin/end of each of verl's marked
 METRICS = "metrics.jsonl"  # the phase markers: what verl's Tracking.log logged, per step
 GEN_SPLIT = "gen_split.jsonl"  # the parts of verl's gen phase (verl_recipes.worker.gen_split)
 VERL_METRICS = "verl_metrics.jsonl"  # verl's own file logger (VERL_FILE_LOGGER_PATH)
-LOG = "train.log"  # stdout and stderr of the monitored trainer
+LOG = "train.log"  # stdout and stderr of the monitored trainer (committed runs keep LOG + ".gz")
 EXIT_CODE = "exit_code"
 INCOMPLETE = "incomplete.json"  # while the launcher works in the folder (pid, command): gone when it finishes
 RAY_LOGS = "ray-logs"  # tails of the run's Ray worker logs that carry an error (measure.ending)
@@ -363,6 +363,26 @@ def append(name: str, record: dict[str, Any]) -> None:
             entry = (pid, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
             _append_fds[path] = entry
         _write_all(entry[1], data)
+
+
+def read_log(path: Path) -> str:
+    """A run's text log (`LOG`), or its gzipped form (PATH.gz) where the plain one is absent: committed
+    results keep their logs gzipped as they keep their samples (a ninth of the size; the repository
+    travels to a GPU host beside a wheelhouse piece, so its size is taken from each piece). "" when
+    neither is there; a gzip cut short is read up to where it ends."""
+    gz = path.with_name(path.name + ".gz")
+    if path.is_file():
+        return path.read_text(errors="replace")
+    if not gz.is_file():
+        return ""
+    out: list[str] = []
+    with gzip.open(gz, "rt", encoding="utf-8", errors="replace") as f:
+        try:
+            for line in f:
+                out.append(line)
+        except (EOFError, OSError, zlib.error) as e:
+            print(f"{gz}: ends early after {len(out)} line(s) ({e}); read up to there", file=sys.stderr)
+    return "".join(out)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -149,7 +149,12 @@ def describe(run_dir: Path, exit_code: int | None, phases: list[dict[str, Any]],
             errors = list(json.loads(idx.read_text()).get("errors") or [])
         except ValueError:
             errors = []
-    log_err = last_error(_tail(run_dir / log_name)) if (run_dir / log_name).is_file() else None
+    log = run_dir / log_name
+    if log.is_file():
+        log_err = last_error(_tail(log))
+    else:  # a committed run keeps its log gzipped
+        text = rundir.read_log(log)
+        log_err = last_error(text.splitlines()[-TAIL_LINES:]) if text else None
     # a worker's own stderr says why; Ray's core log of it, then the driver's log, say less; Ray's
     # teardown says nothing (a Python exception ends the run with every core log's last line an
     # intended exit, and the exception in the driver's log)

@@ -164,8 +164,7 @@ def stages(t_start: float, found: dict[str, float], t_first_step: float | None) 
 
 def summarize(run_dir: Path, t_start: float, t_first_step: float | None, log_name: str = rundir.LOG) -> dict[str, Any]:
     """summary.json's "startup": the stages, their total, and vLLM's own timings."""
-    log = run_dir / log_name
-    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    lines = rundir.read_log(run_dir / log_name).splitlines()
     st = stages(t_start, milestones(lines), t_first_step)
     return {
         "to_first_step_s": round(t_first_step - t_start, 2) if t_first_step is not None else None,
