@@ -7,7 +7,9 @@ GPUs, else the baseline's first GPU: a world of 1, or another layout). Two more 
 they differ where they should: the planner's difference for the two configurations (the sharded
 terms of a rank of N against a world of 1), and the training process's device memory beyond its
 own allocator (NVML per process minus verl's `max_memory_reserved`: CUDA context, NCCL's buffers,
-which a rehearsal lacks). Tokens per step are shown, since a comparison is fair only where they
+which a rehearsal lacks), and PyTorch's own peaks in the training phases, allocated and reserved,
+which part a difference into the tensors the rank holds and the allocator's cache around them.
+Tokens per step are shown, since a comparison is fair only where they
 match; step time is the baseline's alone (a rehearsal's is one rank's compute).
 """
 
@@ -46,6 +48,12 @@ def _steady(run_dir: Path) -> dict[str, float | None]:
     steps: list[Any] = list(steady_steps(read_summary(run_dir).get("steps") or []))
     times = [float(t) for st in steps if (t := st.get("time_s")) is not None]
     reserved = [float(r) for st in steps if (r := st.get("verl_max_reserved_gib")) is not None]
+    allocated = [
+        float(v)
+        for st in steps
+        for k, v in (st.get("verl_memory_gib") or {}).items()
+        if k.endswith("max_memory_allocated_gb") and v is not None
+    ]
     worker = [
         float(g.get("by_class_gib", {}).get("fsdp_worker", 0.0))
         for st in steps
@@ -55,6 +63,10 @@ def _steady(run_dir: Path) -> dict[str, float | None]:
         "step_s": statistics.median(times) if times else None,
         # the two peaks of steps 2+: the allocator's reservation only grows, NVML's reading with it
         "beyond_allocator_gib": max(worker) - max(reserved) if reserved and any(worker) else None,
+        # PyTorch's own peaks in the training phases (verl's perf/max_memory_*_gb, GiB): the tensors
+        # held, and the allocator's reservation around them; their gap is the allocator's cache
+        "allocated_gib": max(allocated) if allocated else None,
+        "reserved_gib": max(reserved) if reserved else None,
     }
 
 
@@ -102,6 +114,10 @@ def _f(v: float | None, nd: int = 2, sign: bool = False) -> str:
     return "-" if v is None else (f"{v:+.{nd}f}" if sign else f"{v:.{nd}f}")
 
 
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = []
     for r in doc["runs"]:
@@ -124,6 +140,11 @@ def render(doc: dict[str, Any]) -> str:
             "- training process beyond its allocator (NVML per process minus verl's max reserved, "
             "peaks of steps 2+): "
             f"baseline {_f(doc['beyond_allocator_gib'])} GiB, run {_f(r['beyond_allocator_gib'])} GiB",
+            "- PyTorch's allocator in the training phases (verl's max_memory_allocated / reserved, peaks of "
+            f"steps 2+): allocated baseline {_f(doc['allocated_gib'])} GiB, run {_f(r['allocated_gib'])} GiB "
+            f"({_f(_sub(r['allocated_gib'], doc['allocated_gib']), sign=True)}); reserved beyond allocated "
+            f"baseline {_f(_sub(doc['reserved_gib'], doc['allocated_gib']))} GiB, "
+            f"run {_f(_sub(r['reserved_gib'], r['allocated_gib']))} GiB",
             f"- step time: baseline {_f(doc['step_s'], 1)} s"
             + (
                 "; a rehearsal's is one rank's compute, not the job's" if r["rank"] else f", run {_f(r['step_s'], 1)} s"
