@@ -210,6 +210,12 @@ def test_import_times_runs_to_the_end_and_times_both_ways(root: Path, tmp_path: 
     assert not (out / "importtime-vllm.raw").exists()
 
 
+def _offline_host(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """gpu/offline-host.sh ARGS with ENV, its output captured."""
+    cmd = ["bash", "gpu/offline-host.sh", *args]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+
+
 def test_a_wait_on_a_host_without_a_campaign_says_so_at_once(root: Path, tmp_path: Path) -> None:
     """A lent host taken back between calls leaves the next call on a bare one: `wait` there says
     so in one line and exits 2 at once, instead of waiting out its limit on nothing."""
@@ -217,14 +223,7 @@ def test_a_wait_on_a_host_without_a_campaign_says_so_at_once(root: Path, tmp_pat
 
     env = {**os.environ, "CAMPAIGN_DIR": str(tmp_path / "campaign"), "SITE": str(tmp_path / "site")}
     t0 = time.monotonic()
-    r = subprocess.run(
-        ["bash", "gpu/offline-host.sh", "wait", "120", str(tmp_path / "out")],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _offline_host(root, env, "wait", "120", str(tmp_path / "out"))
     assert r.returncode == 2 and time.monotonic() - t0 < 30
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "no campaign under" in lines[0] and "start the campaign again" in lines[0]
@@ -248,8 +247,7 @@ def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early
         "CAMPAIGN_DIR": str(camp),
         "SITE": str(tmp_path / "site"),
     }
-    start = ["bash", "gpu/offline-host.sh", "start", "gpu/campaigns/rank-followups.txt", "", "followups"]
-    r = subprocess.run(start, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    r = _offline_host(root, env, "start", "gpu/campaigns/rank-followups.txt", "", "followups")
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "verl-recipes is not on PATH" in lines[0] and "install" in lines[0]
@@ -268,14 +266,7 @@ def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early
     assert r.returncode == 2 and "no campaign file" in r.stderr
     assert (early / "DONE").read_text().strip() == "2"
     t0 = time.monotonic()
-    w = subprocess.run(
-        ["bash", "gpu/offline-host.sh", "wait", "120", str(tmp_path / "out")],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    w = _offline_host(root, env, "wait", "120", str(tmp_path / "out"))
     assert w.returncode == 0 and time.monotonic() - t0 < 30
     assert "CAMPAIGN typo ENDED EARLY (exit 2)" in w.stdout
     assert w.stdout.strip().endswith("CAMPAIGN DONE")
