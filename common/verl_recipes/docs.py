@@ -28,7 +28,7 @@ import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
-from verl_recipes.plan.evidence import behind
+from verl_recipes.plan.evidence import behind, sets_words
 from verl_recipes.recipe.metadata import Recipe, discover
 from verl_recipes.rundir import Provenance, read_provenance
 
@@ -146,7 +146,7 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             if fewer is not None:
                 cap += f", --gpus {fewer}"
             # and so is one run with `--set` overrides (EOS ignored, say): name each
-            cap += "".join(f", --set {x}" for x in first.sets)
+            cap += sets_words(first.sets)
             # a configuration measured with one of our verl fixes off is another configuration
             off = sorted({f for p in provs for f in p.verl_fixes_off or []})
             cap += "".join(f", --verl-fix-off {f}" for f in off)
@@ -319,7 +319,7 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
             found = behind(r, [row.variant] if row.variant else [], row.world)
             links = [
                 f"[{'rank ' + str(e.rank) + ' of ' + str(e.world) + ' rehearsed' if e.rank is not None else 'full run'}"
-                f"{f' at {e.cap_gib:g} GiB' if e.cap_gib else ''}{''.join(f', --set {x}' for x in e.sets)}]"
+                f"{f' at {e.cap_gib:g} GiB' if e.cap_gib else ''}{sets_words(e.sets)}]"
                 f"(recipes/{r.id}/expected/{e.path.name})"
                 for e in found
             ]

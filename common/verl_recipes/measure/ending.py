@@ -68,6 +68,8 @@ def last_error(lines: list[str]) -> str | None:
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    if not path.is_file():  # a committed run keeps its log gzipped (PATH.gz), or there is none
+        return rundir.read_log(path).splitlines()[-n:]
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
@@ -149,12 +151,7 @@ def describe(run_dir: Path, exit_code: int | None, phases: list[dict[str, Any]],
             errors = list(json.loads(idx.read_text()).get("errors") or [])
         except ValueError:
             errors = []
-    log = run_dir / log_name
-    if log.is_file():
-        log_err = last_error(_tail(log))
-    else:  # a committed run keeps its log gzipped
-        text = rundir.read_log(log)
-        log_err = last_error(text.splitlines()[-TAIL_LINES:]) if text else None
+    log_err = last_error(_tail(run_dir / log_name))
     # a worker's own stderr says why; Ray's core log of it, then the driver's log, say less; Ray's
     # teardown says nothing (a Python exception ends the run with every core log's last line an
     # intended exit, and the exception in the driver's log)

@@ -18,6 +18,11 @@ from typing import Any
 from verl_recipes import RecipeError
 
 
+def sets_words(sets: Sequence[str]) -> str:
+    """How a run's `--set` overrides are named wherever its figures stand: ", --set K=V" each."""
+    return "".join(f", --set {x}" for x in sets)
+
+
 @dataclass(frozen=True)
 class Evidence:
     path: Path  # the bounds file
@@ -29,7 +34,7 @@ class Evidence:
     @property
     def words(self) -> str:
         cap = f" at a {self.cap_gib:g} GiB budget" if self.cap_gib else ""
-        cap += "".join(f", --set {x}" for x in self.sets)
+        cap += sets_words(self.sets)
         what = f"rank rehearsal ({self.rank} of {self.world})" if self.rank is not None else "full run"
         return f"{what}{cap}: {self.path.parent.name}/{self.path.name}"
 
