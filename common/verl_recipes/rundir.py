@@ -365,23 +365,33 @@ def append(name: str, record: dict[str, Any]) -> None:
         _write_all(entry[1], data)
 
 
-def read_log(path: Path) -> str:
-    """A run's text log (`LOG`), or its gzipped form (PATH.gz) where the plain one is absent: committed
-    results keep their logs gzipped as they keep their samples (a ninth of the size; the repository
-    travels to a GPU host beside a wheelhouse piece, so its size is taken from each piece). "" when
-    neither is there; a gzip cut short is read up to where it ends."""
+def _open_either(path: Path) -> tuple[Path, IO[str]] | None:
+    """PATH, or its gzipped form PATH.gz where the plain one is absent (committed results keep
+    their large files gzipped), opened as text; None when neither is there."""
     gz = path.with_name(path.name + ".gz")
     if path.is_file():
-        return path.read_text(errors="replace")
-    if not gz.is_file():
+        return path, open(path, encoding="utf-8", errors="replace")  # the caller closes it
+    if gz.is_file():
+        return gz, gzip.open(gz, "rt", encoding="utf-8", errors="replace")
+    return None
+
+
+def read_log(path: Path) -> str:
+    """A run's text log (`LOG`), or its gzipped form: committed results keep their logs gzipped as
+    they keep their samples (a ninth of the size; the repository travels to a GPU host beside a
+    wheelhouse piece, so its size is taken from each piece). "" when neither is there; a gzip cut
+    short is read up to where it ends, and one line on stderr says so."""
+    opened = _open_either(path)
+    if opened is None:
         return ""
+    src, text = opened
     out: list[str] = []
-    with gzip.open(gz, "rt", encoding="utf-8", errors="replace") as f:
+    with text as f:
         try:
             for line in f:
                 out.append(line)
         except (EOFError, OSError, zlib.error) as e:
-            print(f"{gz}: ends early after {len(out)} line(s) ({e}); read up to there", file=sys.stderr)
+            warn_once(src, f"ends early after line {len(out)} ({type(e).__name__}: {e}); read up to there")
     return "".join(out)
 
 
@@ -396,15 +406,10 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     """
     records: list[dict[str, Any]] = []
     bad = 0
-    gz = path.with_name(path.name + ".gz")
-    if not path.is_file() and not gz.is_file():
+    opened = _open_either(path)
+    if opened is None:
         return records, bad
-    src = path if path.is_file() else gz
-    text: IO[str] = (
-        open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
-        if path.is_file()
-        else gzip.open(gz, "rt", encoding="utf-8", errors="replace")  # noqa: SIM115
-    )
+    src, text = opened
     n = 0
     last = ""
     with text as f:
