@@ -49,11 +49,17 @@ def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_no
     # the same variants at another world: nothing ran there
     assert behind(recipe, [], 4) == []
     assert "a prediction only" in behind_line(get_recipe("70b-3d"), [], 32)
-    assert main(["plan", "13b-fsdp", "--gpu", "h200-141g"]) == 0
+    # tp2 has rehearsed ranks only: they are named, and a rehearsed rank's rate (one rank's
+    # compute) never prices the job
+    assert main(["plan", "13b-fsdp", "--variant", "tp2", "--gpu", "h200-141g"]) == 0
     out = capsys.readouterr().out
     assert "behind it: rank rehearsal (0 of 2)" in out
-    # a rehearsed rank's rate is one rank's compute: it never prices the job
     assert "per million tokens" not in out
+    # the default ran as the two-GPU job too: the full run comes first and prices it
+    assert main(["plan", "13b-fsdp", "--gpu", "h200-141g"]) == 0
+    out = capsys.readouterr().out
+    assert "behind it: full run: expected/h200x2-ppo.yaml; rank rehearsal (0 of 2)" in out
+    assert "per million tokens" in out and "(measured run h200x2-ppo:" in out
 
 
 def test_the_deepspeed_side_stands_behind_none_of_verls_jobs() -> None:
@@ -61,9 +67,10 @@ def test_the_deepspeed_side_stands_behind_none_of_verls_jobs() -> None:
     memory: `plan` never names them behind verl's job, and the tables say whose they are."""
     recipe = get_recipe("verl-vs-deepspeed")
     assert any("deepspeed" in name for name in recipe.expected)
-    for world in (2, 4):  # verl's own rehearsed rank stands behind each, never the DeepSpeed side's
+    for world in (2, 4):  # verl's own rehearsed ranks stand behind each, never the DeepSpeed side's
         words = [e.words for e in behind(recipe, [], world)]
-        assert words == [f"rank rehearsal (0 of {world}): expected/h200x1-ppo-rank0of{world}.yaml"], words
+        assert words[0] == f"rank rehearsal (0 of {world}): expected/h200x1-ppo-rank0of{world}.yaml", words
+        assert all(w.startswith(f"rank rehearsal (0 of {world})") and "deepspeed" not in w for w in words), words
     rows = [x for x in results_table().splitlines() if "-deepspeed.yaml)" in x]
     assert len(rows) == 2 and all("[deepspeed, not verl; rank rehearsal (" in x for x in rows)
 

@@ -302,3 +302,17 @@ def test_a_dataset_cut_short_by_an_older_writer_is_not_complete(tmp_path: Path) 
     assert not dataset.complete(out)
     dataset.write(out, 64, 8)  # the cache's own folder (its marker is there): written again, whole
     assert dataset.complete(out)
+
+
+def test_an_out_path_in_a_folder_that_does_not_exist_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    """`--out comparisons/x.md` where `comparisons/` is missing: one line naming the folder, exit 2."""
+    runs = ROOT / "recipes" / "13b-fsdp" / "results"
+    out = tmp_path / "missing" / "cmp.md"
+    p = _cli("compare-ranks", str(runs / "h200x1-ppo"), str(runs / "h200x1-ppo-rank0of1"), "--out", str(out), cache=tmp_path)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 2, stderr
+    assert stderr.strip().splitlines() == [
+        f"error: the comparison goes to {out}, but the folder {out.parent} does not exist: "
+        "create it or give a path in an existing folder"
+    ]
+    assert not out.parent.exists()
