@@ -308,8 +308,10 @@ def test_an_out_path_in_a_folder_that_does_not_exist_is_one_line_and_writes_noth
     """`--out comparisons/x.md` where `comparisons/` is missing: one line naming the folder, exit 2."""
     runs = ROOT / "recipes" / "13b-fsdp" / "results"
     out = tmp_path / "missing" / "cmp.md"
-    p = _cli("compare-ranks", str(runs / "h200x1-ppo"), str(runs / "h200x1-ppo-rank0of1"), "--out", str(out), cache=tmp_path)
-    stdout, stderr = p.communicate(timeout=120)
+    p = _cli(
+        "compare-ranks", str(runs / "h200x1-ppo"), str(runs / "h200x1-ppo-rank0of1"), "--out", str(out), cache=tmp_path
+    )
+    _, stderr = p.communicate(timeout=120)
     assert p.returncode == 2, stderr
     assert stderr.strip().splitlines() == [
         f"error: the comparison goes to {out}, but the folder {out.parent} does not exist: "

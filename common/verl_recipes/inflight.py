@@ -229,7 +229,10 @@ def staged_file(target: Path, what: str = "") -> Iterator[Path]:
     path sits in it, so without the check the first write would fail with an OSError naming
     the hidden temporary file, not the path the user gave."""
     if not target.parent.is_dir():
-        raise RecipeError(f"{what or 'the file'} goes to {target}, but the folder {target.parent} does not exist: create it or give a path in an existing folder")
+        raise RecipeError(
+            f"{what or 'the file'} goes to {target}, but the folder {target.parent} does not exist: "
+            "create it or give a path in an existing folder"
+        )
     tmp = partial_path(target)
     try:
         with writing(what or "the file", target):
