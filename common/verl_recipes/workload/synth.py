@@ -214,6 +214,23 @@ def _draw(plan: list[_Tensor], dtype: torch.dtype, device: str, seed: int) -> It
         yield x.cpu()
 
 
+#: the shard an index without weights names; no such file is written
+ABSENT_SHARD = "no-weights-written.safetensors"
+
+
+def write_key_index(out: Path, plan: list[_Tensor]) -> int:
+    """Name every weight of the model in a safetensors index, with no shard behind it; returns 0 bytes.
+
+    Megatron-Bridge's weight export (verl's sync of a Megatron actor into vLLM) lists the HF names
+    to convert from the checkpoint's safetensors index (``SafeTensorsStateSource.get_all_keys``)
+    and refuses a folder with neither shards nor index. A folder written without weights keeps
+    that list, and still holds no weight file for a loader to read (`megatron_rehearsal.has_weights`).
+    """
+    index = {"metadata": {"total_size": 0}, "weight_map": {t.name: ABSENT_SHARD for t in plan}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return 0
+
+
 def write_weights(
     out: Path,
     plan: list[_Tensor],
@@ -460,7 +477,7 @@ def _synthesize_into(
     gen.save_pretrained(out)
     tokenizer.save_pretrained(out)
     t1 = time.perf_counter()
-    written = write_weights(out, plan, dtype, device, seed, max_shard_bytes) if weights else 0
+    written = write_weights(out, plan, dtype, device, seed, max_shard_bytes) if weights else write_key_index(out, plan)
     t2 = time.perf_counter()
 
     info = {
