@@ -140,6 +140,46 @@ def test_an_offset_and_a_per_layer_error_carry_to_full_depth(tmp_path: Path) -> 
     assert result["fits"] == (max(result["predicted_gib"].values()) * GIB <= gpu.visible_bytes)
 
 
+def test_runs_of_the_target_layout_decide_and_a_phase_a_run_died_in_is_not_fitted(tmp_path: Path) -> None:
+    """TP1 runs 20% over the planner per layer beside runs of 70b-3d's own TP4 x PP2 x 32 layout that
+    match it (rank rehearsals at 8 and 80 layers): the own layout decides, so the prediction is the
+    planner's, not the larger TP1 figure. The 80-layer run died in update_actor with a peak far
+    over the planner's (phases.jsonl: ok false there): that phase is fitted from the 8-layer run
+    alone, the planner's per-layer terms with its fixed terms shifted by that depth's difference."""
+    tp1 = [
+        _make_run(tmp_path / "tp1", n, sets, 0.0, 1.2, variants, gpus)[0]
+        for n, (variants, gpus, sets) in _one_gpu_runs().items()
+    ]
+    own8, _ = _make_run(tmp_path / "own", 8, [], 0.5, 1.0, gpus=32)
+    own80, measured80 = _make_run(tmp_path / "own", 80, [], 0.5, 1.0, gpus=32)
+    summary = json.loads((own80 / "summary.json").read_text())
+    summary["phases"]["update_actor"]["gpu"]["0"]["used_gib"] += 50.0  # how far the dying phase got: not a peak
+    (own80 / "summary.json").write_text(json.dumps(summary))
+    (own80 / "phases.jsonl").write_text(
+        "".join(
+            json.dumps(e) + "\n"
+            for e in (
+                {"event": "begin", "name": "update_critic", "step": 1},
+                {"event": "end", "name": "update_critic", "step": 1, "ok": True},
+                {"event": "begin", "name": "update_actor", "step": 1},
+                {"event": "end", "name": "update_actor", "step": 1, "ok": False},
+                {"event": "end", "name": "step", "step": 1, "ok": False},
+            )
+        )
+    )
+    _, target, _ = load_setup("70b-3d", [], [])
+    gpu = parse_gpu("h100-80g")
+    result, fits = predict(target, gpu, [*tp1, own8, own80])
+    own = next(f for f in fits if "TP4 PP2 CP1 x 32 GPUs" in f.layout)
+    assert own.depths == [8, 80] and "update_actor" in own.single and "update_actor" not in own.measured
+    tp1_fit = next(v for k, v in result["per_layout_gib"].items() if "TP1 PP1" in k)
+    for ph in ("update_actor", "update_critic", "values"):
+        # the made-up runs are the planner's + 0.5 GiB on this layout; TP1's would say far more
+        assert result["predicted_gib"][ph] == pytest.approx(result["planner_gib"][ph] + 0.5, abs=0.02), ph
+        assert tp1_fit[ph] > result["predicted_gib"][ph] + 1.0, ph
+    assert measured80["update_actor"] / GIB + 50 > result["predicted_gib"]["update_actor"] + 40
+
+
 def test_the_one_gpu_campaign_gives_three_depths_and_a_residual(tmp_path: Path) -> None:
     """The depths gpu/campaigns/70b-tp1.txt runs (TP1 x PP1 on one GPU), made up as the planner plus
     2 GiB plus 10% per layer: one layout, three depths, so the fit has a residual (none here: made-up

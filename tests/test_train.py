@@ -520,10 +520,15 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
     assert whole.model.weights is True
 
 
-def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_prediction() -> None:
-    """One verdict per job and GPU: where 70b-3d commits a calibrated prediction for 32 80 GB cards
-    (85.8 GiB in update_critic), train's pre-flight refuses the card as `plan` does, with the same
-    fix, although the planner alone puts the peak at 76.8 GiB."""
+def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_prediction(tmp_path: Path) -> None:
+    """One verdict per job and GPU: 70b-3d's committed calibrated prediction for 32 80 GB cards
+    (its rank 16 rehearsed at that layout: 76.9 GiB in update_actor) fits, as `plan` says; the
+    same recipe with that prediction over the card (the TP1 depth fit's 85.8 GiB in update_critic,
+    which the rank rehearsal replaced) is refused with `plan`'s fix, although the planner alone
+    puts the peak at 76.8 GiB."""
+    import shutil
+
+    import yaml
     from verl_recipes import RecipeError
     from verl_recipes.plan.setup import load_setup
     from verl_recipes.preflight import Budget, fit
@@ -531,8 +536,14 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
     _, setup, recipe = load_setup("70b-3d", [], [])
     h100 = [Budget("h100-80g", "h100-80g")]
     assert fit(setup, h100, False)[0].startswith("plan: fits h100-80g: peak update_actor 76.8 GiB")
+    assert fit(setup, h100, False, calibration=(recipe, []))[0].startswith("plan: fits h100-80g")
+    over = tmp_path / "70b-3d"
+    shutil.copytree(recipe.dir / "expected", over / "expected")
+    doc = yaml.safe_load((over / "expected" / "h100x32-ppo.yaml").read_text())
+    doc["predicted_gib"]["update_critic"], doc["fits"] = 85.83, False
+    (over / "expected" / "h100x32-ppo.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(RecipeError) as e:
-        fit(setup, h100, False, calibration=(recipe, []))
+        fit(setup, h100, False, calibration=(recipe.model_copy(update={"dir": over}), []))
     msg = str(e.value)
     assert "\n" not in msg and "the calibrated prediction puts update_critic at 85.8 GiB" in msg
     assert "--set trainer.nnodes=8" in msg

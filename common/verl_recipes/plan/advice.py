@@ -107,7 +107,10 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
         phase = max(pred, key=lambda k: pred[k])
         peak = round(pred[phase] * GIB)
         fits = bool(doc.get("fits")) and peak <= gpu.visible_bytes
-        return Calibrated(path, peak, phase, fits)
+        fitted = (doc.get("fit") or {}).values()
+        own = any(isinstance(f, dict) and f.get("decides") for f in fitted)
+        how = "from a rank rehearsal of this layout and truncated-depth runs" if own else "from truncated-depth runs"
+        return Calibrated(path, peak, phase, fits, how=how)
     return None
 
 

@@ -493,8 +493,9 @@ def _from_layers(args: argparse.Namespace, s: Setup) -> int:
         command = shlex.join(["verl-recipes", "plan", *sys.argv[2:]]) if len(sys.argv) > 2 else "verl-recipes plan"
         doc = document(args.target, args.variant, s, gpu, result, fits, command)
         header = (
-            "# PREDICTED, not measured: the full-depth configuration was never run. Written by\n"
-            f"# `{command}`\n# from the truncated-depth runs under `fit` (verl_recipes/plan/layers.py says how).\n"
+            "# PREDICTED, not measured: no run of every GPU of this job stands behind it. Written by\n"
+            f"# `{command}`\n# from the runs under `fit`: fewer layers, or one rank rehearsed at this layout\n"
+            "# (verl_recipes/plan/layers.py says how).\n"
         )
         inflight.write_text(args.write, header + yaml.safe_dump(doc, sort_keys=False, width=110), "the prediction")
         print(f"wrote {args.write}")

@@ -10,6 +10,7 @@ reader never takes a prediction or a rehearsed rank for a measured job.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +31,36 @@ class Evidence:
     rank: int | None  # the rehearsed rank; None: a full run of `world` GPUs
     cap_gib: float | None  # the --cap-gib budget the runs ran under
     sets: tuple[str, ...] = ()  # the --set overrides the runs ran with (another workload, say)
+    layers: int | None = None  # `train --layers N`: the model cut to N layers; None: full depth
 
     @property
     def words(self) -> str:
-        cap = f" at a {self.cap_gib:g} GiB budget" if self.cap_gib else ""
+        cap = f" at {self.layers} layers" if self.layers else ""
+        cap += f" at a {self.cap_gib:g} GiB budget" if self.cap_gib else ""
         cap += sets_words(self.sets)
         what = f"rank rehearsal ({self.rank} of {self.world})" if self.rank is not None else "full run"
         return f"{what}{cap}: {self.path.parent.name}/{self.path.name}"
+
+
+def _layers(prov: dict[str, Any]) -> int | None:
+    """The depth a run cut its model to (`train --layers N` in the argv its provenance kept)."""
+    argv = [str(a) for a in prov.get("argv") or []]
+    for flag, value in itertools.pairwise(argv):
+        if flag == "--layers":
+            return int(value)
+    return None
+
+
+def _run_layers(recipe_dir: Path, runs: Sequence[str]) -> int | None:
+    """The depth of the first source run of a bounds file, from that run's own provenance.json
+    (a bounds file keeps the provenance's summary, not the launcher's arguments)."""
+    import json
+
+    for run in runs[:1]:
+        prov = recipe_dir / run / "provenance.json"
+        if prov.is_file():
+            return _layers(json.loads(prov.read_text()))
+    return None
 
 
 def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
@@ -68,7 +92,8 @@ def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
         if job == world:
             cap = provs[0].get("cap_gib")
             sets = tuple(str(x) for x in provs[0].get("sets") or [])
-            out.append(Evidence(path, job, r, float(cap) if cap else None, sets))
+            layers = _layers(provs[0]) or _run_layers(recipe.dir, doc.get("source_runs") or [])
+            out.append(Evidence(path, job, r, float(cap) if cap else None, sets, layers))
     return out
 
 

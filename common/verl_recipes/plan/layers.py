@@ -19,7 +19,14 @@ Method, per phase (the per-GPU peak: the heaviest GPU of each run):
    (the full depth and half of it): P_full(N) = A + B N. Prediction = A + d + k B N_full.
 
 With several layouts (TP2, PP2) each gives a prediction; the file keeps each and the largest as
-the one to plan with. With exactly two depths the fit has no residual: the file says so, and a
+the one to plan with, unless runs of the target's own layout are among them (rank rehearsals of
+the full job, `train --rank R`, at fewer layers or at full depth): per-layer errors measured on
+another layout do not carry to this one (a TP1 x PP1 fit put 70b-3d's critic update at 85.8 GiB,
+its rank 16 of TP4 x PP2 measured 75.4), so the target's own layout decides every phase it
+measured. A phase measured at one depth only keeps the planner's per-layer terms and shifts its
+fixed terms by what that depth measured (k = 1). A phase a run did not finish (it died inside it:
+phases.jsonl's end marker says ok false) is not fitted: its peak is only how far it got.
+With exactly two depths the fit has no residual: the file says so, and a
 third depth is what would measure the fit's own error. With three or more, the error band of a
 phase is the range of its prediction over the lines through every two of the measured depths and
 through all of them: a decoder whose memory is exactly linear in depth gives a band of zero width,
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +87,27 @@ def _layout(s: Setup) -> str:
     return f"{a.backend} TP{a.tp} PP{a.pp} CP{a.cp} x {s.world} GPUs, vLLM TP{s.rollout.tp}, {widths}"
 
 
+def unfinished(run_dir: Path) -> set[str]:
+    """verl's phases the run entered and did not finish (their end marker says ok false), in the
+    planner's names: a run that died inside a phase measured only how far that phase got."""
+    from verl_recipes.rundir import PHASES as PHASES_LOG
+
+    path = run_dir / PHASES_LOG
+    if not path.is_file():
+        return set()
+    out = set()
+    for line in path.read_text().splitlines():
+        ev = json.loads(line) if line.strip() else {}
+        if ev.get("event") == "end" and ev.get("ok") is False and ev.get("name") != "step":
+            out.add(str(ev["name"]))
+    return out
+
+
 def _peaks(run: MeasuredRun) -> dict[str, int]:
-    """Per phase, the heaviest GPU's peak (the one that decides whether a card is big enough)."""
-    return {ph: max(per.values()) for ph, per in run.phases.items() if per}
+    """Per phase, the heaviest GPU's peak (the one that decides whether a card is big enough), less
+    the phases the run did not finish."""
+    cut = unfinished(run.run_dir)
+    return {ph: max(per.values()) for ph, per in run.phases.items() if per and ph not in cut}
 
 
 def _planned_peaks(s: Setup, gpu: GPU, c: Constants) -> dict[str, int]:
@@ -101,6 +127,8 @@ class LayoutFit:
     planned: dict[str, Line]
     residual_gib: dict[str, float | None]  # largest |measured - fit| per phase; None with two depths
     points: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)  # (layers, bytes)
+    #: phases measured at one depth only: (layers, measured bytes, planned bytes) of that depth
+    single: dict[str, tuple[int, float, float]] = dataclasses.field(default_factory=dict)
 
     def lines(self, ph: str) -> list[Line]:
         """The measured line of `ph` through all depths, then through each two distinct depths
@@ -131,6 +159,11 @@ def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
     measured = {ph: fit_line(p) for ph, p in measured_pts.items() if len({x for x, _ in p}) >= 2}
     if not measured:
         raise RecipeError(f"{_layout(setups[0])}: runs at depths {sorted(set(depths))}: need two different depths")
+    single = {
+        ph: (p[0][0], statistics.mean(y for _, y in p), statistics.mean(y for _, y in planned_pts[ph]))
+        for ph, p in measured_pts.items()
+        if ph not in measured
+    }
     planned = {ph: fit_line(planned_pts[ph]) for ph in measured}
     residual: dict[str, float | None] = {}
     for ph, line in measured.items():
@@ -138,7 +171,7 @@ def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
         residual[ph] = max(abs(y - line.at(x)) for x, y in pts) / GIB if len({x for x, _ in pts}) > 2 else None
     names = [str(r.run_dir) for r in runs]
     points = {ph: measured_pts[ph] for ph in measured}
-    return LayoutFit(_layout(setups[0]), names, sorted(set(depths)), measured, planned, residual, points)
+    return LayoutFit(_layout(setups[0]), names, sorted(set(depths)), measured, planned, residual, points, single)
 
 
 def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
@@ -187,11 +220,15 @@ def predict(
             each = [carry(line, f.planned[ph], ph) for line in f.lines(ph)]
             if len(each) > 1:
                 band[ph] = (min(each), max(each))
+        for ph, (_, m_one, p_one) in f.single.items():
+            if ph in full:  # one depth: the planner's per-layer terms, its fixed terms shifted
+                out[ph] = (full[ph] + m_one - p_one) / GIB
         per_layout[f.layout] = out
         if band:
             bands[f.layout] = band
     phases = [ph for ph in PHASES if any(ph in v for v in per_layout.values())]
-    predicted = {ph: max(v[ph] for v in per_layout.values() if ph in v) for ph in phases}
+    own = per_layout.get(_layout(target), {})
+    predicted = {ph: own[ph] if ph in own else max(v[ph] for v in per_layout.values() if ph in v) for ph in phases}
     peak_phase = max(predicted, key=lambda ph: predicted[ph])
     result: dict[str, Any] = {
         "planner_gib": {ph: round(full[ph] / GIB, 2) for ph in phases},
@@ -200,11 +237,11 @@ def predict(
         "peak_phase": peak_phase,
         "fits": predicted[peak_phase] * GIB <= gpu.visible_bytes,
     }
-    # The prediction is the largest layout's, so its band is the range of that maximum: a band
-    # only where every layout that predicts the phase has one.
+    # The prediction is the target layout's or the largest layout's, so its band is the range of
+    # that one or of that maximum: a band only where every layout deciding the phase has one.
     band_gib: dict[str, list[float]] = {}
     for ph in phases:
-        lays = [lay for lay, v in per_layout.items() if ph in v]
+        lays = [_layout(target)] if ph in own else [lay for lay, v in per_layout.items() if ph in v]
         if lays and all(ph in bands.get(lay, {}) for lay in lays):
             band_gib[ph] = [round(max(bands[lay][ph][i] for lay in lays), 2) for i in (0, 1)]
     if band_gib:
@@ -233,9 +270,10 @@ def document(
     return {
         "schema": SCHEMA,
         "status": "predicted",
-        "note": "Predicted from truncated-depth runs, not measured at full depth: the planner's full "
-        "configuration with its per-layer terms scaled and its fixed terms shifted by what the runs "
-        "measured (verl_recipes.plan.layers).",
+        "note": "Predicted from runs of fewer layers or of one rank, not measured as the whole job: the "
+        "planner's full configuration with its per-layer terms scaled and its fixed terms shifted by "
+        "what the runs measured; runs of the target's own layout decide the phases they measured "
+        "(verl_recipes.plan.layers).",
         "recipe": recipe_id,
         "variants": variants,
         "target": {
@@ -262,6 +300,17 @@ def document(
                     }
                     for ph, m in f.measured.items()
                 },
+                **(
+                    {
+                        "one_depth": {
+                            ph: {"layers": n, "measured_gib": round(m / GIB, 3), "planner_gib": round(p / GIB, 3)}
+                            for ph, (n, m, p) in f.single.items()
+                        }
+                    }
+                    if f.single
+                    else {}
+                ),
+                **({"decides": "the target's own layout"} if f.layout == _layout(target) else {}),
             }
             for f in fits
         },
@@ -283,6 +332,11 @@ def render(result: dict[str, Any], fits: list[LayoutFit], gpu: GPU) -> str:
                 f"  {ph:15s} measured {m.intercept / GIB:6.2f} + {m.slope / GIB:6.3f}/layer   "
                 f"planner {p.intercept / GIB:6.2f} + {p.slope / GIB:6.3f}/layer   "
                 + (f"residual {res:.2f} GiB" if res is not None else "two depths: no residual")
+            )
+        for ph, (n, m_one, p_one) in f.single.items():
+            lines.append(
+                f"  {ph:15s} measured at {n} layers only: {m_one / GIB:6.2f}, planner {p_one / GIB:6.2f}: "
+                "the planner's per-layer terms stand"
             )
     band = result.get("band_gib") or {}
     head = "predicted [error band]" if band else "predicted"

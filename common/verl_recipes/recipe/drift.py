@@ -5,7 +5,8 @@ default micro-batch changes, a key is added). A bounds file or a results row nam
 variants would then pass an older configuration off as today's default. This compares the keys the
 recipe itself sets (`config.yaml` and the run's variant files, in the order they compose) with the
 run's saved values and names the ones that differ, except where the difference is no difference in
-what ran: a cap's scaled vLLM fraction (the launcher's, named by `--cap-gib`), critic batching keys
+what ran: a key the run's own `--set` changed (named where the run is named), a cap's scaled vLLM
+fraction (the launcher's, named by `--cap-gib`), critic batching keys
 that verl 0.9.1 ignored (runs without the critic-engine-batching fix), critic keys of a run without
 a critic.
 """
@@ -47,9 +48,10 @@ def drift(recipe: Recipe, run_dir: Path) -> list[tuple[str, Any, Any]]:
     cfg = OmegaConf.load(run_dir / CONFIG)
     has_critic = OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
     ignored_critic = CRITIC_BATCHING_FIX in recorded_off(prov)
+    named = {str(s).split("=", 1)[0].lstrip("+~") for s in prov.sets}  # the run's own --set, named already
     out = []
     for key, want in recipe_keys(recipe, prov.variants).items():
-        if key == CAP_KEY and prov.cap_gib:
+        if (key == CAP_KEY and prov.cap_gib) or key in named:
             continue
         if key.startswith("critic.") and (not has_critic or (ignored_critic and key in CRITIC_BATCHING_KEYS)):
             continue
