@@ -237,7 +237,17 @@ def test_a_weightless_checkpoint_has_the_full_models_config_and_tokenizer_only(t
     info = json.loads((out / "synth.json").read_text())
     assert (info["weights"], info["bytes"], info["layers"]) == (False, 0, 80)
     assert info["params"] == count_params(shape_config(resolve_arch("llama-2-70b")))
-    assert not list(out.glob("*.safetensors*")) and not list(out.glob("*.bin"))
+    assert not list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
+    # the index Megatron-Bridge's weight export lists its names from: every weight of the HF
+    # model, each in a shard that is not there (so nothing is ever loaded from it)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        names = set(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).state_dict())
+    assert set(index["weight_map"]) == names and len(names) == 2 + 9 * 80 + 1
+    assert not any((out / shard).exists() for shard in set(index["weight_map"].values()))
     cfg = AutoConfig.from_pretrained(out)
     assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.intermediate_size) == (8192, 8, 28672)
     assert len(AutoTokenizer.from_pretrained(out)) == info["tokenizer_len"]
