@@ -230,7 +230,7 @@ def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path:
             f"WARN host-ram {total / 2**30:.1f} GiB total; 7b-lora --variant 24gib needs about "
             f"{need / 2**30:.0f} GiB (planner, PSS peak; see verl-recipes plan)"
         ]
-    else:
+    elif total >= need / 0.9:
         assert not warned
     assert "plan: fits the --cap-gib budget" in out
 
