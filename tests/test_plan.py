@@ -25,7 +25,7 @@ from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
-from verl_recipes.plan.phases import Constants, plan_gpu
+from verl_recipes.plan.phases import ALL_GATHER, Constants, plan_gpu
 from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
@@ -178,6 +178,48 @@ def test_tiny_adamw_step_temporary_is_one_trainable_shard() -> None:
     s3 = setup_from_config(_cfg(policy), arch)
     assert s3.actor.offload_policy
     assert _term(plan_gpu(s3, gpu), "update_actor", "actor AdamW step temporary") == 0
+
+
+def test_tiny_fsdp2_all_gather_buffers_at_a_world_above_one_by_hand() -> None:
+    """FSDP2 gathers nothing at a world of 1; above it each root keeps, on streams of its own, the
+    largest pair of units gathered one after the other plus the second one's shard (bf16)."""
+    arch = Arch.from_config(TINY)
+    gpu = GPU("t", "t", GIB, GIB)
+    fsdp2 = [*BASE, "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2"]
+    ppo = [
+        *fsdp2,
+        "algorithm.adv_estimator=gae",
+        "critic.strategy=fsdp2",
+        "critic.fsdp.strategy=fsdp2",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+    ]
+    layer = 36992
+    # units in forward order: root (final norm, 64), embedding (6400), two layers, lm_head (6400);
+    # the largest pair is two layers: 2 x 36992 + 36992 / 2, in bf16
+    actor = 2 * (2 * layer + layer // 2)
+    # the critic's root holds the final norm and the Linear(64, 1) score head; its pair is the same
+    one = plan_gpu(setup_from_config(_cfg(ppo), arch), gpu)
+    two = plan_gpu(setup_from_config(_cfg([*ppo, "trainer.n_gpus_per_node=2"]), arch), gpu)
+    for ph in one.phases:
+        assert not any("all-gather" in t.name for t in ph.terms), ph.phase
+    assert _term(two, "old_log_prob", "actor FSDP2 all-gather buffers (own") == actor
+    assert not any("critic" in t.name and "all-gather" in t.name for t in two.phase("old_log_prob").terms)  # type: ignore[union-attr]
+    # the actor's stay reserved once the critic computes, and the critic adds its own
+    assert _term(two, "values", "actor FSDP2 all-gather buffers, cached since old_log_prob") == actor
+    assert _term(two, "values", "critic FSDP2 all-gather buffers (own") == actor
+    assert _term(two, "update_actor", "critic FSDP2 all-gather buffers, cached since values") == actor
+    for ph in ("loaded", "update_weights", "gen"):  # verl empties the cache at the sync
+        assert not any("all-gather" in t.name for t in two.phase(ph).terms), ph  # type: ignore[union-attr]
+    # a world of 4 gathers a quarter shard
+    four = plan_gpu(setup_from_config(_cfg([*ppo, "trainer.n_gpus_per_node=4"]), arch), gpu)
+    assert _term(four, "old_log_prob", "actor FSDP2 all-gather buffers (own") == 2 * (2 * layer + layer // 4)
+    # FSDP1 is another code path: no term
+    fsdp1 = plan_gpu(setup_from_config(_cfg([*BASE, "trainer.n_gpus_per_node=2"]), arch), gpu)
+    assert not any("all-gather" in t.name for ph in fsdp1.phases for t in ph.terms)
+    # an offload that empties the cache as the role leaves its phase takes the buffers with it
+    legacy = [*ppo, "trainer.n_gpus_per_node=2", "critic.fsdp.param_offload=true"]
+    off = plan_gpu(setup_from_config(_cfg(legacy), arch), gpu)
+    assert not any("critic" in t.name and "all-gather" in t.name for t in off.phase("update_actor").terms)  # type: ignore[union-attr]
 
 
 def test_tiny_lora_optimizer_only_for_adapters() -> None:
@@ -546,10 +588,11 @@ def test_the_critic_takes_its_whole_batch_as_verl_0_9_1_runs_it_unless_fixed() -
 
 
 def _trainer(plan: Any, phase: str, carried: bool) -> int:
-    """The trainer process's bytes in `phase`, with or without the cache carried from earlier phases."""
+    """The trainer process's bytes on the compute stream in `phase`, with or without the cache
+    carried from earlier phases (FSDP2's all-gather buffers, on streams of their own, left out)."""
     ph = plan.phase(phase)
     assert ph is not None, phase
-    keep = [t for t in ph.terms if carried or not t.name.startswith("trainer cache")]
+    keep = [t for t in ph.terms if (carried or not t.name.startswith("trainer cache")) and ALL_GATHER not in t.name]
     return sum(t.bytes for t in keep if t.process == "trainer")
 
 
@@ -572,6 +615,11 @@ def test_cache_floor_carries_between_phases_unless_verl_empties_it() -> None:
         assert held == max(floor, own[ph]), ph
         floor = held
     assert _trainer(p, "values", carried=True) >= _trainer(p, "old_log_prob", carried=True)
+    # the all-gather buffers add on top of the floor: the compute stream cannot reuse them
+    ph = p.phase("values")
+    assert ph is not None
+    gathered = sum(t.bytes for t in ph.terms if ALL_GATHER in t.name)
+    assert gathered > 0 and ph.by_process()["trainer"] == _trainer(p, "values", carried=True) + gathered
 
     off = [
         f"{k}.{x}"

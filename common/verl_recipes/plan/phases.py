@@ -56,6 +56,10 @@ Terms and where each comes from:
     until verl calls `empty_cache`, which it does at the weight sync but between the training
     phases only where an offload moves weights or optimizer (`_carry_cache_floor`); so each
     training phase holds at least what the previous one reserved.
+  * FSDP2's all-gather buffers at a world above 1 (`_all_gather_cache`): the previous unit's
+    output, the next one's and its shard, on FSDP2's own CUDA streams, whose cached blocks the
+    compute stream cannot reuse; each role that has run a forward since the last `empty_cache`
+    adds its own on top of the carried floor. At a world of 1 FSDP2 gathers nothing: 0.
   * per process: a CUDA context and NCCL communicator buffers (named constants below; priors until
     fitted from measured runs by `verl_recipes.plan.errors`).
 
@@ -66,6 +70,7 @@ only lowers real usage. The torch caching allocator's fragmentation is not model
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from verl_recipes import GIB
 from verl_recipes.plan.gpus import GPU
@@ -384,7 +389,6 @@ def _nccl_vllm(s: Setup, c: Constants) -> int:
 
 
 # ---- the allocator's cache between phases ----------------------------------------------------
-TRAIN_PHASES = ("old_log_prob", "ref", "values", "update_critic", "update_actor")
 
 
 def _empties_cache(role: Role, train: bool, forward_only: bool = False) -> bool:
@@ -412,6 +416,20 @@ def _empties_cache(role: Role, train: bool, forward_only: bool = False) -> bool:
     return role.param_offload and not (role.fsdp2 and role.offload_policy)
 
 
+def _chain(s: Setup) -> dict[str, tuple[Role, bool, bool, bool]]:
+    """The training phases a setup runs: phase -> (role, is the critic, trains, forward-only)."""
+    chain: dict[str, tuple[Role, bool, bool, bool]] = {"old_log_prob": (s.actor, False, False, False)}
+    if s.ref == "in_actor":
+        chain["ref"] = (s.actor, False, False, False)
+    elif s.ref == "separate" and s.ref_role is not None:
+        chain["ref"] = (s.ref_role, False, False, True)
+    if s.critic is not None:
+        chain["values"] = (s.critic, True, False, False)
+        chain["update_critic"] = (s.critic, True, True, False)
+    chain["update_actor"] = (s.actor, False, True, False)
+    return chain
+
+
 def _carry_cache_floor(s: Setup, phases: list[PhasePlan]) -> None:
     """Add to each training phase what the earlier phases of the trainer process leave cached.
 
@@ -428,23 +446,12 @@ def _carry_cache_floor(s: Setup, phases: list[PhasePlan]) -> None:
     old_log_prob to update_actor, dropping only at the sync). The floor assumes the cached
     blocks are reused (no fragmentation), so it is a lower bound on what carries over.
     """
-    roles = {
-        "old_log_prob": (s.actor, False, False),
-        "values": (s.critic, False, False),
-        "update_critic": (s.critic, True, False),
-        "update_actor": (s.actor, True, False),
-    }
-    if s.ref == "in_actor":
-        roles["ref"] = (s.actor, False, False)
-    elif s.ref == "separate" and s.ref_role is not None:
-        roles["ref"] = (s.ref_role, False, True)
+    chain = _chain(s)
     floor, since = 0, ""
     for p in phases:
-        if p.phase not in TRAIN_PHASES:
+        if p.phase not in chain:
             continue
-        role, train, forward_only = roles[p.phase]
-        if role is None:
-            continue
+        role, _, train, forward_only = chain[p.phase]
         if _empties_cache(role, train, forward_only):  # entering empties it (Megatron's load)
             floor, since = 0, ""
         own = p.by_process().get("trainer", 0)
@@ -453,6 +460,97 @@ def _carry_cache_floor(s: Setup, phases: list[PhasePlan]) -> None:
         floor, since = max(floor, own), (since if floor > own else p.phase)
         if _empties_cache(role, train, forward_only):  # leaving empties it (FSDP's and Megatron's offload)
             floor, since = 0, ""
+
+
+def _fsdp_units(s: Setup, role: Role, critic: bool) -> list[int]:
+    """Parameters of each FSDP2 unit of a role, in the order its forward gathers them.
+
+    verl 0.9.1's `apply_fsdp2` (verl/utils/fsdp_utils.py, `_select_fsdp2_wrap_targets`) calls
+    `fully_shard` on every decoder layer and, unless the embeddings are tied, on `embed_tokens`
+    and `lm_head`, then on the whole model, whose own unit (the root) keeps the rest: the final
+    norm, the critic's score head, a tied embedding. A forward gathers the root first (its
+    pre-forward runs before any child's), then the embedding, the layers in order, the output
+    layer last. A LoRA adapter is in its layer's unit.
+    """
+    a = s.arch
+    layer = a.layer_params() + a.lora_layer_params(role.lora_rank, role.lora_targets)
+    tied = a.tie_embeddings
+    root = a.hidden + (a.hidden + 1 if critic else 0) + (a.embed_params if tied else 0)
+    units = [root, *([] if tied else [a.embed_params]), *[layer] * a.layers]
+    if not critic and not tied:
+        units.append(a.lm_head_params)
+    return units
+
+
+def _all_gather_cache(s: Setup, role: Role, critic: bool) -> int:
+    """Bytes FSDP2's all-gathers keep reserved on their own CUDA streams, at a world above 1.
+
+    torch 2.11's FSDP2 (torch/distributed/fsdp/_fully_shard/): each root's `FSDPCommContext.
+    lazy_init` (_fsdp_param_group.py) takes its own all-gather copy-in, all-gather and
+    reduce-scatter streams, and in forward and pre-backward `get_all_gather_streams` hands the
+    all-gather those streams. `foreach_all_gather` (_fsdp_collectives.py) allocates on the
+    copy-in stream the unit's shard in the mixed-precision `param_dtype` (bf16, verl's default in
+    verl/workers/engine/fsdp/transformer_impl.py; `_get_param_all_gather_inputs`) and the whole
+    unit's output; in forward `wait_for_unshard` keeps that output (`comm_ctx.all_gather_state`)
+    until the next unit's copy-out, by which time the next unit's shard and output are allocated
+    too. The caching allocator gives a freed block back only to the stream it was allocated on,
+    so these blocks stay reserved beside the compute stream's until `empty_cache`: per role, the
+    largest pair of units gathered one after the other, plus the second one's shard,
+
+        2 B x max over consecutive units (a, b) of (a + b + b / world).
+
+    Actor and critic are separate roots with separate streams, so each has its own. At a world of
+    1 `unshard` returns before `foreach_all_gather` and `wait_for_unshard` copies the shard into
+    the unsharded parameter on the compute stream: nothing is cached, the term is 0.
+
+    Checked against the committed 13b-fsdp runs (`verl-recipes compare-ranks`): rank 0 of 2 and the
+    two-GPU job differ from the world of 1 by the sharded terms less this term, to 3% in every
+    phase (recipes/13b-fsdp/comparisons/).
+    """
+    if role.backend != "fsdp" or not role.fsdp2 or s.world <= 1:
+        return 0
+    units = _fsdp_units(s, role, critic)
+    return 2 * max(a + b + -(-b // s.world) for a, b in pairwise(units))
+
+
+#: the name every FSDP2 all-gather term carries (`verl_recipes.plan.rank_check` sums them)
+ALL_GATHER = "FSDP2 all-gather buffers"
+
+
+def _add_all_gather_caches(s: Setup, phases: list[PhasePlan]) -> None:
+    """Add each role's FSDP2 all-gather cache to the training phases that hold it.
+
+    A role's buffers are reserved from its first forward after an `empty_cache` (the weight
+    sync's, or an offload's: `_empties_cache`) until the next one, and the compute stream cannot
+    reuse them, so they add to the phase's own terms and the carried floor instead of counting
+    in either (`_carry_cache_floor` runs first and never sees them).
+
+    The term is what a world above 1 adds to the world of 1's terms, which are kept as they are
+    measured: the compute stream holds the same at both worlds (one unsharded layer at a time;
+    the working set's second layer stands for its cache either way). Measured on the committed
+    runs (recipes/13b-fsdp/results/, Llama-2-13B with LoRA, 1.51 GiB per role at a world of 2):
+    with both roles' buffers held, PyTorch's reserved peak at rank 0 of 2 (33.44 GiB) is the
+    world of 1's (56.29) less the sharded tensors (25.96) plus 3.11 GiB, the two roles' 3.01 and
+    0.10 of compute-stream cache (1.28 GiB against 1.17 at the world of 1); and the rank holds
+    1.53 GiB more in values than in old_log_prob, where a world of 1 holds the same in both (the
+    critic's forward first gathers there).
+    """
+    chain = _chain(s)
+    held: dict[str, tuple[int, str]] = {}  # role -> (bytes, the phase that first gathered)
+    for p in phases:
+        if p.phase not in chain:
+            continue
+        role, critic, train, forward_only = chain[p.phase]
+        if _empties_cache(role, train, forward_only):
+            held.clear()
+        held.setdefault(role.name, (_all_gather_cache(s, role, critic), p.phase))
+        for name, (size, since) in held.items():
+            if not size:
+                continue
+            kept = "" if name == role.name else f", cached since {since}"
+            p.terms.append(Term(f"{name} {ALL_GATHER}{kept} (own streams, world {s.world})", size, "trainer"))
+        if _empties_cache(role, train, forward_only):
+            held.clear()
 
 
 # ---- the phases ------------------------------------------------------------------------------
@@ -576,6 +674,7 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     )
 
     _carry_cache_floor(s, phases)
+    _add_all_gather_caches(s, phases)
 
     # vLLM start (after the trainer loaded): free memory must cover the requested budget.
     start_used = sum(t.bytes for t in base + loaded_trainer)

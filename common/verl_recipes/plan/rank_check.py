@@ -3,12 +3,15 @@
 How far a rank rehearsal (one GPU as rank R of N, `train --rank`) can be trusted is a per-phase
 question: its device peak against the same phase of a real run, GPU by GPU. The baseline is a
 real run; each RUN is compared with the baseline's GPU of its own rank (GPU R of a baseline of N
-GPUs, else the baseline's first GPU: a world of 1, or another layout). Two more columns say why
-they differ where they should: the planner's difference for the two configurations (the sharded
-terms of a rank of N against a world of 1), and the training process's device memory beyond its
-own allocator (NVML per process minus verl's `max_memory_reserved`: CUDA context, NCCL's buffers,
-which a rehearsal lacks), and PyTorch's own peaks in the training phases, allocated and reserved,
-which part a difference into the tensors the rank holds and the allocator's cache around them.
+GPUs, else the baseline's first GPU: a world of 1, or another layout). The planner's difference
+for the two configurations says how much they should differ: for a rank of N against a world of
+1, the sharded terms and FSDP2's all-gather buffers, which a world above 1 keeps reserved on
+streams of their own (`phases._all_gather_cache`; their share is a column of its own), and the
+measured difference over it reads how far the planner's difference holds. Below the table, the
+training process's device memory beyond its own allocator (NVML per process minus verl's
+`max_memory_reserved`: CUDA context, NCCL's buffers, which a rehearsal lacks), and PyTorch's own
+peaks in the training phases, allocated and reserved, which part a difference into the tensors
+the rank holds and the allocator's cache around them.
 Tokens per step are shown, since a comparison is fair only where they
 match; step time is the baseline's alone (a rehearsal's is one rank's compute).
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 from verl_recipes import GIB, inflight
 from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.phases import Constants, plan_gpu
+from verl_recipes.plan.phases import ALL_GATHER, Constants, plan_gpu
 from verl_recipes.plan.runs import read_run, run_setup
 from verl_recipes.rundir import read_provenance, read_summary, steady_steps
 
@@ -78,13 +81,18 @@ def _tokens(run_dir: Path) -> float | None:
     return statistics.median(xs[1:] or xs) if xs else None
 
 
-def _planned(run_dir: Path) -> dict[str, float]:
-    """The planner's per-phase peak for the configuration the run saved, on its own GPU, GiB."""
+def _planned(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """The planner's per-phase peak for the configuration the run saved, on its own GPU, and the
+    part of it that is FSDP2's all-gather buffers, GiB."""
     run = read_run(run_dir)
     total = next(iter(run.gpu_totals.values()), 0)
     gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
     plan = plan_gpu(run_setup(run), gpu, Constants())
-    return {ph: p.total / GIB for ph in PHASES if (p := plan.phase(ph)) is not None}
+    return {
+        ph: (p.total / GIB, sum(t.bytes for t in p.terms if ALL_GATHER in t.name) / GIB)
+        for ph in PHASES
+        if (p := plan.phase(ph)) is not None
+    }
 
 
 def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str, Any]:
@@ -100,8 +108,21 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
             b, m = base_peaks.get(ph, {}).get(gpu), (peaks.get(ph) or {}).get(0)
             if b is None or m is None:
                 continue
-            pdiff = plan[ph] - base_plan[ph] if ph in plan and ph in base_plan else None
-            rows.append({"phase": ph, "baseline_gib": b, "run_gib": m, "diff_gib": m - b, "planner_diff_gib": pdiff})
+            both = ph in plan and ph in base_plan
+            pdiff = plan[ph][0] - base_plan[ph][0] if both else None
+            gather = plan[ph][1] - base_plan[ph][1] if both else None
+            rows.append(
+                {
+                    "phase": ph,
+                    "baseline_gib": b,
+                    "run_gib": m,
+                    "diff_gib": m - b,
+                    "planner_diff_gib": pdiff,
+                    "planner_all_gather_gib": gather,
+                    # how far the planner's difference holds: 1 where the run differs by just as much
+                    "measured_over_planner": (m - b) / pdiff if pdiff else None,
+                }
+            )
         out["runs"].append(
             {"run": run.name, "rank": list(rank) if rank else None, "baseline_gpu": gpu, "tokens": _tokens(run)}
             | _steady(run)
@@ -125,14 +146,16 @@ def render(doc: dict[str, Any]) -> str:
         lines += [
             f"### {r['run']} ({who}) against {doc['baseline']}, GPU {r['baseline_gpu']}",
             "",
-            "| phase | baseline GiB | run GiB | run - baseline GiB | % | planner's difference GiB |",
-            "|---|---|---|---|---|---|",
+            "| phase | baseline GiB | run GiB | run - baseline GiB | % | planner's difference GiB "
+            "| of it FSDP2 all-gather buffers GiB | run - baseline over the planner's |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for x in r["rows"]:
             pct = 100 * x["diff_gib"] / x["baseline_gib"] if x["baseline_gib"] else None
             lines.append(
                 f"| {x['phase']} | {_f(x['baseline_gib'])} | {_f(x['run_gib'])} | {_f(x['diff_gib'], sign=True)} "
-                f"| {_f(pct, 1, sign=True)} | {_f(x['planner_diff_gib'], sign=True)} |"
+                f"| {_f(pct, 1, sign=True)} | {_f(x['planner_diff_gib'], sign=True)} "
+                f"| {_f(x['planner_all_gather_gib'], sign=True)} | {_f(x['measured_over_planner'], 3)} |"
             )
         lines += [
             "",
