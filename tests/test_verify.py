@@ -79,6 +79,28 @@ def test_host_ram_is_a_fact_of_the_host_not_a_judgement_of_a_job() -> None:
     assert r.returncode == 2 and "unrecognized arguments: --variant 24gib" in r.stderr
 
 
+def test_the_disk_wanted_follows_whether_the_run_writes_weights(tmp_path: Path) -> None:
+    """70b-3d with weights wants about 3x its 138 GB of bf16 weights on disk; a rank rehearsal
+    trains from a checkpoint without weights (`synth-model --no-weights`) and writes none, so
+    only the floor applies: the same disk passes or warns by what the run will write."""
+    import shutil
+
+    from verl_recipes import GIB
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.stack.verify import DISK_FLOOR_GIB
+
+    recipe = get_recipe("70b-3d")
+    free = shutil.disk_usage(tmp_path).free / GIB
+    full = verify.check_disk(recipe, tmp_path)
+    bare = verify.check_disk(recipe, tmp_path, weights=False)
+    assert full.status == ("warn" if free < recipe.model.params * 6 / GIB else "pass")
+    assert "for the model and checkpoints" in full.detail or full.status == "pass"
+    assert bare.status == ("warn" if free < DISK_FLOOR_GIB else "pass")
+    if bare.status == "warn":
+        assert "the run's logs, samples and caches" in bare.detail
+    assert (full.status, bare.status) != ("pass", "warn")
+
+
 def test_unknown_recipe_is_a_one_line_error() -> None:
     r = subprocess.run([*CLI, "--recipe", "7b-lroa"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error: unknown recipe '7b-lroa' (did you mean '7b-lora'?)")

@@ -528,23 +528,33 @@ def check_host_ram() -> Check:
     return Check("host-ram", "pass", f"{vm.total / GIB:.1f} GiB total, {vm.available / GIB:.1f} GiB available")
 
 
-def check_disk(recipe: Any, path: Path) -> Check:
+#: GiB a run wants on disk beside any weights: config, tokenizer, logs, samples, compile caches
+DISK_FLOOR_GIB = 20.0
+
+
+def check_disk(recipe: Any, path: Path, weights: bool = True) -> Check:
+    """Free disk against what the run writes. With `weights` False (a checkpoint written without
+    weights, as a Megatron rank rehearsal at 70B widths trains from: Megatron initialises them and
+    vLLM draws dummy ones) neither the model nor a copy of it lands on disk: the floor only."""
     free = shutil.disk_usage(path).free / GIB
     # model download + one checkpoint (bf16 weights, LoRA or not): ~3x the bf16 weights. A heuristic.
-    need = max(20.0, recipe.model.params * 2 * 3 / GIB) if recipe is not None else 20.0
+    sized = recipe is not None and weights
+    need = max(DISK_FLOOR_GIB, recipe.model.params * 2 * 3 / GIB) if sized else DISK_FLOOR_GIB
     detail = f"{free:.0f} GiB free at {path}"
     if free < need:
+        what = "the model and checkpoints" if sized else "the run's logs, samples and caches"
         return Check(
             "disk",
             "warn",
-            detail + f"; want >= {need:.0f} GiB for the model and checkpoints",
+            detail + f"; want >= {need:.0f} GiB for {what}",
             "free disk space or point HF_HOME and trainer.default_local_dir at a larger disk",
         )
     return Check("disk", "pass", detail)
 
 
-def run_checks(recipe_id: str | Any | None = None, allreduce: bool = True) -> list[Check]:
-    """All checks, in the order they are printed; `recipe_id` is a recipe's id or its `Recipe`."""
+def run_checks(recipe_id: str | Any | None = None, allreduce: bool = True, weights: bool = True) -> list[Check]:
+    """All checks, in the order they are printed; `recipe_id` is a recipe's id or its `Recipe`;
+    `weights` False for a run whose checkpoint has none (`check_disk`)."""
     checks: list[Check] = []
     pins, why = _load_pins()
     if why:
@@ -573,7 +583,7 @@ def run_checks(recipe_id: str | Any | None = None, allreduce: bool = True) -> li
     checks.append(check_shm())
     checks += check_ulimits()
     checks.append(check_host_ram())
-    checks.append(check_disk(recipe, Path.cwd()))
+    checks.append(check_disk(recipe, Path.cwd(), weights))
     return checks
 
 
