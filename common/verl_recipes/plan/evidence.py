@@ -10,13 +10,13 @@ reader never takes a prediction or a rehearsed rank for a measured job.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
+from verl_recipes.rundir import read_provenance
 
 
 def sets_words(sets: Sequence[str]) -> str:
@@ -40,27 +40,6 @@ class Evidence:
         cap += sets_words(self.sets)
         what = f"rank rehearsal ({self.rank} of {self.world})" if self.rank is not None else "full run"
         return f"{what}{cap}: {self.path.parent.name}/{self.path.name}"
-
-
-def _layers(prov: dict[str, Any]) -> int | None:
-    """The depth a run cut its model to (`train --layers N` in the argv its provenance kept)."""
-    argv = [str(a) for a in prov.get("argv") or []]
-    for flag, value in itertools.pairwise(argv):
-        if flag == "--layers":
-            return int(value)
-    return None
-
-
-def _run_layers(recipe_dir: Path, runs: Sequence[str]) -> int | None:
-    """The depth of the first source run of a bounds file, from that run's own provenance.json
-    (a bounds file keeps the provenance's summary, not the launcher's arguments)."""
-    import json
-
-    for run in runs[:1]:
-        prov = recipe_dir / run / "provenance.json"
-        if prov.is_file():
-            return _layers(json.loads(prov.read_text()))
-    return None
 
 
 def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
@@ -92,7 +71,9 @@ def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
         if job == world:
             cap = provs[0].get("cap_gib")
             sets = tuple(str(x) for x in provs[0].get("sets") or [])
-            layers = _layers(provs[0]) or _run_layers(recipe.dir, doc.get("source_runs") or [])
+            runs = doc.get("source_runs") or []
+            depth = read_provenance(recipe.dir / runs[0]).argv_value("--layers") if runs else None
+            layers = int(depth) if depth else None
             out.append(Evidence(path, job, r, float(cap) if cap else None, sets, layers))
     return out
 

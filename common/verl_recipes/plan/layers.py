@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,16 +90,15 @@ def unfinished(run_dir: Path) -> set[str]:
     """verl's phases the run entered and did not finish (their end marker says ok false), in the
     planner's names: a run that died inside a phase measured only how far that phase got."""
     from verl_recipes.rundir import PHASES as PHASES_LOG
+    from verl_recipes.rundir import read_jsonl
 
     path = run_dir / PHASES_LOG
-    if not path.is_file():
-        return set()
-    out = set()
-    for line in path.read_text().splitlines():
-        ev = json.loads(line) if line.strip() else {}
-        if ev.get("event") == "end" and ev.get("ok") is False and ev.get("name") != "step":
-            out.add(str(ev["name"]))
-    return out
+    events = read_jsonl(path)[0] if path.is_file() else []
+    return {
+        str(ev["name"])
+        for ev in events
+        if ev.get("event") == "end" and ev.get("ok") is False and ev.get("name") != "step"
+    }
 
 
 def _peaks(run: MeasuredRun) -> dict[str, int]:
