@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +78,10 @@ def measure(mode: str, cast: bool, shape: tuple[int, int, int, int]) -> dict[str
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     reserved_before = torch.cuda.memory_reserved()
-    ctx: Callable[[], Any] = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cast else (lambda: torch.autocast("cuda", enabled=False))
-    )
+
+    def ctx() -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=cast)
+
     t0 = time.perf_counter()
     if grad:
         with ctx():
