@@ -222,6 +222,70 @@ def test_tiny_fsdp2_all_gather_buffers_at_a_world_above_one_by_hand() -> None:
     assert not any("critic" in t.name and "all-gather" in t.name for t in off.phase("update_actor").terms)  # type: ignore[union-attr]
 
 
+def test_tiny_fsdp2_gradients_come_on_top_of_the_cache_and_stay_on_their_stream() -> None:
+    """FSDP2's sharded gradients live on the role's reduce-scatter stream, which the compute
+    stream's cache cannot serve: an update holds the larger of its other terms and what the phases
+    before left cached, plus its gradients, and the critic's stay cached into the actor's update."""
+    arch = Arch.from_config({**TINY, "vocab_size": 20000})  # logits that outweigh the critic's update
+    gpu = GPU("t", "t", GIB, GIB)
+    ppo = [
+        *BASE,
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
+        "algorithm.adv_estimator=gae",
+        "critic.strategy=fsdp2",
+        "critic.fsdp.strategy=fsdp2",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        # a long forward micro-batch, so old_log_prob leaves more cache than the critic's update needs
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    ]
+    for world in (1, 2):
+        p = plan_gpu(setup_from_config(_cfg([*ppo, f"trainer.n_gpus_per_node={world}"]), arch), gpu)
+        critic_grads = _term(p, "update_critic", "critic gradients (fp32, on FSDP2's reduce-scatter stream)")
+        actor_grads = _term(p, "update_actor", "actor gradients (fp32, on FSDP2's reduce-scatter stream)")
+        assert critic_grads > 0 and actor_grads > 0
+        # the forward phases left more cache than the critic's update needs besides its gradients:
+        # the update holds that cache and its gradients on top
+        critic_update, values = p.phase("update_critic"), p.phase("values")
+        assert critic_update is not None and values is not None
+        assert _term(p, "update_critic", "trainer cache left by") > 0
+        assert critic_update.by_process()["trainer"] == values.by_process()["trainer"] + critic_grads
+        # the critic's gradients, freed after its update, stay cached on its stream
+        assert _term(p, "update_actor", "critic gradients cached on FSDP2's reduce-scatter stream") == critic_grads
+        assert not any("cached on FSDP2's reduce-scatter" in t.name for t in p.phase("values").terms)  # type: ignore[union-attr]
+
+
+def test_a_run_is_judged_at_the_longest_sequence_it_logged(tmp_path: Path) -> None:
+    """verl pads a micro-batch to its longest sequence and cuts a dynamic batch into as many
+    micro-batches as its tokens need: 8 rows of 1075 tokens at a budget of 8192 are two of 4 x 1075,
+    not the bound's 8192."""
+    from dataclasses import replace
+
+    from verl_recipes.plan.phases import _tokens
+    from verl_recipes.plan.runs import MeasuredRun
+
+    _, s, _ = load_setup("13b-fsdp", [], [])
+    assert s.world == 2 and s.actor.dynamic_bsz and s.seq_len == 2048
+    assert _tokens(s, s.actor, True) == 8192  # the bound: 4 rows (8 over 2 GPUs) of 2048
+    one = replace(s, nnodes=1, gpus_per_node=1)
+    assert _tokens(one, one.actor, True) == 8192  # 8 rows of 2048 in two micro-batches of 4
+    judged = replace(one, logged_seq_len=1075)
+    assert judged.train_seq_len == 1075 and _tokens(judged, judged.actor, True) == 4 * 1075
+    assert replace(one, logged_seq_len=4096).train_seq_len == 2048  # never above the bound
+    # the run's longest: the longest prompt plus the longest response, of its longest step
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [
+        {"step": 1, "data": {"prompt_length/max": 49.0, "response_length/max": 1024.0}},
+        {"step": 2, "data": {"prompt_length/max": 51.0, "response_length/max": 1000.0}},
+    ]
+    (run_dir / "verl_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = MeasuredRun(run_dir / "summary.json", "13b-fsdp", {}, "", {})
+    assert run.longest_sequence == 49 + 1024  # a micro-batch holds one step's sequences
+    (run_dir / "verl_metrics.jsonl").write_text("")
+    assert run.longest_sequence is None  # a run that logged no step is judged at the bound
+
+
 def test_tiny_lora_optimizer_only_for_adapters() -> None:
     arch = Arch.from_config(TINY)
     s = setup_from_config(_cfg([*BASE, "actor_rollout_ref.model.lora_rank=4"]), arch)

@@ -55,14 +55,18 @@ def test_at_equal_work_the_rehearsal_path_adds_nothing_and_the_rank_does_half() 
     assert gathered["gen"] == gathered["update_weights"] == 0  # verl empties the cache at the sync
     assert 0 < gathered["old_log_prob"] < gathered["values"] == gathered["update_actor"]  # the critic's come
     # PyTorch's own peaks part it: the rehearsal path holds the same tensors as the plain run, and
-    # rank 0 of 2 the planner's sharded terms fewer, within 3%; its reservation is fewer by the
-    # sharded terms less the all-gather buffers, within 3%
+    # rank 0 of 2 the planner's sharded terms fewer (its difference less what it keeps cached on
+    # FSDP2's own streams), within 3%; its reservation is fewer by the sharded terms less the
+    # all-gather buffers, within 3%
     assert w1["allocated_gib"] == doc["allocated_gib"]
     update = {r["phase"]: r for r in r2["rows"]}["update_actor"]
-    sharded = update["planner_diff_gib"] - update["planner_all_gather_gib"]
+    cached = update["planner_all_gather_gib"] + update["planner_cached_grads_gib"]  # reserved, not allocated
+    sharded = update["planner_diff_gib"] - cached
     held = r2["allocated_gib"] - doc["allocated_gib"]
     assert abs(held / sharded - 1) < 0.03, (held, update)
     reserved = r2["reserved_gib"] - doc["reserved_gib"]
+    # the all-gather buffers dominate the cache; the LoRA gradients an update leaves cached differ by
+    # 0.23 GiB between the two and stay inside the 3%
     assert abs((reserved - sharded) / update["planner_all_gather_gib"] - 1) < 0.03, (reserved, update)
     assert r2["reserved_gib"] - r2["allocated_gib"] > doc["reserved_gib"] - doc["allocated_gib"] + 1
 

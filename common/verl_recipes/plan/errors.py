@@ -10,6 +10,11 @@ report's per-phase NVML device peak over all steps; `outside` = loading and vLLM
 
     error = (predicted - measured) / measured
 
+A run is judged at the tokens it held: the trainer's micro-batches are sized at its longest logged
+sequence (verl's `prompt_length/max` + `response_length/max`, `MeasuredRun.longest_sequence`)
+instead of the configuration's bound, since verl pads a micro-batch only to its longest sequence.
+A run that logged no step is judged at the bound.
+
 `loaded` is compared with the larger of the planner's `loaded` and `update_weights`: time outside
 every step includes verl's first weight sync to vLLM, before step 1 (with the KV cache resumed at
 its end), so the measured `outside` peak is that sync whenever it is the larger.
@@ -30,7 +35,7 @@ from pathlib import Path
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.plan.gpus import GPU
 from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
-from verl_recipes.plan.runs import committed_runs, residual_line, run_setup
+from verl_recipes.plan.runs import committed_runs, judged_setup, residual_line
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ def error_rows(root: Path | None = None, tolerance: float = 0.10, c: Constants |
     for run in committed_runs(base):
         if not run.phases:
             raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU run cannot check the planner")
-        setup = run_setup(run)
+        setup = judged_setup(run)
         label = str(run.run_dir.relative_to(base))
         for idx, total in sorted(run.gpu_totals.items()):
             gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)

@@ -132,6 +132,13 @@ class Setup:
     # `actor.use_torch_compile` (verl's default true): the FSDP engine compiles its entropy on the
     # padding-free path, which starts torch inductor's compile workers. Host RAM only.
     torch_compile: bool = field(default=True, compare=False)
+    # The longest sequence (prompt + response) a measured run's batches held, from verl's logged
+    # `prompt_length/max` + `response_length/max`; None (every plan of a configuration) means the
+    # bound, `seq_len`. verl's trainer pads a micro-batch to its longest sequence, or packs it
+    # without padding (the FSDP engine's `prepare_model_inputs`), so a run whose responses stop
+    # early or whose prompts are short trained on fewer tokens than the bound, and the planner is
+    # judged against it at the tokens it held (`plan --errors`).
+    logged_seq_len: int | None = field(default=None, compare=False)
 
     @property
     def world(self) -> int:
@@ -139,7 +146,14 @@ class Setup:
 
     @property
     def seq_len(self) -> int:
+        """The bound: every sequence at max_prompt_length + max_response_length."""
         return self.prompt_len + self.response_len
+
+    @property
+    def train_seq_len(self) -> int:
+        """The sequence length the trainer's micro-batches are sized at: the bound, or a measured
+        run's longest logged sequence where it is shorter."""
+        return min(self.logged_seq_len or self.seq_len, self.seq_len)
 
     @property
     def backend(self) -> str:

@@ -22,7 +22,11 @@ Terms and where each comes from:
   * weights: FSDP keeps parameters in `fsdp_config.model_dtype` (fp32 by default, 4 B/param),
     sharded over all ranks; Megatron keeps bf16 (2 B) split by TP and PP (the heaviest stage).
   * gradients: FSDP, trainable params in the param dtype, sharded, only during the update
-    (`zero_grad` on leaving train mode frees them); Megatron keeps an fp32 main-grad buffer
+    (`zero_grad` on leaving train mode frees them). FSDP2 allocates them on the role's own
+    reduce-scatter stream (torch's `foreach_reduce`: the sharded gradients are views of the
+    reduce-scatter output, a copy of its input at a world of 1), so they come on top of the
+    compute stream's cache and stay cached on that stream until `empty_cache`
+    (`_carry_cache_floor`). Megatron keeps an fp32 main-grad buffer
     (4 B per trainable param of the stage / TP) allocated throughout, unless `param_offload`
     frees it outside the update. Megatron recomputes activations only when
     `override_transformer_config.recompute_granularity` is `full`; `model.enable_gradient_
@@ -42,8 +46,10 @@ Terms and where each comes from:
     model.py) x tokens per micro-batch x layers, or with checkpointing layer inputs (2h) for all
     layers plus one recomputed layer. Megatron divides by TP with sequence parallelism, and the
     first pipeline stage keeps min(PP, micro-batches) micro-batches in flight (1F1B).
-  * logits: tokens x vocab x `logits_*_bytes` (bf16 lm_head output + fp32 working copy for
-    log-softmax / entropy; the update adds its fp32 gradient); vocab-split by Megatron TP.
+  * logits: tokens x vocab x `logits_*_bytes` (the bf16 lm_head output and the fp32 copies
+    autocast makes for softmax, logsumexp and log_softmax; the update adds its fp32 gradient);
+    vocab-split by Megatron TP. Tokens are a micro-batch's rows at the configuration's full
+    length, or at a measured run's longest logged sequence (`Setup.train_seq_len`).
   * vLLM (vllm/v1/worker/gpu_worker.py, `Worker.init_device` and `determine_available_memory`):
     at start it requires free memory >= `gpu_memory_utilization x total`, and its KV cache is that
     budget minus its own weights, profiled activation peak and non-torch memory. So while it
@@ -55,7 +61,8 @@ Terms and where each comes from:
   * cache carried between phases: the trainer's allocator keeps what a phase freed reserved
     until verl calls `empty_cache`, which it does at the weight sync but between the training
     phases only where an offload moves weights or optimizer (`_carry_cache_floor`); so each
-    training phase holds at least what the previous one reserved.
+    training phase holds at least what the previous one reserved, plus the gradients an earlier
+    update left on its own reduce-scatter stream.
   * FSDP2's all-gather buffers at a world above 1 (`_all_gather_cache`): the previous unit's
     output, the next one's and its shard, on FSDP2's own CUDA streams, whose cached blocks the
     compute stream cannot reuse; each role that has run a forward since the last `empty_cache`
@@ -92,9 +99,20 @@ class Constants:
     # Buffers of one NCCL communicator: NCCL_BUFFSIZE (4 MiB default, NCCL docs) x 2 directions x
     # 16 channels. Prior.
     nccl_bytes_per_communicator: int = 128 * MIB
-    # Bytes per (token x vocab) element: bf16 lm_head output (2) + fp32 copy for log-softmax and
-    # entropy (4); the update adds the fp32 gradient of the logits (4).
-    logits_fwd_bytes: int = 6
+    # Bytes per (token x vocab) element of a micro-batch's padded logits. A forward that computes
+    # log-probs and entropy (old_log_prob): 14 = the bf16 lm_head output (2) + softmax's fp32
+    # output (4) + logsumexp's fp32 copy of its input (4) + its fp32 (x - max) (4). verl 0.9.1 runs
+    # `prepare_model_outputs` inside the forward's `torch.autocast(bfloat16)` (FSDP engine
+    # `forward_step`), where softmax, logsumexp and log_softmax run in fp32 on an fp32 copy of the
+    # bf16 logits, and `entropy_from_logits` holds the softmax while logsumexp runs. Judged at the
+    # tokens the runs held (`Setup.logged_seq_len`), old_log_prob reads 12-15 B in every committed
+    # run of both vocabularies (Llama 32,000; Qwen2 152,064): 13.3 B in verl-vs-deepspeed's
+    # h200x1-ppo-l8 (18.45 GiB over 8 x 1024 tokens, less units and transient), where 6 left it
+    # 12.9% short. gpu/probes/logits_autocast.py replays the operations to measure each part.
+    # The reference's forward computes no entropy (fewer bytes); it follows old_log_prob, whose
+    # cache it inherits, so the larger figure stands for it too. The update: bf16 logits (2) +
+    # fp32 log_softmax output kept for backward (4) + the fp32 gradient of the logits (4).
+    logits_fwd_bytes: int = 14
     logits_train_bytes: int = 10
     # Memory vLLM's profile run counts inside its budget beyond weights, the profiled activations
     # and the sampler (its process's CUDA context, cuBLAS workspace, allocator slack). Measured,
@@ -236,25 +254,30 @@ def _state(s: Setup, role: Role, critic: bool, weights: bool, grads: bool, optim
     dt = "fp32" if pb == 4 else "bf16"
     if role.fsdp2 and role.offload_policy:  # all of it stays on the CPU (CPUOffloadPolicy)
         weights, grads, optim = False, False, 0.0
+    grad_name = f"{who} gradients ({dt}, on {REDUCE_SCATTER_STREAM})" if role.fsdp2 else f"{who} gradients ({dt})"
     return [
         Term(f"{who} weights ({dt}, 1/{n} FSDP shard)", p.total * pb // n if weights else 0, "trainer"),
-        Term(f"{who} gradients ({dt})", p.trainable * pb // n if grads else 0, "trainer"),
+        Term(grad_name, p.trainable * pb // n if grads else 0, "trainer"),
         Term(f"{who} optimizer (Adam moments, {dt})", int(p.trainable * 2 * pb // n * optim), "trainer"),
     ]
 
 
 def _tokens(s: Setup, role: Role, train: bool) -> int:
-    """Tokens in one micro-batch on one GPU (upper bound: every sequence at full length).
+    """Tokens in one micro-batch on one GPU (upper bound: every sequence at `Setup.train_seq_len`,
+    the configuration's full length, or a measured run's longest logged sequence).
 
-    A dynamic micro-batch holds up to its token budget, and never more than the GPU's share of the
-    (mini-)batch it is cut from.
+    Dynamic micro-batches: verl cuts the GPU's share of the (mini-)batch into as many micro-batches
+    as its tokens need at the budget (`rearrange_micro_batches`: ceil(tokens / budget), balanced by
+    tokens) and pads each to its longest sequence, so one holds its share of the rows at the
+    longest length: 8 rows of 1075 tokens at a budget of 8192 are 2 micro-batches of 4 x 1075.
     """
     if role.dynamic_bsz:
-        t = role.max_tokens_train if train else role.max_tokens_infer
-        rows = (s.ppo_mini_batch_size if train else s.train_batch_size) * s.rollout.n
-        t = min(t, max(1, rows // max(s.dp(role), 1)) * s.seq_len)
+        budget = max(role.max_tokens_train if train else role.max_tokens_infer, 1)
+        rows = max(1, (s.ppo_mini_batch_size if train else s.train_batch_size) * s.rollout.n // max(s.dp(role), 1))
+        n_micro = -(-rows * s.train_seq_len // budget)
+        t = -(-rows // n_micro) * s.train_seq_len
     else:
-        t = (role.micro_train if train else role.micro_infer) * s.seq_len
+        t = (role.micro_train if train else role.micro_infer) * s.train_seq_len
     div = role.cp if role.backend == "megatron" else role.ulysses_sp
     return max(1, t // div)
 
@@ -289,7 +312,7 @@ def _fsdp_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) ->
     terms = [Term(f"{who} FSDP unsharded bf16 units", 2 * (p.edge + 2 * p.layer), "trainer")]
     if train:
         per_layer = a.activation_bytes_per_token_layer()
-        eager = a.eager_attention_bytes(s.seq_len) if s.eager_attention else 0
+        eager = a.eager_attention_bytes(s.train_seq_len) if s.eager_attention else 0
         if role.grad_ckpt:
             act = t * (a.layers * a.checkpoint_bytes_per_token_layer() + per_layer + eager)
             how = "checkpointed"
@@ -325,12 +348,12 @@ def _mcore_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -
             repl = 16 * a.hidden
             per_layer_gpu = repl + (per_layer - repl) // tp
         if s.eager_attention:
-            per_layer_gpu += a.eager_attention_bytes(s.seq_len) // tp
+            per_layer_gpu += a.eager_attention_bytes(s.train_seq_len) // tp
         layers = a.layers // role.pp
         dp = s.world // (role.tp * role.pp * role.cp)
         rows = s.ppo_mini_batch_size * s.rollout.n // max(dp, 1)
         if role.dynamic_bsz:  # micro-batches of up to max_tokens_train tokens each
-            n_micro = max(1, -(-rows * s.seq_len // max(role.max_tokens_train, 1)))
+            n_micro = max(1, -(-rows * s.train_seq_len // max(role.max_tokens_train, 1)))
         else:
             n_micro = max(1, rows // max(role.micro_train, 1))
         in_flight = min(role.pp, n_micro)
@@ -445,21 +468,39 @@ def _carry_cache_floor(s: Setup, phases: list[PhasePlan]) -> None:
     (measured on the 13b-fsdp ranks offloaded by the policy: 7.01, 8.89, 10.25, 10.27 GiB from
     old_log_prob to update_actor, dropping only at the sync). The floor assumes the cached
     blocks are reused (no fragmentation), so it is a lower bound on what carries over.
+
+    The floor is the compute stream's. A role's FSDP2 gradients are allocated on that role's
+    reduce-scatter stream, whose blocks the compute stream's cache cannot serve (the caching
+    allocator returns a block to its own stream only): an update holds the larger of its other
+    terms and the floor, plus its gradients, and once it ends they stay cached on that stream
+    into the later phases. Measured on verl-vs-deepspeed's Qwen2-7B full fine-tuning: the
+    critic's and actor's updates add 7.11 and 7.61 GiB to the phase before at rank 0 of 4, at 8 x
+    564 tokens and at 8 x 1024 alike (the fp32 gradient shards are 6.58 and 7.08 GiB), while the
+    forward phases before them differ by 8.4 GiB with the logits.
     """
     chain = _chain(s)
     floor, since = 0, ""
+    kept: dict[str, tuple[int, str]] = {}  # role -> (its gradients cached on its reduce-scatter stream, since)
     for p in phases:
         if p.phase not in chain:
             continue
         role, _, train, forward_only = chain[p.phase]
         if _empties_cache(role, train, forward_only):  # entering empties it (Megatron's load)
             floor, since = 0, ""
-        own = p.by_process().get("trainer", 0)
+            kept.clear()
+        for name, (size, when) in kept.items():
+            p.terms.append(Term(f"{name} {RS_CACHED} since {when}", size, "trainer"))
+        on_rs = [t for t in p.terms if REDUCE_SCATTER_STREAM in t.name]
+        own = p.by_process().get("trainer", 0) - sum(t.bytes for t in on_rs)
         if floor > own:
             p.terms.append(Term(f"trainer cache left by {since} (no empty_cache since)", floor - own, "trainer"))
         floor, since = max(floor, own), (since if floor > own else p.phase)
+        grads = sum(t.bytes for t in on_rs if t.name.startswith(f"{role.name} gradients ("))
+        if grads:
+            kept[role.name] = (grads, p.phase)
         if _empties_cache(role, train, forward_only):  # leaving empties it (FSDP's and Megatron's offload)
             floor, since = 0, ""
+            kept.clear()
 
 
 def _fsdp_units(s: Setup, role: Role, critic: bool) -> list[int]:
@@ -513,6 +554,11 @@ def _all_gather_cache(s: Setup, role: Role, critic: bool) -> int:
     return 2 * max(a + b + -(-b // s.world) for a, b in pairwise(units))
 
 
+#: where FSDP2 puts a role's sharded gradients (`REDUCE_SCATTER_STREAM` in a term's name: not the
+#: compute stream's cache, `_carry_cache_floor`)
+REDUCE_SCATTER_STREAM = "FSDP2's reduce-scatter stream"
+#: the name of a role's gradients freed after its update and still cached on that stream
+RS_CACHED = f"gradients cached on {REDUCE_SCATTER_STREAM}"
 #: the name every FSDP2 all-gather term carries (`verl_recipes.plan.rank_check` sums them)
 ALL_GATHER = "FSDP2 all-gather buffers"
 

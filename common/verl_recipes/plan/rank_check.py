@@ -25,9 +25,13 @@ from typing import Any
 
 from verl_recipes import GIB, inflight
 from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.phases import ALL_GATHER, Constants, plan_gpu
-from verl_recipes.plan.runs import read_run, run_setup
+from verl_recipes.plan.phases import ALL_GATHER, RS_CACHED, Constants, plan_gpu
+from verl_recipes.plan.runs import judged_setup, read_run
 from verl_recipes.rundir import read_provenance, read_summary, steady_steps
+
+# A planner's difference below this (GiB) is none: two runs of one layout judged at their own logged
+# lengths differ by a few tokens, and a ratio over it would say nothing.
+NO_DIFF_GIB = 0.1
 
 #: the phases a rank differs in (verl's marked_timer names, as the report attributes them)
 PHASES = ("gen", "update_weights", "old_log_prob", "values", "update_critic", "update_actor")
@@ -81,15 +85,21 @@ def _tokens(run_dir: Path) -> float | None:
     return statistics.median(xs[1:] or xs) if xs else None
 
 
-def _planned(run_dir: Path) -> dict[str, tuple[float, float]]:
-    """The planner's per-phase peak for the configuration the run saved, on its own GPU, and the
-    part of it that is FSDP2's all-gather buffers, GiB."""
+def _planned(run_dir: Path) -> dict[str, tuple[float, float, float]]:
+    """The planner's per-phase peak for the configuration the run saved, on its own GPU, at the
+    tokens it held (`runs.judged_setup`), and the parts of it that are cache on FSDP2's own streams
+    (reserved, never allocated at the peak), GiB: (peak, all-gather buffers, gradients an earlier
+    update left on its reduce-scatter stream)."""
     run = read_run(run_dir)
     total = next(iter(run.gpu_totals.values()), 0)
     gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
-    plan = plan_gpu(run_setup(run), gpu, Constants())
+    plan = plan_gpu(judged_setup(run), gpu, Constants())
     return {
-        ph: (p.total / GIB, sum(t.bytes for t in p.terms if ALL_GATHER in t.name) / GIB)
+        ph: (
+            p.total / GIB,
+            sum(t.bytes for t in p.terms if ALL_GATHER in t.name) / GIB,
+            sum(t.bytes for t in p.terms if RS_CACHED in t.name) / GIB,
+        )
         for ph in PHASES
         if (p := plan.phase(ph)) is not None
     }
@@ -111,6 +121,7 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
             both = ph in plan and ph in base_plan
             pdiff = plan[ph][0] - base_plan[ph][0] if both else None
             gather = plan[ph][1] - base_plan[ph][1] if both else None
+            cached_grads = plan[ph][2] - base_plan[ph][2] if both else None
             rows.append(
                 {
                     "phase": ph,
@@ -119,8 +130,10 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
                     "diff_gib": m - b,
                     "planner_diff_gib": pdiff,
                     "planner_all_gather_gib": gather,
-                    # how far the planner's difference holds: 1 where the run differs by just as much
-                    "measured_over_planner": (m - b) / pdiff if pdiff else None,
+                    "planner_cached_grads_gib": cached_grads,
+                    # how far the planner's difference holds: 1 where the run differs by just as much;
+                    # none where the planner sees no difference (the same layout, a few tokens apart)
+                    "measured_over_planner": (m - b) / pdiff if pdiff and abs(pdiff) >= NO_DIFF_GIB else None,
                 }
             )
         out["runs"].append(

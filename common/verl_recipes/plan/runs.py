@@ -46,6 +46,19 @@ class MeasuredRun:
         return read_provenance(self.run_dir)
 
     @property
+    def longest_sequence(self) -> int | None:
+        """The longest step's longest prompt plus its longest response, tokens, from verl's own
+        metrics (`prompt_length/max` + `response_length/max` in verl_metrics.jsonl, per step): what
+        the run's micro-batches were padded to at most. None for a run that logged no step."""
+        rows, _ = rundir.read_jsonl(self.run_dir / rundir.VERL_METRICS)
+        lens = [
+            int(d["prompt_length/max"] + d["response_length/max"])
+            for r in rows
+            if "prompt_length/max" in (d := r.get("data", r)) and "response_length/max" in d
+        ]
+        return max(lens) if lens else None
+
+    @property
     def fixes_off(self) -> tuple[str, ...]:
         """The verl fixes the run ran without (`verl_fixes.recorded_off`)."""
         return recorded_off(self.provenance)
@@ -114,6 +127,14 @@ def run_setup(run: MeasuredRun) -> Any:
 
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     return setup_from_config(cfg, arch, run.fixes_off)
+
+
+def judged_setup(run: MeasuredRun) -> Any:
+    """The Setup a run is held against: the one it trained with, its trainer's micro-batches sized at
+    the longest sequence it logged (`Setup.logged_seq_len`) rather than the configuration's bound."""
+    from dataclasses import replace
+
+    return replace(run_setup(run), logged_seq_len=run.longest_sequence)
 
 
 _SAVED: dict[tuple[str, int, int], Any] = {}
