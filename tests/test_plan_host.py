@@ -255,3 +255,18 @@ def test_a_rehearsed_rank_holds_one_ranks_share_of_the_node(root: Path) -> None:
         assert abs(peak.rss_error) <= 0.05, peak
     two, one = rows[(runs + "h200x1-ppo-rank0of2", "peak")], rows[(runs + "h200x1-ppo-rank0of1", "peak")]
     assert two.predicted_rss == one.predicted_rss
+
+
+def test_a_rehearsed_rank_that_shares_the_jobs_pools_holds_one_worker_of_each() -> None:
+    """A rank rehearsal runs its share of the job's CPU worker pools (`rank_rehearsal.JOB_POOLS`):
+    for a rank of 70b-3d's 32 GPUs, one agent-loop, reward and storage worker where the job has
+    eight of each, so the host model takes seven of each off; a rehearsal recorded before the
+    pools were shared is predicted with all of them."""
+    _, s, _ = load_setup("70b-3d", [], [])
+    assert (s.world, s.agent_workers, s.reward_workers, s.storage_units) == (32, 8, 8, 8)
+    whole = plan_host(s, ranks_here=1).moment("train")
+    shared = plan_host(s, ranks_here=1, pools_shared=True).moment("train")
+    c = DEFAULT_FIT
+    less = 7 * (c.agent_worker_bytes + c.reward_worker_bytes + c.storage_unit_bytes)
+    assert whole.base_rss - shared.base_rss == less and whole.base_pss - shared.base_pss == less
+    assert plan_host(s, pools_shared=True).moment("train").base_rss == plan_host(s).moment("train").base_rss

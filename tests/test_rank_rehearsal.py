@@ -96,7 +96,12 @@ def test_the_driver_runs_the_ranks_share_of_a_job_verl_accepts() -> None:
     assert changed == {
         "trainer.n_gpus_per_node": (2, 1),
         "data.train_batch_size": (8, 4),
+        # the job's CPU worker pools, the rank's half of each (reward_model.num_workers is unset)
+        "actor_rollout_ref.rollout.agent.num_workers": (2, 1),
+        "reward.num_workers": (8, 4),
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": (8, 4),
     }
+    assert cfg.reward.num_workers == 4 and cfg.reward_model.num_workers is None
     # the driver pads a batch to lcm(DP, PPO mini-batches): verl's own arithmetic on the rank's
     # share would pad its 4 prompts back to the job's mini-batch of 8; the rank's share of the
     # job's multiple is 4
@@ -104,6 +109,21 @@ def test_the_driver_runs_the_ranks_share_of_a_job_verl_accepts() -> None:
     me = SimpleNamespace(config=cfg, use_critic=True, global_steps=1)
     assert verl_multiple(me, 1) == 8
     assert rank_rehearsal._make_batch_multiple(verl_multiple, spec)(me, 1) == 4
+
+
+def test_a_rank_of_a_large_job_runs_one_worker_of_each_pool() -> None:
+    """A rank of 70b-3d's 32 GPUs holds 1/32 of the job's pools of eight: one of each, not the
+    eight agent-loop, reward and storage workers (24 GiB of RSS on the host) the whole job spreads
+    over its four nodes."""
+    pytest.importorskip("verl")
+    cfg = _job("70b-3d")
+    arch = {"num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
+    arch |= {"intermediate_size": 28672, "vocab_size": 32000, "num_hidden_layers": 80}
+    changed = rank_rehearsal.localize(cfg, RankSpec(16, 32), arch)
+    for key in rank_rehearsal.JOB_POOLS[:2] + rank_rehearsal.JOB_POOLS[3:]:
+        assert changed[key] == (8, 1), key
+    assert rank_rehearsal.pool_share(8, 32) == 1 and rank_rehearsal.pool_share(8, 32, ranks=8) == 2
+    assert rank_rehearsal.pool_share(3, 2) == 2  # a share is whole workers, at least one
 
 
 def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:

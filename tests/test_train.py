@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
+from verl_recipes.rundir import Provenance
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["nvidia-smi", "-L"], capture_output=True, shell=False).returncode == 0
@@ -436,7 +437,8 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     assert launch_env(job, {})[ENV_RANK] == "3/4"
     cfg, _, _ = preflight(job)
     rec = run_record(job, cfg, trainer_command(job), {}, None)
-    assert rec["rank_rehearsal"] == {"rank": 3, "world": 4}
+    assert rec["rank_rehearsal"] == {"rank": 3, "world": 4, "pools": "rank share"}
+    assert Provenance.from_record(rec).rank_pools_shared  # the host model reads it back
     whole = _job("13b-fsdp", "--run-dir", str(tmp_path / "whole"))
     assert whole.rank is None and ENV_RANK not in launch_env(whole, {})
     assert run_record(whole, cfg, trainer_command(whole), {}, None)["rank_rehearsal"] is None

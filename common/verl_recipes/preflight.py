@@ -297,7 +297,7 @@ def check(
         lines.append(f"note: {note}")
     if host_run is not None:
         what, fixes_off, here = host_run
-        need = plan_host(setup, fixes_off, ranks_here=ranks_here).peak.pss
+        need = plan_host(setup, fixes_off, ranks_here=ranks_here, pools_shared=bool(ranks_here)).peak.pss
         what = f"{what} (one rank's processes)" if ranks_here else what
         warn = host_ram_warning(what, need) if here else None
         if warn:

@@ -279,6 +279,13 @@ class Provenance:
         verl_config.yaml beside them), and only their names carry no backend label."""
         return self.backend is None
 
+    @property
+    def rank_pools_shared(self) -> bool:
+        """Whether a rank rehearsal ran only its share of the job's CPU worker pools
+        (`rank_rehearsal.JOB_POOLS`); the rehearsals recorded before that ran them whole."""
+        rank = self.raw.get("rank_rehearsal")
+        return bool(isinstance(rank, dict) and rank.get("pools") == "rank share")
+
     def argv_value(self, flag: str) -> str | None:
         """The value given to `flag` on the command line that made the run (None: not given)."""
         return self.argv[self.argv.index(flag) + 1] if flag in self.argv[:-1] else None

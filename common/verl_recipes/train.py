@@ -335,7 +335,9 @@ def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_uti
             "verl_fixes_off": list(job.fixes_off),
             "verl_fixes": job.fixes,
             "compile_cache": job.compile_cache,
-            "rank_rehearsal": {"rank": job.rank.rank, "world": job.rank.world} if job.rank else None,
+            "rank_rehearsal": (
+                {"rank": job.rank.rank, "world": job.rank.world, "pools": "rank share"} if job.rank else None
+            ),
         },
     )
 

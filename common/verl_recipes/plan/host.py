@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from verl_recipes import GIB
 from verl_recipes.plan.inputs import Role, Setup
 from verl_recipes.plan.model import Arch
+from verl_recipes.worker.rank_rehearsal import pool_share
 from verl_recipes.worker.verl_fixes import MERGE_FIX, RAY_START_FIX  # the merge takes no CPU copy
 
 
@@ -112,6 +113,12 @@ class HostConstants:
     # process (2.4-2.8 GiB) and a vLLM worker (1.9 GiB) for each GPU beyond the first. Counted at
     # their RSS for both figures (an upper bound of their PSS).
     agent_worker_bytes: int = round(1.5 * GIB)
+    # A reward-loop worker and a TransferQueue storage unit beside the fits' eight of each (verl's
+    # defaults), from the peak host read of 70b-3d's rank 16 at full depth, which ran eight of each:
+    # 7.16 and 5.55 GiB of RSS (`host.by_class` per process, h200x1-ppo-rank16of32-partial), and
+    # the 0.69 GiB a storage unit held in the fitted runs. Counted at RSS for both figures.
+    reward_worker_bytes: int = round(0.9 * GIB)
+    storage_unit_bytes: int = round(0.7 * GIB)
     # torch inductor's compile workers (`compiles_entropy`): 17 processes on a 16-core host (a pool
     # of `--workers=16` and its parent, forked from the trainer), 6.28 GiB RSS mid-update in
     # 7b-lora's two packed runs and 6.46-6.80 in 70b-3d's four; the median. They are forked, so
@@ -121,6 +128,8 @@ class HostConstants:
     extra_trainer_bytes: int = round(2.8 * GIB)
     extra_vllm_worker_bytes: int = round(1.9 * GIB)
     fitted_agent_workers: int = 2
+    fitted_reward_workers: int = 8
+    fitted_storage_units: int = 8
 
 
 #: Today's default: `ray-local-start` on, vLLM's `uni` executor (recipes/7b-lora/config.yaml).
@@ -508,19 +517,34 @@ def sleep_level(s: Setup) -> int:
 
 
 def plan_host(
-    s: Setup, fixes_off: Iterable[str] = (), c: HostConstants | None = None, ranks_here: int | None = None
+    s: Setup,
+    fixes_off: Iterable[str] = (),
+    c: HostConstants | None = None,
+    ranks_here: int | None = None,
+    pools_shared: bool = False,
 ) -> HostPlan:
     """Predict the host RAM of node 0 at every moment of a run.
 
     `c`: the fit of the base (`host_fit` of the configuration: the fix `ray-local-start` off or
     on, vLLM's executor) unless given. `ranks_here`: how many of the node's ranks the host runs,
     when not all of them: a rank rehearsal (`train --rank`) runs one rank's processes, so its host
-    holds one rank's share of every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's."""
+    holds one rank's share of every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's.
+    `pools_shared`: the host also runs only those ranks' share of the job's CPU worker pools
+    (`rank_rehearsal.JOB_POOLS`; every rehearsal does since they were shared, earlier ones ran
+    them whole)."""
     fixes_off = tuple(fixes_off)
     c = c or host_fit(RAY_START_FIX not in fixes_off, s.rollout.executor == "uni")
     a, per_node = s.arch, ranks_here or s.gpus_per_node
     notes: list[str] = []
-    extra = max(0, s.agent_workers - c.fitted_agent_workers) * c.agent_worker_bytes
+    agents, rewards, units = s.agent_workers, s.reward_workers, s.storage_units
+    if ranks_here and pools_shared:
+        agents, rewards, units = (pool_share(n, s.world, ranks_here) for n in (agents, rewards, units))
+    # the fits' base holds their pools; a configuration with more or fewer adds or takes the difference
+    extra = (
+        (agents - c.fitted_agent_workers) * c.agent_worker_bytes
+        + (rewards - c.fitted_reward_workers) * c.reward_worker_bytes
+        + (units - c.fitted_storage_units) * c.storage_unit_bytes
+    )
     roles = [(r, crit) for r, crit in ((s.critic, True), (s.ref_role if s.ref == "separate" else None, False)) if r]
     roles.append((s.actor, False))
 

@@ -115,8 +115,9 @@ def host_rows(root: Path) -> list[HostRow]:
         if not got:
             continue
         s = run_setup(run)
-        ranks = 1 if run.provenance.rank_rehearsal else None
-        hp = plan_host(s, run.fixes_off, run_fit(run, s), ranks_here=ranks)
+        prov = run.provenance
+        ranks = 1 if prov.rank_rehearsal else None
+        hp = plan_host(s, run.fixes_off, run_fit(run, s), ranks_here=ranks, pools_shared=prov.rank_pools_shared)
         want = predicted(hp, stepped=bool(run.raw.get("steps")))
         label = str(run.run_dir.relative_to(root))
         for moment in ROWS:

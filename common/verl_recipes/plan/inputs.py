@@ -129,6 +129,10 @@ class Setup:
     # Agent-loop worker processes (`rollout.agent.num_workers`): each is a Ray actor with verl
     # imported, so they move host RAM only (plan/host.py).
     agent_workers: int = 8
+    # The job's other CPU worker pools, host RAM only: reward-loop workers (`reward.num_workers`)
+    # and TransferQueue storage units (`transfer_queue.backend.SimpleStorage.num_data_storage_units`).
+    reward_workers: int = field(default=8, compare=False)
+    storage_units: int = field(default=8, compare=False)
     # `actor.use_torch_compile` (verl's default true): the FSDP engine compiles its entropy on the
     # padding-free path, which starts torch inductor's compile workers. Host RAM only.
     torch_compile: bool = field(default=True, compare=False)
@@ -474,6 +478,11 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         eager_attention=str(attn) == "eager",
         notes=tuple(notes),
         agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
+        reward_workers=int(
+            _sel(cfg, "reward_model.num_workers", None, required=False)
+            or _sel(cfg, "reward.num_workers", 8, required=False)
+        ),
+        storage_units=int(_sel(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8, required=False)),
         torch_compile=bool(_sel(cfg, f"{a}.use_torch_compile", True, required=False)),
     )
     check_layout(setup)

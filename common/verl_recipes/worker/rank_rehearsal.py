@@ -183,6 +183,25 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     }
 
 
+#: verl's job-level pools of CPU worker processes (Ray actors without a GPU), each sized for the
+#: whole job and spread over its nodes by Ray: a rehearsed rank runs its share of each, so its host
+#: holds what one rank's share of the job holds (a rank of 70b-3d's 32 GPUs ran all eight of each,
+#: 24 GiB of RSS, on one host). `reward_model.num_workers`, when set, overrides `reward.num_workers`
+#: in verl 0.9.1 (`experimental/reward_loop/reward_loop.py`), so it is shared too.
+JOB_POOLS = (
+    "actor_rollout_ref.rollout.agent.num_workers",  # agent-loop workers (verl's default 8)
+    "reward.num_workers",  # reward-loop workers (8)
+    "reward_model.num_workers",  # its legacy name (null unless set)
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units",  # TransferQueue storage units (8)
+)
+
+
+def pool_share(n: int, world: int, ranks: int = 1) -> int:
+    """The workers of a job-level pool of `n` that `ranks` of the job's `world` GPUs hold: their
+    share, at least one."""
+    return max(1, -(-n * ranks // max(world, 1)))
+
+
 def data_parallel_size(config: Any, world: int) -> int:
     """How many data-parallel ranks the job's `world` GPUs form, each reading 1/DP of a batch:
     world / (TP x PP x CP) on Megatron (`megatron_rehearsal.layout_of`), world / Ulysses SP on FSDP."""
@@ -203,13 +222,13 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
     Called after verl's own ``validate_config`` checked the whole job. The driver then asks Ray for
     one GPU (a worker group of one) and reads 1/DP of the prompts each step (`data_parallel_size`:
     N on FSDP, N / (TP x PP x CP) on Megatron, where the ranks of one pipeline and TP group read
-    the same batch); the worker's fake
+    the same batch), and runs its share of the job's CPU worker pools (`JOB_POOLS`); the worker's fake
     group of N keeps every per-rank division verl makes from the process group (FSDP shards, the
     mini-batch per data-parallel rank in ``TrainingWorker.train_mini_batch``) as in the real job.
     A rollout of TP=k becomes one TP1 replica of the per-rank stand-in (`rollout_stand_in`, from
     `arch`, else the model folder's config.json). Returns {key: (job value, rank value)}.
     """
-    from omegaconf import open_dict
+    from omegaconf import OmegaConf, open_dict
 
     n = spec.world
     changed: dict[str, tuple[Any, Any]] = {}
@@ -248,6 +267,11 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
         if gen:
             changed["data.gen_batch_size"] = (gen, int(gen) // dp)
             data.gen_batch_size = int(gen) // dp
+        for key in JOB_POOLS:
+            pool = OmegaConf.select(config, key)
+            if pool is not None and int(pool) != pool_share(int(pool), n):
+                changed[key] = (pool, pool_share(int(pool), n))
+                OmegaConf.update(config, key, pool_share(int(pool), n))
         if overrides:
             vllm_kwargs = rollout.engine_kwargs.get("vllm") or {}
             merged = {**(vllm_kwargs.get("hf_overrides") or {}), **overrides}
