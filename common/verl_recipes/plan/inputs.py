@@ -478,8 +478,9 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         eager_attention=str(attn) == "eager",
         notes=tuple(notes),
         agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
+        # the legacy `reward_model.num_workers` (unset: null) overrides it when set
         reward_workers=int(
-            _sel(cfg, "reward_model.num_workers", None, required=False)
+            _sel(cfg, "reward_model.num_workers", 0, required=False)
             or _sel(cfg, "reward.num_workers", 8, required=False)
         ),
         storage_units=int(_sel(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8, required=False)),
