@@ -49,4 +49,4 @@ def test_a_tp2_pp2_rank_runs_three_steps(root: Path, tmp_path: Path) -> None:
     limit, args = campaign_line(LINE, CAMPAIGN)
     run = train_line(root, tmp_path, LINE, limit, args)
     prov = json.loads((run / "provenance.json").read_text())
-    assert prov["rank_rehearsal"] == {"rank": 4, "world": 8}
+    assert prov["rank_rehearsal"] == {"rank": 4, "world": 8, "pools": "rank share"}
