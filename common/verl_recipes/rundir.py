@@ -282,7 +282,7 @@ class Provenance:
     @property
     def rank_pools_shared(self) -> bool:
         """Whether a rank rehearsal ran only its share of the job's CPU worker pools
-        (`rank_rehearsal.JOB_POOLS`); the rehearsals recorded before that ran them whole."""
+        (`rank_rehearsal.JOB_POOLS`); a rehearsal recorded without the key ran them whole."""
         rank = self.raw.get("rank_rehearsal")
         return bool(isinstance(rank, dict) and rank.get("pools") == "rank share")
 

@@ -530,8 +530,8 @@ def plan_host(
     when not all of them: a rank rehearsal (`train --rank`) runs one rank's processes, so its host
     holds one rank's share of every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's.
     `pools_shared`: the host also runs only those ranks' share of the job's CPU worker pools
-    (`rank_rehearsal.JOB_POOLS`; every rehearsal does since they were shared, earlier ones ran
-    them whole)."""
+    (`rank_rehearsal.JOB_POOLS`: a rehearsal whose provenance says `pools: rank share`; one without
+    it ran them whole)."""
     fixes_off = tuple(fixes_off)
     c = c or host_fit(RAY_START_FIX not in fixes_off, s.rollout.executor == "uni")
     a, per_node = s.arch, ranks_here or s.gpus_per_node

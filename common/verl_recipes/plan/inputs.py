@@ -141,7 +141,7 @@ class Setup:
     # bound, `seq_len`. verl's trainer pads a micro-batch to its longest sequence, or packs it
     # without padding (the FSDP engine's `prepare_model_inputs`), so a run whose responses stop
     # early or whose prompts are short trained on fewer tokens than the bound, and the planner is
-    # judged against it at the tokens it held (`plan --errors`).
+    # judged against it at the tokens it held (`runs.judged_setup`: `plan --errors`, `compare-ranks`).
     logged_seq_len: int | None = field(default=None, compare=False)
 
     @property
@@ -348,6 +348,15 @@ def _check_packed_attention(cfg: Any, model: str) -> None:
         )
 
 
+def _reward_workers(cfg: Any) -> int:
+    """`reward.num_workers`, or the legacy `reward_model.num_workers`, which verl 0.9.1 copies over
+    it when set (its default is null)."""
+    legacy = _sel(cfg, "reward_model.num_workers", None, required=False)
+    if legacy is not None and (want := wants(legacy, int)):
+        raise RecipeError(f"reward_model.num_workers={legacy!r}: must be {want}, or null (verl's default)")
+    return int(legacy if legacy is not None else _sel(cfg, "reward.num_workers", 8, required=False))
+
+
 def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
     """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `check_layout`.
 
@@ -478,11 +487,7 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         eager_attention=str(attn) == "eager",
         notes=tuple(notes),
         agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
-        # the legacy `reward_model.num_workers` (unset: null) overrides it when set
-        reward_workers=int(
-            _sel(cfg, "reward_model.num_workers", 0, required=False)
-            or _sel(cfg, "reward.num_workers", 8, required=False)
-        ),
+        reward_workers=_reward_workers(cfg),
         storage_units=int(_sel(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8, required=False)),
         torch_compile=bool(_sel(cfg, f"{a}.use_torch_compile", True, required=False)),
     )

@@ -13,7 +13,7 @@ and its memory is another framework's: the planner never holds it against verl's
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +132,6 @@ def run_setup(run: MeasuredRun) -> Any:
 def judged_setup(run: MeasuredRun) -> Any:
     """The Setup a run is held against: the one it trained with, its trainer's micro-batches sized at
     the longest sequence it logged (`Setup.logged_seq_len`) rather than the configuration's bound."""
-    from dataclasses import replace
-
     return replace(run_setup(run), logged_seq_len=run.longest_sequence)
 
 

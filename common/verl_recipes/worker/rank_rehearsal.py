@@ -269,9 +269,10 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
             data.gen_batch_size = int(gen) // dp
         for key in JOB_POOLS:
             pool = OmegaConf.select(config, key)
-            if pool is not None and int(pool) != pool_share(int(pool), n):
-                changed[key] = (pool, pool_share(int(pool), n))
-                OmegaConf.update(config, key, pool_share(int(pool), n))
+            share = pool_share(int(pool), n) if pool is not None else None
+            if share is not None and share != int(pool):
+                changed[key] = (pool, share)
+                OmegaConf.update(config, key, share)
         if overrides:
             vllm_kwargs = rollout.engine_kwargs.get("vllm") or {}
             merged = {**(vllm_kwargs.get("hf_overrides") or {}), **overrides}
