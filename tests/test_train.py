@@ -520,6 +520,24 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
     monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4))
     whole = _job("70b-3d", "--gpus", "8", "--layers", "2", "--run-dir", str(tmp_path / "c"))
     assert whole.model.weights is True
+    assert [j.gpu_checkpoint_weights for j in (rank, fsdp, whole)] == [False, True, True]
+
+
+def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU the rank's tiny stand-in has weights, but the disk check judges the GPU run, whose
+    checkpoint has none: the floor, not three copies of 70B (the GPU host's own verdict)."""
+    from verl_recipes import job as job_module
+    from verl_recipes.stack import verify
+
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (0, 0.0))
+    rank = _job("70b-3d", "--rank", "0", "--run-dir", str(tmp_path / "a"))
+    assert rank.rehearsal and rank.model.weights is True and rank.gpu_checkpoint_weights is False
+    assert verify.disk_need(rank.recipe, rank.gpu_checkpoint_weights) == (20.0, "the run's logs, samples and caches")
+    whole = _job("70b-3d", "--run-dir", str(tmp_path / "b"))
+    need, what = verify.disk_need(whole.recipe, whole.gpu_checkpoint_weights)
+    assert round(need) == 385 and what == "the model and checkpoints"
 
 
 def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_prediction(tmp_path: Path) -> None:

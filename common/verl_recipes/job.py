@@ -113,6 +113,19 @@ class Job:
         provenance: the planner reads a run by what verl did in it."""
         return [name for name in FIXES if name not in set(self.fixes_off)]
 
+    @property
+    def gpu_checkpoint_weights(self) -> bool:
+        """Whether the checkpoint the GPU run trains from holds weights (`trains_from_weights`):
+        what the disk check judges, on a CPU rehearsal too, whose tiny stand-in has weights either way."""
+        return trains_from_weights(self.recipe, self.rank)
+
+
+def trains_from_weights(recipe: Recipe, rank: RankSpec | None) -> bool:
+    """False for a Megatron rank rehearsal: its checkpoint is config and tokenizer only, Megatron
+    initialises the weights and vLLM draws dummy ones, since a 70B checkpoint (about 138 GB in bf16)
+    does not fit a one-GPU host's disk. Every other run trains from a checkpoint with weights."""
+    return not (rank is not None and recipe.backend == "megatron")
+
 
 def local_gpus() -> tuple[int, float]:
     """This host's NVIDIA GPUs (NVML) and the smallest one's memory in GiB; (0, 0.0) without any."""
@@ -182,7 +195,7 @@ def decide(args: argparse.Namespace) -> Job:
     arch = args.arch or recipe.model.arch
     trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
     (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if rehearsal else (trained, "cuda")
-    weights = not (rank and recipe.backend == "megatron" and device == "cuda")
+    weights = device != "cuda" or trains_from_weights(recipe, rank)
     path = args.model or model_dir(arch, layers, scale, args.model_out, weights)
     model = Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out, weights)
 

@@ -166,7 +166,7 @@ def verify(job: Job, gate: bool) -> None:
     runs in processes of its own."""
     from verl_recipes.stack.verify import print_checks, run_checks
 
-    checks = run_checks(job.recipe, allreduce=job.rank is None, weights=job.model.weights)
+    checks = run_checks(job.recipe, allreduce=job.rank is None, weights=job.gpu_checkpoint_weights)
     print_checks(checks, indent="   " if not gate else "")
     failed = [c.name for c in checks if c.status == "fail"]
     if failed and gate:

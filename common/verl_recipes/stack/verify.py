@@ -532,17 +532,22 @@ def check_host_ram() -> Check:
 DISK_FLOOR_GIB = 20.0
 
 
-def check_disk(recipe: Any, path: Path, weights: bool = True) -> Check:
-    """Free disk against what the run writes. With `weights` False (a checkpoint written without
+def disk_need(recipe: Any, weights: bool = True) -> tuple[float, str]:
+    """GiB of disk a run wants, and what for. With `weights` False (a checkpoint written without
     weights, as a Megatron rank rehearsal at 70B widths trains from: Megatron initialises them and
     vLLM draws dummy ones) neither the model nor a copy of it lands on disk: the floor only."""
-    free = shutil.disk_usage(path).free / GIB
+    if recipe is None or not weights:
+        return DISK_FLOOR_GIB, "the run's logs, samples and caches"
     # model download + one checkpoint (bf16 weights, LoRA or not): ~3x the bf16 weights. A heuristic.
-    sized = recipe is not None and weights
-    need = max(DISK_FLOOR_GIB, recipe.model.params * 2 * 3 / GIB) if sized else DISK_FLOOR_GIB
+    return max(DISK_FLOOR_GIB, recipe.model.params * 2 * 3 / GIB), "the model and checkpoints"
+
+
+def check_disk(recipe: Any, path: Path, weights: bool = True) -> Check:
+    """Free disk at `path` against what the run writes (`disk_need`)."""
+    free = shutil.disk_usage(path).free / GIB
+    need, what = disk_need(recipe, weights)
     detail = f"{free:.0f} GiB free at {path}"
     if free < need:
-        what = "the model and checkpoints" if sized else "the run's logs, samples and caches"
         return Check(
             "disk",
             "warn",
