@@ -101,6 +101,28 @@ def test_offload_policy_pins_power_of_two_blocks_by_hand() -> None:
     assert plain.moment("train").state == 0 and _term(plain, "load", "actor checkpoint copy") == exact
 
 
+def test_an_upcast_offloaded_load_reads_then_shards() -> None:
+    """fp32 from a bf16 checkpoint with the offload policy: `from_pretrained` holds its fp32 copy
+    and the checkpoint's mapped pages, and returns (the pages unmapped) before the shard is pinned
+    and the state copied in, so the load is the larger of the two moments, not the four terms at
+    once. fp32 blocks: q and o 64x64x4 = 16384 B, k and v 8192 B, gate, up, down 24576 -> 32768 B,
+    norms 256 B, embedding and lm_head 25600 -> 32768 B."""
+    sets = [
+        *BASE,
+        "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+    ]
+    hp = plan_host(
+        setup_from_config(merge_strict(compose_verl("ppo_trainer"), parse_sets(sets), "t"), Arch.from_config(TINY))
+    )
+    params = Arch.from_config(TINY).params()
+    layer = 16384 + 8192 + 8192 + 16384 + 3 * 32768 + 2 * 256
+    pinned = 2 * layer + 32768 + 256 + 32768
+    reading, sharding = 4 * params + 2 * params, 4 * params + pinned + 4 * params
+    assert sharding > reading and hp.moment("load").state == sharding
+    assert not [t for t in hp.moment("load").terms if "pages" in t.name]
+
+
 def test_megatron_optimizer_states_take_power_of_two_pinned_blocks() -> None:
     """Recipe 70b-3d on one GPU (TP1 x PP1): one Llama-2-70B layer adds, per model, three fp32
     states of qkv (320 MiB -> 512), o (256), fc1 (1792 -> 2048), fc2 (896 -> 1024) and two norms
