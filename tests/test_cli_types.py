@@ -52,6 +52,25 @@ def test_numbers_that_mean_nothing_are_one_line(args: list[str], want: str, tmp_
     assert not out.exists()  # nothing made
 
 
+def test_a_worker_pool_of_none_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    """verl splits every batch over the agent-loop and reward-loop workers and TransferQueue its
+    storage over its units: a pool of none would start the job and fail at its first step, so the
+    planner (which `train`'s pre-flight runs) refuses it in one line; one worker is a pool."""
+    keys = [
+        "actor_rollout_ref.rollout.agent.num_workers",
+        "reward.num_workers",
+        "reward_model.num_workers",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units",
+    ]
+    runs = _here(capsys, *[["plan", "13b-fsdp", "--gpu", "h200-141g", "--set", f"{k}=0"] for k in keys])
+    for key, r in zip(keys, runs, strict=True):
+        line = r.stderr.strip()
+        assert r.returncode == 2 and len(line.splitlines()) == 1, r.stderr
+        assert line.startswith(f"error: {key}=0: ") and line.endswith("give 1 or more"), line
+    (one,) = _here(capsys, ["plan", "13b-fsdp", "--gpu", "h200-141g", "--set", f"{keys[0]}=1"])
+    assert one.returncode == 0, one.stderr
+
+
 def test_hydra_prefixes_in_set_are_answered_for_the_key_meant(capsys: pytest.CaptureFixture[str]) -> None:
     plus2, plus, tilde, typo = _here(
         capsys,

@@ -325,6 +325,9 @@ def _mcore_role(
 # (`--verl-fix-off`, or recorded before it existed) batches the critic as verl does.
 
 
+#: TransferQueue's storage units, a job-level pool like the agent-loop and reward-loop workers
+STORAGE_UNITS = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
+
 #: attention implementations that keep packed sequences apart: flash-attn's (where it is built)
 #: and torch's own variable-length kernel (verl_recipes.worker.packed_attention).
 PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "torch_varlen")
@@ -348,13 +351,25 @@ def _check_packed_attention(cfg: Any, model: str) -> None:
         )
 
 
+def _pool(key: str, value: Any, what: str = "workers") -> int:
+    """A job's CPU worker pool size, at least one: verl splits every batch over the agent-loop and
+    reward-loop workers (`DataProto.chunk(len(workers))`, `pad_dataproto_to_divisor`), so a pool
+    of none starts and then fails at the first step; TransferQueue spreads its storage over its
+    units (`SimpleStorage`: the size divided by their count) likewise."""
+    if int(value) < 1:
+        raise RecipeError(f"{key}={value!r}: each batch is split over these {what}; give 1 or more")
+    return int(value)
+
+
 def _reward_workers(cfg: Any) -> int:
     """`reward.num_workers`, or the legacy `reward_model.num_workers`, which verl 0.9.1 copies over
     it when set (its default is null)."""
     legacy = _sel(cfg, "reward_model.num_workers", None, required=False)
     if legacy is not None and (want := wants(legacy, int)):
         raise RecipeError(f"reward_model.num_workers={legacy!r}: must be {want}, or null (verl's default)")
-    return int(legacy if legacy is not None else _sel(cfg, "reward.num_workers", 8, required=False))
+    if legacy is not None:
+        return _pool("reward_model.num_workers", legacy)
+    return _pool("reward.num_workers", _sel(cfg, "reward.num_workers", 8, required=False))
 
 
 def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
@@ -486,9 +501,9 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         remove_padding=bool(_sel(cfg, f"{m}.use_remove_padding", True)),
         eager_attention=str(attn) == "eager",
         notes=tuple(notes),
-        agent_workers=int(_sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
+        agent_workers=_pool(f"{r}.agent.num_workers", _sel(cfg, f"{r}.agent.num_workers", 8, required=False)),
         reward_workers=_reward_workers(cfg),
-        storage_units=int(_sel(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8, required=False)),
+        storage_units=_pool(STORAGE_UNITS, _sel(cfg, STORAGE_UNITS, 8, required=False), "storage units"),
         torch_compile=bool(_sel(cfg, f"{a}.use_torch_compile", True, required=False)),
     )
     check_layout(setup)
