@@ -124,6 +124,9 @@ def main(argv: list[str]) -> int:
         return 2
     import torch
 
+    if not torch.cuda.is_available():
+        print("logits_autocast.py measures the CUDA allocator: run it on a GPU host", file=sys.stderr)
+        return 2
     rows = []
     for shape in SHAPES:
         for mode in ("old_log_prob", "ref", "update"):
