@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.measure.bounds import check, measured, write_bounds
 from verl_recipes.recipe.metadata import get_recipe
@@ -210,3 +211,43 @@ def test_the_7b_readme_names_every_bounds_file_with_its_runs(root: Path) -> None
         named = set(re.findall(r"\((results/[^)/]+)/", rows[0].split("|")[3]))
         sources = set(yaml.safe_load((rd / expected).read_text())["source_runs"])
         assert sources <= named, f"7b-lora README: the {expected} row leaves out {sorted(sources - named)}"
+
+
+RANK_RUN = Path("recipes/13b-fsdp/results/h200x1-ppo-rank0of2")  # ran the job's whole CPU worker pools
+RANK_BOUNDS = "expected/h200x1-ppo-rank0of2.yaml"
+
+
+def _rank_share(root: Path, tmp_path: Path, rss_factor: float) -> Path:
+    """A copy of a whole-pool rank rehearsal recorded as one that ran its share of the pools, its
+    host RSS peak scaled (a rank's share of 13b-fsdp's pools holds about 8 GiB less of 36)."""
+
+    def edit(summary: dict) -> None:
+        summary["peak"]["host"]["rss_gib"] *= rss_factor
+
+    run = _edited(root, tmp_path, RANK_RUN, edit)
+    prov = json.loads((run / "provenance.json").read_text())
+    prov["rank_rehearsal"]["pools"] = "rank share"
+    (run / "provenance.json").write_text(json.dumps(prov))
+    return run
+
+
+def test_a_rank_that_ran_its_share_of_the_pools_is_not_held_to_whole_pool_host_bounds(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The committed bounds of a rank rehearsal that ran the job's whole CPU worker pools carry
+    their host RSS; a rerun of the same rank with its share of them holds less, which is not the
+    rank doing less work: its device phases are still judged, its host RSS is not, and it says so.
+    Bounds written from such runs say so, and judge such runs' host RSS again."""
+    run = _rank_share(root, tmp_path, 0.75)
+    run_rss = load_summary(run)["peak"]["host"]["rss_gib"]
+    args = ["check-bounds", "13b-fsdp", "--run", str(run), "--expected", RANK_BOUNDS]
+    assert main(args) == 0
+    assert "host RSS not judged" in capsys.readouterr().out
+    doc = write_bounds([run], tmp_path / "b.yaml", get_recipe("13b-fsdp"))
+    assert doc["rank_rehearsal"] == {"rank": 0, "world": 2, "pools": "rank share"}
+    assert check(load_summary(root / RANK_RUN), doc, "x", judge_host=True)  # the whole-pool run holds more
+    whole = _edited(root, tmp_path / "w", RANK_RUN, lambda s: s["peak"]["host"].update(rss_gib=run_rss))
+    assert main(["check-bounds", "13b-fsdp", "--run", str(whole), "--expected", RANK_BOUNDS]) == 1
+    assert "host RSS peak" in capsys.readouterr().out
+    with pytest.raises(RecipeError, match="one file each"):
+        write_bounds([root / RANK_RUN, run], tmp_path / "mixed.yaml", get_recipe("13b-fsdp"))

@@ -222,6 +222,11 @@ def measured_runs(base: Path) -> list[Path]:
 # absence means.
 
 
+#: `rank_rehearsal.pools` in a rank rehearsal's provenance (and its bounds): the rank ran its share
+#: of the job's CPU worker pools (`worker.rank_rehearsal.JOB_POOLS`); a record without it ran them whole
+POOLS_SHARED = "rank share"
+
+
 @dataclass(frozen=True)
 class Provenance:
     """A run's provenance.json as every reader sees it; `raw` is the record as written."""
@@ -284,7 +289,7 @@ class Provenance:
         """Whether a rank rehearsal ran only its share of the job's CPU worker pools
         (`rank_rehearsal.JOB_POOLS`); a rehearsal recorded without the key ran them whole."""
         rank = self.raw.get("rank_rehearsal")
-        return bool(isinstance(rank, dict) and rank.get("pools") == "rank share")
+        return bool(isinstance(rank, dict) and rank.get("pools") == POOLS_SHARED)
 
     def argv_value(self, flag: str) -> str | None:
         """The value given to `flag` on the command line that made the run (None: not given)."""

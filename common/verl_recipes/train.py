@@ -336,7 +336,7 @@ def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_uti
             "verl_fixes": job.fixes,
             "compile_cache": job.compile_cache,
             "rank_rehearsal": (
-                {"rank": job.rank.rank, "world": job.rank.world, "pools": "rank share"} if job.rank else None
+                {"rank": job.rank.rank, "world": job.rank.world, "pools": rundir.POOLS_SHARED} if job.rank else None
             ),
         },
     )

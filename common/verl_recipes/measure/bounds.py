@@ -25,7 +25,9 @@ runs, read once a minute (`--full-mem-interval`), the same configuration's large
 GiB in h200x1-ppo and 20.27 GiB in h200x1-ppo-3. RSS counts shared pages once per
 process, so the true PSS peak lies between the largest PSS read and the RSS peak. Both grow with the
 host's cores (Ray starts more worker processes), so a host bound holds for hosts like the one its
-runs had; the file's note names it.
+runs had; the file's note names it. A rank rehearsal's host band holds for rank rehearsals that ran
+the same share of the job's CPU worker pools (`host_comparable`): a rank that ran its share is not
+held to the band of ranks that ran them whole, and the check says so.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import yaml
 
 from verl_recipes import RecipeError, inflight
 from verl_recipes.recipe.metadata import Recipe, get_recipe
-from verl_recipes.rundir import Summary, read_provenance, read_summary, steady_steps
+from verl_recipes.rundir import POOLS_SHARED, Summary, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.markers import VERL_PHASES
 
 SCHEMA = "verl-recipes/expected/1"
@@ -125,19 +127,26 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
         return {k: p.get(k) for k in keys}
 
     # One GPU standing in for rank R of N (`train --rank`) measures that rank, never the whole job:
-    # the file says so, and one file holds one such configuration.
+    # the file says so, and one file holds one such configuration, its CPU worker pools included.
     ranks = {read_provenance(r).rank_rehearsal for r in run_dirs}
     if len(ranks) > 1:
         raise RecipeError(
             f"--write-bounds: the runs stand in for different ranks ({sorted(map(str, ranks))}); one file a rank"
         )
     rank = ranks.pop()
+    shared = {read_provenance(r).rank_pools_shared for r in run_dirs}
+    if rank and len(shared) > 1:
+        raise RecipeError(
+            "--write-bounds: some runs ran the job's whole CPU worker pools and some their rank's share "
+            "(rank_rehearsal.pools in provenance.json): their host memory differs; one file each"
+        )
+    pools = {"pools": POOLS_SHARED} if rank and shared.pop() else {}
 
     doc = {
         "schema": SCHEMA,
         "recipe": recipe.id,
         "source_runs": [source(r) for r in run_dirs],
-        **({"rank_rehearsal": {"rank": rank[0], "world": rank[1]}} if rank else {}),
+        **({"rank_rehearsal": {"rank": rank[0], "world": rank[1], **pools}} if rank else {}),
         "note": note,
         "margins": {"upper": UPPER, "lower": LOWER},
         "measured": {source(r): m for r, m in zip(run_dirs, ms, strict=True)},
@@ -168,8 +177,19 @@ def _two_sided(what: str, got: float | None, band: list[float] | None) -> list[s
     return []
 
 
-def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]:
-    """Every violated bound as one line naming the phase and GPU; empty when the run passes."""
+def host_comparable(run: Path, bounds_doc: dict[str, Any]) -> bool:
+    """Whether `run`'s host memory can be held to the bounds' host band: a rank rehearsal that ran
+    its share of the job's CPU worker pools holds several GiB less than one that ran them whole
+    (`rank_rehearsal.JOB_POOLS`), so the two are judged only against their own kind."""
+    prov = read_provenance(run)
+    if not (prov.rank_rehearsal and bounds_doc.get("rank_rehearsal")):
+        return True
+    return prov.rank_pools_shared == ((bounds_doc["rank_rehearsal"].get("pools")) == POOLS_SHARED)
+
+
+def check(summary: Summary, bounds_doc: dict[str, Any], label: str, judge_host: bool = True) -> list[str]:
+    """Every violated bound as one line naming the phase and GPU; empty when the run passes.
+    `judge_host` False leaves the host band out (`host_comparable`)."""
     m = measured(summary)
     b = bounds_doc["bounds"]
     errors: list[str] = []
@@ -179,7 +199,7 @@ def check(summary: Summary, bounds_doc: dict[str, Any], label: str) -> list[str]
         for gpu, band in gpus.items():
             got = m["memory_gib"].get(phase, {}).get(str(gpu))
             errors += _two_sided(f"{label}: phase {phase} GPU {gpu}:", got, band)
-    rss_band = (b.get("host_gib") or {}).get("rss")
+    rss_band = (b.get("host_gib") or {}).get("rss") if judge_host else None
     errors += _two_sided(f"{label}: host RSS peak", m["host_gib"].get("rss"), rss_band)
     # Time is one-sided: slower fails, faster only notes that the bounds could be refreshed.
     for key, unit, slower_is_high in (("step_time_s", "s", True), ("throughput_tok_s", "tokens/s", False)):
@@ -223,8 +243,15 @@ def check_bounds(recipe: Recipe, run: Path | None = None, expected: str | None =
             raise RecipeError(f"{path}: schema: expected {SCHEMA}")
         sources = doc.get("source_runs") or [doc["source_run"]]
         for run_dir in [run] if run else [recipe.dir / s for s in sources]:
+            judge_host = host_comparable(run_dir, doc)
+            if not judge_host:
+                print(
+                    f"note: {recipe.id} {name}: host RSS not judged: the bounds' runs and {run_dir} ran "
+                    "different shares of the job's CPU worker pools (rank_rehearsal.pools in provenance.json); "
+                    "write bounds from runs like it with --write-bounds"
+                )
             try:
-                errs = check(read_summary(run_dir), doc, f"{recipe.id} {name}")
+                errs = check(read_summary(run_dir), doc, f"{recipe.id} {name}", judge_host)
             except RecipeError as e:  # a summary cut short fails its own check; the others still run
                 errs = [str(e)]
             print(f"{'FAIL' if errs else 'ok  '} {recipe.id} {name} <- {run_dir}")
