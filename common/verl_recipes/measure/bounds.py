@@ -184,7 +184,7 @@ def host_comparable(run: Path, bounds_doc: dict[str, Any]) -> bool:
     prov = read_provenance(run)
     if not (prov.rank_rehearsal and bounds_doc.get("rank_rehearsal")):
         return True
-    return prov.rank_pools_shared == ((bounds_doc["rank_rehearsal"].get("pools")) == POOLS_SHARED)
+    return prov.rank_pools_shared == (bounds_doc["rank_rehearsal"].get("pools") == POOLS_SHARED)
 
 
 def check(summary: Summary, bounds_doc: dict[str, Any], label: str, judge_host: bool = True) -> list[str]:

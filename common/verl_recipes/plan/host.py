@@ -470,9 +470,9 @@ def _upcast_pages(s: Setup, role: Role, critic: bool) -> int:
     bf16 checkpoint): the fp32 copy is new memory, and the safetensors files it is read from stay
     mapped, in RSS, until `from_pretrained` returns (`plan_host` counts them in that moment only).
     In bf16 the copy is the mapped pages themselves (13b-fsdp: the trainer held its 24.24 GiB copy
-    and nothing more). verl-vs-deepspeed's rank rehearsal
-    (fp32) held 42.88 GiB in its trainer at the load peak: the 28.37 GiB copy, about 2.3 GiB of
-    process, and 12.2 of its 14.2 GiB checkpoint. Every committed checkpoint is stored in bf16."""
+    and nothing more). verl-vs-deepspeed's rank rehearsal (fp32) held 42.88 GiB in its trainer at
+    the load peak: the 28.37 GiB copy, about 2.3 GiB of process, and 12.2 of its 14.2 GiB
+    checkpoint. Every committed checkpoint is stored in bf16."""
     if role.backend == "megatron" or role.param_bytes <= 2:
         return 0
     copies = s.gpus_per_node if s.arch.tie_embeddings else 1
