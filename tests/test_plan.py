@@ -723,3 +723,25 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
     # a configuration no run trained at all says so
     assert main(["plan", "7b-lora", "--set", "data.train_batch_size=16", "--gpu", "h200-141g"]) == 0
     assert "no committed run of this configuration measured a rate" in capsys.readouterr().out
+
+
+def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root: Path) -> None:
+    """70b-3d's 32-GPU job: a real Megatron process group's base (the 2.43 against 0.81 GiB beyond
+    the allocator of the plain TP1 runs and the rehearsed ranks) and one communicator's buffers for
+    each of its TP4, PP2 and DP4 groups; the same rank under the fake group counts none. A committed
+    rank rehearsal is planned that way, a plain run with its group."""
+    import dataclasses
+
+    from verl_recipes.plan.runs import read_run, run_setup
+
+    _, s, _ = load_setup("70b-3d", [], [])
+    h100 = parse_gpu("h100-80g")
+    c = Constants()
+    real, fake = (plan_gpu(x, h100, c) for x in (s, dataclasses.replace(s, fake_group=True)))
+    group = _term(real, "update_actor", "trainer process group")
+    assert group == c.group_base_bytes_megatron + 3 * c.nccl_bytes_per_communicator
+    assert _term(fake, "update_actor", "trainer process group") == 0
+    assert real.phase("update_actor").total - fake.phase("update_actor").total == group
+    results = root / "recipes" / "70b-3d" / "results"
+    assert run_setup(read_run(results / "h200x1-ppo-rank16of32-partial")).fake_group
+    assert not run_setup(read_run(results / "h200x1-ppo-tp1pp1-l2")).fake_group

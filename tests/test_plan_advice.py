@@ -61,13 +61,13 @@ def test_plan_exits_1_when_the_job_does_not_fit_the_gpu_named() -> None:
 def test_a_calibrated_prediction_decides_the_verdict_beside_the_planners_figure(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """70b-3d on 32 x 80 GB: the planner says 76.8 GiB in update_actor, the committed prediction
-    (rank 16 rehearsed at this very layout decides the phases it measured) 76.9 GiB there; the
+    """70b-3d on 32 x 80 GB: the planner says 78.4 GiB in update_actor, the committed prediction
+    (rank 16 rehearsed at this very layout decides the phases it measured) 78.9 GiB there; the
     calibrated figure is shown beside the planner's, decides, and the exit status says so."""
     r = _plan_here(capsys, "70b-3d", "--gpu", "h100-80g")
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "calibrated prediction" in ln)
-    assert "expected/h100x32-ppo.yaml" in line and "76.9 of 80.0 GiB" in line and "76.8 GiB" in line
+    assert "expected/h100x32-ppo.yaml" in line and "78.9 of 80.0 GiB" in line and "78.4 GiB" in line
     assert "h100-80g: does NOT fit" not in r.stdout
     # the same job truncated in depth is another job: the prediction does not apply
     recipe = get_recipe("70b-3d")

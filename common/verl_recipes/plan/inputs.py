@@ -143,6 +143,10 @@ class Setup:
     # early or whose prompts are short trained on fewer tokens than the bound, and the planner is
     # judged against it at the tokens it held (`runs.judged_setup`: `plan --errors`, `compare-ranks`).
     logged_seq_len: int | None = field(default=None, compare=False)
+    # The trainer ran under PyTorch's fake process group (a rank rehearsal, `train --rank`): no
+    # NCCL communicator and nothing of a real group's set-up on the device. False for every plan
+    # of a configuration; a measured rehearsal sets it (`runs.run_setup`).
+    fake_group: bool = field(default=False, compare=False)
 
     @property
     def world(self) -> int:

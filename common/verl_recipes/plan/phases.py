@@ -99,6 +99,15 @@ class Constants:
     # Buffers of one NCCL communicator: NCCL_BUFFSIZE (4 MiB default, NCCL docs) x 2 directions x
     # 16 channels. Prior.
     nccl_bytes_per_communicator: int = 128 * MIB
+    # What a real process group adds to a Megatron trainer beyond its allocator, whatever its
+    # peers: megatron-core makes a group of every kind (TP, PP, DP, CP, model-parallel, embedding,
+    # ...), each its own NCCL communicator. Measured as the training process's memory beyond verl's
+    # max reserved (`compare-ranks`, peaks of steps 2+): 2.43 GiB in each of 70b-3d's plain runs on
+    # one GPU (TP1, 1-3 layers: a real group of one), 0.81 in each of its rank rehearsals (TP2 and
+    # TP4 under the fake group, which has no communicator). FSDP's real group, 0.45-0.53 GiB the
+    # same way (13b-fsdp, verl-vs-deepspeed), is left in the prior above: its other terms already
+    # meet its runs.
+    group_base_bytes_megatron: int = 1660 * MIB
     # Bytes per (token x vocab) element of a micro-batch's padded logits. A forward that computes
     # log-probs and entropy (old_log_prob): 14 = the bf16 lm_head output (2) + softmax's fp32
     # output (4) + logsumexp's fp32 copy of its input (4) + its fp32 (x - max) (4). verl 0.9.1 runs
@@ -398,12 +407,17 @@ def vllm_activation_peak(s: Setup) -> int:
 
 
 def _nccl_trainer(s: Setup, c: Constants) -> int:
+    """The trainer's real process group beyond its allocator: one communicator's buffers per group
+    with peers, and on Megatron its groups' base (`Constants.group_base_bytes_megatron`); nothing
+    under a rank rehearsal's fake group (`Setup.fake_group`), which has no communicator."""
+    if s.fake_group:
+        return 0
     if s.actor.backend == "megatron":
         r = s.actor
         dp = s.world // (r.tp * r.pp * r.cp)
         groups = sum(1 for g in (r.tp, r.pp, r.cp, dp) if g > 1)
-    else:
-        groups = 1 if s.world > 1 else 0
+        return c.group_base_bytes_megatron + groups * c.nccl_bytes_per_communicator
+    groups = 1 if s.world > 1 else 0
     return groups * c.nccl_bytes_per_communicator
 
 
@@ -610,7 +624,7 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     base = [
         Term("driver reserve (NVML used, no process)", c.device_reserved_bytes, "device"),
         Term("trainer CUDA context", c.cuda_context_bytes, "trainer"),
-        Term("trainer NCCL buffers", _nccl_trainer(s, c), "trainer"),
+        Term("trainer process group (NCCL)", _nccl_trainer(s, c), "trainer"),
         Term("vLLM CUDA context", c.cuda_context_bytes, "vllm"),
         Term("vLLM NCCL buffers", _nccl_vllm(s, c), "vllm"),
     ]

@@ -126,7 +126,8 @@ def run_setup(run: MeasuredRun) -> Any:
         from verl_recipes.recipe.metadata import get_recipe
 
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
-    return setup_from_config(cfg, arch, run.fixes_off)
+    setup = setup_from_config(cfg, arch, run.fixes_off)
+    return replace(setup, fake_group=True) if run.provenance.rank_rehearsal else setup
 
 
 def judged_setup(run: MeasuredRun) -> Any:
