@@ -67,8 +67,10 @@ Terms and where each comes from:
     output, the next one's and its shard, on FSDP2's own CUDA streams, whose cached blocks the
     compute stream cannot reuse; each role that has run a forward since the last `empty_cache`
     adds its own on top of the carried floor. At a world of 1 FSDP2 gathers nothing: 0.
-  * per process: a CUDA context and NCCL communicator buffers (named constants below; priors until
-    fitted from measured runs by `verl_recipes.plan.errors`).
+  * per process: a CUDA context, and the trainer's real process group (`_nccl_trainer`: one NCCL
+    communicator's buffers per group with peers, and on Megatron its groups' measured base); a
+    rank rehearsal's fake group holds none (`Setup.fake_group`). Named constants below: priors
+    until fitted from measured runs by `verl_recipes.plan.errors`, unless they say what measured them.
 
 Upper bounds: every sequence is taken at max_prompt_length + max_response_length; remove-padding
 only lowers real usage. The torch caching allocator's fragmentation is not modelled.
