@@ -128,13 +128,14 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
 
     # One GPU standing in for rank R of N (`train --rank`) measures that rank, never the whole job:
     # the file says so, and one file holds one such configuration, its CPU worker pools included.
-    ranks = {read_provenance(r).rank_rehearsal for r in run_dirs}
+    provs = [read_provenance(r) for r in run_dirs]
+    ranks = {p.rank_rehearsal for p in provs}
     if len(ranks) > 1:
         raise RecipeError(
             f"--write-bounds: the runs stand in for different ranks ({sorted(map(str, ranks))}); one file a rank"
         )
     rank = ranks.pop()
-    shared = {read_provenance(r).rank_pools_shared for r in run_dirs}
+    shared = {p.rank_pools_shared for p in provs}
     if rank and len(shared) > 1:
         raise RecipeError(
             "--write-bounds: some runs ran the job's whole CPU worker pools and some their rank's share "
