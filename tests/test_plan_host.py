@@ -27,9 +27,10 @@ from verl_recipes.plan.host import (
 from verl_recipes.plan.host_runs import host_rows
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.model import Arch
+from verl_recipes.plan.runs import read_run, run_setup
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.rundir import read_provenance
-from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, FIXES, MERGE_FIX, recorded_off
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, FIXES, MEGATRON_PIN_FIX, MERGE_FIX, recorded_off
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB, KIB = 1024**2, 1024
@@ -139,6 +140,51 @@ def test_megatron_optimizer_states_take_power_of_two_pinned_blocks() -> None:
     assert "power-of-two pinned blocks" in " ".join(plans[1].notes)
 
 
+def test_megatron_weights_take_one_pinned_buffer_per_model_and_stage() -> None:
+    """70b-3d at TP4 x PP2, by hand: a rank holds 40 layers split four ways but their two norms
+    whole, plus the embedding (stage 0) or the final norm and the vocabulary's projection (the
+    actor on stage 1) or a one-output head (the critic on stage 1). verl's pinned buffer rounds
+    16.06 GiB up to 32; the fix `megatron-weights-exact-pinned` keeps the exact size. The committed
+    ranks bear it out: rank 0 died of host memory on a 125.85 GiB host, where the planner without
+    the fix puts it (it ran without it: 131.83 GiB PSS), and rank 16 finished, 2.0% under the
+    planner's PSS."""
+    a = Arch.from_config(_70B)
+    h, v4 = a.hidden, a.vocab // 4
+    body = 40 * ((a.layer_params() - 2 * h) // 4 + 2 * h)
+    exact = {
+        ("actor", 0): body + v4 * h,
+        ("critic", 0): body + v4 * h,
+        ("actor", 1): body + h + v4 * h,
+        ("critic", 1): body + 2 * h,
+    }
+    results = Path(__file__).resolve().parents[1] / "recipes/70b-3d/results"
+    runs = {0: read_run(results / "h200x1-ppo-rank0of32-partial"), 1: read_run(results / "h200x1-ppo-rank16of32")}
+    for stage, run in runs.items():
+        s = run_setup(run)
+        assert s.pp_stage == stage
+        fixed, verl = plan_host(s, ranks_here=1), plan_host(s, [MEGATRON_PIN_FIX], ranks_here=1)
+        for who in ("actor", "critic"):
+            want = 2 * exact[(who, stage)]
+            assert _term(fixed, "train", f"{who} weights offloaded (Megatron") == want, (who, stage)
+            power = 16 * GIB if want < 16 * GIB else 32 * GIB
+            assert _term(verl, "train", f"{who} weights offloaded (Megatron") == power, (who, stage)
+    assert 2 * exact[("critic", 1)] < 16 * GIB < 2 * exact[("critic", 0)]  # 15.94 and 16.06 GiB
+    # the job's plan takes the stage whose node holds more: stage 0, both models over 16 GiB
+    job = load_setup("70b-3d", [], [])[1]
+    assert plan_host(job, [MEGATRON_PIN_FIX]).peak.pss == plan_host(job.with_rank(0), [MEGATRON_PIN_FIX]).peak.pss
+    assert plan_host(job, [MEGATRON_PIN_FIX]).peak.pss > plan_host(job.with_rank(16), [MEGATRON_PIN_FIX]).peak.pss
+    # the measured outcome, planned as each rank ran (its fixes, its share of the pools)
+    host = 135129063424  # MemTotal of the H200 host both ran on (samples.jsonl's start record)
+    for stage, run in runs.items():
+        prov = run.provenance
+        as_run = plan_host(run_setup(run), recorded_off(prov), ranks_here=1, pools_shared=prov.rank_pools_shared)
+        assert MEGATRON_PIN_FIX in recorded_off(prov)
+        # rank 0 at or over the host's whole memory (no room for the kernel's own), rank 16 5 GiB under
+        assert (as_run.peak.pss > host - GIB) == (stage == 0), (stage, as_run.peak.pss / GIB)
+        assert stage == 0 or as_run.peak.pss < host - 5 * GIB
+        assert plan_host(run_setup(run), ranks_here=1, pools_shared=True).peak.pss < host - 20 * GIB
+
+
 def test_llama7b_pinned_actor_by_hand_and_the_sync_fix() -> None:
     """The 24gib variant's actor, LoRA r64 on all seven projections, bf16: each layer pins 4 x 32 MiB
     (attention) + 3 x 128 MiB (86 MiB MLP matrices) + 2 x 8 KiB (norms), and adapters of 8 x 512 KiB
@@ -233,9 +279,14 @@ def test_fixes_off_from_provenance(tmp_path: Path) -> None:
     assert fixes_off(tmp_path) == (later,)
     (tmp_path / "provenance.json").write_text(json.dumps({"verl_fixes_off": [MERGE_FIX]}))
     assert fixes_off(tmp_path) == (MERGE_FIX, later)
-    listed = {"verl_fixes_off": [MERGE_FIX], "verl_fixes": [later]}
+    # a record that lists the fixes applied ran without a later fix it does not name
+    every = [f for f in FIXES if f != MERGE_FIX]
+    listed = {"verl_fixes_off": [MERGE_FIX], "verl_fixes": every}
     (tmp_path / "provenance.json").write_text(json.dumps(listed))
     assert fixes_off(tmp_path) == (MERGE_FIX,)
+    listed["verl_fixes"] = [f for f in every if f != MEGATRON_PIN_FIX]
+    (tmp_path / "provenance.json").write_text(json.dumps(listed))
+    assert fixes_off(tmp_path) == (MERGE_FIX, MEGATRON_PIN_FIX)
 
 
 def test_host_ram_warning_with_this_machines_memory() -> None:
@@ -282,13 +333,15 @@ def test_a_rehearsed_rank_holds_one_ranks_share_of_the_node(root: Path) -> None:
 def test_a_rehearsed_rank_that_shares_the_jobs_pools_holds_one_worker_of_each() -> None:
     """A rank rehearsal runs its share of the job's CPU worker pools (`rank_rehearsal.JOB_POOLS`):
     for a rank of 70b-3d's 32 GPUs, one agent-loop, reward and storage worker where the job has
-    eight of each, so the host model takes seven of each off; a rehearsal recorded before the
-    pools were shared is predicted with all of them."""
+    eight of each, so the host model takes seven of each off, less in PSS the pages each shares
+    with the other processes (measured on the small TP2 x PP2 rank with the whole pools and with
+    its share); a rehearsal recorded before the pools were shared is predicted with all of them."""
     _, s, _ = load_setup("70b-3d", [], [])
     assert (s.world, s.agent_workers, s.reward_workers, s.storage_units) == (32, 8, 8, 8)
     whole = plan_host(s, ranks_here=1).moment("train")
     shared = plan_host(s, ranks_here=1, pools_shared=True).moment("train")
     c = DEFAULT_FIT
     less = 7 * (c.agent_worker_bytes + c.reward_worker_bytes + c.storage_unit_bytes)
-    assert whole.base_rss - shared.base_rss == less and whole.base_pss - shared.base_pss == less
+    assert whole.base_rss - shared.base_rss == less
+    assert whole.base_pss - shared.base_pss == less - 21 * c.pool_worker_shared_bytes
     assert plan_host(s, pools_shared=True).moment("train").base_rss == plan_host(s).moment("train").base_rss

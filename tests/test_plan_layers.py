@@ -275,3 +275,24 @@ def test_from_layers_needs_one_gpu(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["plan", "70b-3d", "--from-layers", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exactly one --gpu" in err[0]
+
+
+def test_of_the_ranks_rehearsed_at_one_depth_the_heaviest_stands_for_the_job() -> None:
+    """70b-3d's ranks 0 and 16 at full depth (the first ranks of its two pipeline stages) beside
+    rank 16 at 8 layers: at 80 layers each phase's point is the heavier rank's peak (the job's
+    per-GPU peak is its heaviest GPU's), never the mean of the two, and rank 0's update_actor,
+    which it died in, is not a point at all."""
+    from verl_recipes.plan.layers import _peaks, fit_layout
+    from verl_recipes.plan.runs import read_run
+
+    results = Path(__file__).resolve().parents[1] / "recipes" / "70b-3d" / "results"
+    l8, r16, r0 = (
+        read_run(results / n)
+        for n in ("h200x1-ppo-l8-rank16of32", "h200x1-ppo-rank16of32", "h200x1-ppo-rank0of32-partial")
+    )
+    fit = fit_layout([l8, r16, r0], Constants())
+    p16, p0 = _peaks(r16), _peaks(r0)
+    assert "update_actor" not in p0 and p0["update_critic"] < p16["update_critic"] - 0.5 * GIB
+    for ph, pts in fit.points.items():
+        at80 = [y for n, y in pts if n == 80]
+        assert at80 == [max(p16[ph], p0.get(ph, 0))], ph

@@ -542,7 +542,7 @@ def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
 
 def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_prediction(tmp_path: Path) -> None:
     """One verdict per job and GPU: 70b-3d's committed calibrated prediction for 32 80 GB cards
-    (its rank 16 rehearsed at that layout: 78.9 GiB in update_actor) fits, as `plan` says; the
+    (its ranks 16 and 0 rehearsed at that layout: 78.85 GiB in update_actor) fits, as `plan` says; the
     same recipe with that prediction over the card (the TP1 depth fit's 85.8 GiB in update_critic,
     which the rank rehearsal replaced) is refused with `plan`'s fix, although the planner alone
     puts the peak at 78.4 GiB."""

@@ -319,6 +319,7 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
             found = behind(r, [row.variant] if row.variant else [], row.world)
             links = [
                 f"[{'rank ' + str(e.rank) + ' of ' + str(e.world) + ' rehearsed' if e.rank is not None else 'full run'}"
+                f"{f' at {e.layers} layers' if e.layers else ''}"
                 f"{f' at {e.cap_gib:g} GiB' if e.cap_gib else ''}{sets_words(e.sets)}]"
                 f"(recipes/{r.id}/expected/{e.path.name})"
                 for e in found

@@ -75,6 +75,8 @@ def preflight(job: Job) -> tuple[Any, Any, list[str]]:
         check_model_out(model.out, model.arch, int(made["num_hidden_layers"]), model.scale)
     here = job.rehearsal is None
     setup = setup_from_config(cfg, Arch.from_config(arch, source), job.fixes_off)
+    if job.rank is not None:
+        setup = setup.with_rank(job.rank.rank)
     verdict = check(
         cfg,
         arch,

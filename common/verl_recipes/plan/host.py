@@ -63,7 +63,7 @@ from verl_recipes import GIB
 from verl_recipes.plan.inputs import Role, Setup
 from verl_recipes.plan.model import Arch
 from verl_recipes.worker.rank_rehearsal import pool_share
-from verl_recipes.worker.verl_fixes import MERGE_FIX, RAY_START_FIX  # the merge takes no CPU copy
+from verl_recipes.worker.verl_fixes import MEGATRON_PIN_FIX, MERGE_FIX, RAY_START_FIX  # the merge takes no CPU copy
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,12 @@ class HostConstants:
     # the 0.69 GiB a storage unit held in the fitted runs. Counted at RSS for both figures.
     reward_worker_bytes: int = round(0.9 * GIB)
     storage_unit_bytes: int = round(0.7 * GIB)
+    # Of a pool worker's RSS, the pages it shares with the job's other processes (torch's and Ray's
+    # libraries), which PSS divides among them: 70b-3d's rank 4 of 8 (TP2 x PP2, 4 layers) held
+    # 21.04 GiB of RSS beyond its PSS with the job's whole pools (eight agent-loop, reward and
+    # storage workers) and 12.57 with one of each (h200x1-ppo-l4-rank4of8-tp2pp2 and its rerun
+    # -2, both read at their RSS peak): 8.47 GiB over the 21 workers fewer.
+    pool_worker_shared_bytes: int = round(0.4 * GIB)
     # torch inductor's compile workers (`compiles_entropy`): 17 processes on a 16-core host (a pool
     # of `--workers=16` and its parent, forked from the trainer), 6.28 GiB RSS mid-update in
     # 7b-lora's two packed runs and 6.46-6.80 in 70b-3d's four; the median. They are forked, so
@@ -381,14 +387,30 @@ def _fused_layer(a: Arch, tp: int) -> list[tuple[int, int]]:
     return [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
 
 
-def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int) -> list[tuple[int, int]]:
-    """megatron-core's weights on one rank of the heaviest pipeline stage: its layers, and the
-    embedding (first stage) or the output layer (last stage), both where PP is 1."""
+def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int, stage: int = 0) -> list[tuple[int, int]]:
+    """megatron-core's weights on one rank of pipeline stage `stage`: its layers, and the embedding
+    (first stage), the final norm and the output layer (last stage: the vocabulary's projection,
+    a copy of the embedding where they are tied, or the critic's one-output head), all of them
+    where PP is 1."""
     h, layer = a.hidden, _fused_layer(a, tp)
     embed = (-(-a.vocab // tp), h)
-    head = [(1, h)] if critic else ([] if a.tie_embeddings else [embed])
-    ends = [embed, (h, 1), *head] if pp == 1 else [embed]
-    return layer * -(-a.layers // pp) + ends
+    head = [(1, h)] if critic else [embed]
+    first = [embed] if stage == 0 else []
+    last = [(h, 1), *head] if stage == pp - 1 else []
+    return layer * -(-a.layers // pp) + first + last
+
+
+def _megatron_buffer(a: Arch, role: Role, critic: bool, stage: int, exact_pin: bool) -> int:
+    """Bytes of the pinned copy of a Megatron model's parameter buffer on one rank of `stage`.
+    verl offloads megatron-core's DDP buffer (every trainable bf16 weight of the rank in one
+    tensor) into `torch.empty(..., pin_memory=True)` once (`offload_megatron_model_to_cpu`), so the
+    whole buffer is one block of the caching host allocator, rounded up to a power of two: 70b-3d's
+    actor on either stage, 8.62 B parameters (16.06 GiB), takes 32 GiB; its critic takes 32 on
+    stage 0 (the embedding) and 16 on stage 1 (15.94 GiB: no vocabulary projection). The fix
+    `megatron-weights-exact-pinned` (`verl_recipes.worker.pinned_offload`) holds the exact size."""
+    elems = sum(r * c for r, c in _megatron_stage_tensors(a, critic, role.tp, role.pp, stage))
+    nbytes = elems * role.param_bytes
+    return nbytes if exact_pin else _pow2(nbytes)
 
 
 def _vllm_tensors(a: Arch, tp: int) -> list[tuple[int, int]]:
@@ -399,6 +421,11 @@ def _vllm_tensors(a: Arch, tp: int) -> list[tuple[int, int]]:
 
 
 # ---- roles -----------------------------------------------------------------------------------
+def _stage(s: Setup, role: Role) -> int:
+    """The pipeline stage planned: the Setup's (`plan_host` sets one for every plan)."""
+    return min(s.pp_stage or 0, role.pp - 1)
+
+
 def _forward_only(role: Role) -> bool:
     return role.name == "ref"
 
@@ -408,15 +435,20 @@ def _cpu_policy(role: Role) -> bool:
     return role.backend == "fsdp" and role.fsdp2 and (role.offload_policy or _forward_only(role))
 
 
-def _resident(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
-    """Weights a role keeps on the host from the end of its build on."""
+def _resident(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> list[HostTerm]:
+    """Weights a role keeps on the host from the end of its build on. `exact_pin`: the fix
+    `megatron-weights-exact-pinned` is on (a Megatron buffer at its own size)."""
     a, n, pb, who = s.arch, s.world, role.param_bytes, role.name
     shapes = base_tensors(a, critic) + lora_tensors(a, role)
     if role.backend == "megatron":
         if not role.param_offload:
             return []
-        stored = sum(r * c for r, c in shapes) * pb // (role.tp * role.pp)
-        return [HostTerm(f"{who} weights offloaded (Megatron, exact size)", stored)]
+        if role.lora_rank:  # frozen weights move one by one, not through the DDP buffer
+            stored = sum(r * c for r, c in shapes) * pb // (role.tp * role.pp)
+            return [HostTerm(f"{who} weights offloaded (Megatron, exact size)", stored)]
+        block = _megatron_buffer(a, role, critic, _stage(s, role), exact_pin)
+        how = "exact size" if exact_pin else "rounded up to a power of two"
+        return [HostTerm(f"{who} weights offloaded (Megatron, one pinned buffer, {how})", block)]
     if _cpu_policy(role) or (role.fsdp2 and role.param_offload):
         why = "offload policy" if _cpu_policy(role) else "param_offload"
         return [HostTerm(f"{who} weights, pinned ({why})", _pinned(shapes, pb, n))]
@@ -445,7 +477,8 @@ def _optimizer(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
         # verl moves each fp32 master and Adam moment with `.to("cpu", non_blocking=True)`: one
         # pinned block per tensor and state, rounded up to a power of two (measured on torch 2.11:
         # gpu/probes/pinned_rounding.py, gpu/megatron-notes.md section 11)
-        blocks = sum(_pow2(-(-r * c // dp) * 4) for r, c in _megatron_stage_tensors(a, critic, role.tp, role.pp))
+        tensors = _megatron_stage_tensors(a, critic, role.tp, role.pp, _stage(s, role))
+        blocks = sum(_pow2(-(-r * c // dp) * 4) for r, c in tensors)
         return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments, pinned)", 3 * blocks)]
     if _cpu_policy(role):
         return [
@@ -534,6 +567,12 @@ def plan_host(
     (`rank_rehearsal.JOB_POOLS`: a rehearsal whose provenance says `pools: rank share`; one without
     it ran them whole)."""
     fixes_off = tuple(fixes_off)
+    if s.actor.backend == "megatron" and s.actor.pp > 1 and s.pp_stage is None:
+        # a node holds the ranks of one stage (megatron-core's order puts a stage's ranks together):
+        # the stage whose node holds the most decides
+        stages = (replace(s, pp_stage=0), replace(s, pp_stage=s.actor.pp - 1))
+        plans = [plan_host(x, fixes_off, c, ranks_here, pools_shared) for x in stages]
+        return max(plans, key=lambda hp: hp.peak.pss)
     c = c or host_fit(RAY_START_FIX not in fixes_off, s.rollout.executor == "uni")
     a, per_node = s.arch, ranks_here or s.gpus_per_node
     notes: list[str] = []
@@ -552,7 +591,8 @@ def plan_host(
     def node(terms: list[HostTerm]) -> list[HostTerm]:
         return [HostTerm(t.name, t.bytes * per_node) for t in terms]
 
-    resident = {r.name: node(_resident(s, r, crit)) for r, crit in roles}
+    exact_pin = MEGATRON_PIN_FIX not in fixes_off
+    resident = {r.name: node(_resident(s, r, crit, exact_pin)) for r, crit in roles}
     optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit))]
     held = [t for r, _ in roles for t in resident[r.name]]
 
@@ -591,13 +631,22 @@ def plan_host(
         base_copy = _exact(base_tensors(a), s.actor.param_bytes, 1) * per_node
         first = [HostTerm("verl's first adapter sync: CPU copy of the base model", base_copy)]
     if s.backend == "megatron":
-        notes.append("Megatron: weights offloaded at exact size, optimizer states in power-of-two pinned blocks")
+        stage = f" (pipeline stage {s.pp_stage})" if s.actor.pp > 1 else ""
+        weights = "at exact size" if exact_pin else "rounded up to a power of two"
+        notes.append(
+            f"Megatron{stage}: each model's weights in one pinned buffer {weights}, "
+            "its optimizer states in power-of-two pinned blocks"
+        )
     more = max(0, per_node - 1)
     train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)
     load_extra = more * c.extra_trainer_bytes
+    # a pool worker's RSS counts the libraries it shares with the others again; its PSS does not
+    fitted = c.fitted_agent_workers + c.fitted_reward_workers + c.fitted_storage_units
+    workers = agents + rewards + units - fitted
+    pss_extra = train_extra - workers * c.pool_worker_shared_bytes
     inductor = c.inductor_workers_rss if compiles_entropy(s) else 0
-    base_t = (c.base_train_rss + train_extra + inductor, c.base_train_pss + train_extra)
-    base_s = (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + train_extra)
+    base_t = (c.base_train_rss + train_extra + inductor, c.base_train_pss + pss_extra)
+    base_s = (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + pss_extra)
     base_l = (c.base_load_rss + load_extra, c.base_load_pss + load_extra)
     moments = [
         HostMoment("load", *base_l, load),

@@ -147,6 +147,23 @@ class Setup:
     # NCCL communicator and nothing of a real group's set-up on the device. False for every plan
     # of a configuration; a measured rehearsal sets it (`runs.run_setup`).
     fake_group: bool = field(default=False, compare=False)
+    # The Megatron pipeline stage whose ranks the plan is of: a rank rehearsal's (`runs.run_setup`,
+    # the pre-flight of `train --rank`); None, every plan of a configuration, means the stage that
+    # holds the most (the host planner weighs the first and the last: embedding against output
+    # layer, and the power-of-two blocks they fall into).
+    pp_stage: int | None = field(default=None, compare=False)
+
+    def with_rank(self, rank: int) -> Setup:
+        """This Setup as rank `rank` of its job runs it: its pipeline stage (megatron-core's rank
+        order, `MegatronLayout.coordinates`); unchanged where the actor is not pipelined."""
+        from dataclasses import replace
+
+        from verl_recipes.worker.megatron_rehearsal import MegatronLayout
+
+        a = self.actor
+        if a.backend != "megatron" or a.pp <= 1:
+            return self
+        return replace(self, pp_stage=MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank)["pp"])
 
     @property
     def world(self) -> int:

@@ -116,6 +116,10 @@ def _planned_peaks(s: Setup, gpu: GPU, c: Constants) -> dict[str, int]:
     return out
 
 
+def _mean_measured(pairs: list[tuple[float, float]]) -> float:
+    return statistics.mean(v for v, _ in pairs)
+
+
 @dataclass
 class LayoutFit:
     layout: str
@@ -144,16 +148,26 @@ def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
     """Measured and planned lines per phase for runs of one layout."""
     setups = [run_setup(r) for r in runs]
     depths = [s.arch.layers for s in setups]
-    measured_pts: dict[str, list[tuple[int, float]]] = {}
-    planned_pts: dict[str, list[tuple[int, float]]] = {}
+    # (phase, depth) -> rank -> [(measured, planned)]: repeats of one rank are averaged, and of
+    # the ranks rehearsed at one depth the heaviest stands for the job (its peak per GPU is its
+    # heaviest GPU's); a run of the whole job counts as one rank
+    by_rank: dict[tuple[str, int], dict[int | None, list[tuple[float, float]]]] = {}
     for run, s in zip(runs, setups, strict=True):
         total = max(run.gpu_totals.values())
         gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
         plan_pk = _planned_peaks(s, gpu, c)
+        rehearsal = run.provenance.rank_rehearsal
+        rank = rehearsal[0] if rehearsal is not None else None
         for ph, v in _peaks(run).items():
             if ph in plan_pk:
-                measured_pts.setdefault(ph, []).append((s.arch.layers, float(v)))
-                planned_pts.setdefault(ph, []).append((s.arch.layers, float(plan_pk[ph])))
+                by_rank.setdefault((ph, s.arch.layers), {}).setdefault(rank, []).append((float(v), float(plan_pk[ph])))
+    measured_pts: dict[str, list[tuple[int, float]]] = {}
+    planned_pts: dict[str, list[tuple[int, float]]] = {}
+    for (ph, n), ranks in by_rank.items():
+        for pairs in ranks.values() if len(ranks) == 1 else [max(ranks.values(), key=_mean_measured)]:
+            for got, want in pairs:
+                measured_pts.setdefault(ph, []).append((n, got))
+                planned_pts.setdefault(ph, []).append((n, want))
     measured = {ph: fit_line(p) for ph, p in measured_pts.items() if len({x for x, _ in p}) >= 2}
     if not measured:
         raise RecipeError(f"{_layout(setups[0])}: runs at depths {sorted(set(depths))}: need two different depths")

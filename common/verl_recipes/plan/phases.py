@@ -119,10 +119,14 @@ class Constants:
     # tokens the runs held (`Setup.logged_seq_len`), old_log_prob reads 12-15 B in every committed
     # run of both vocabularies (Llama 32,000; Qwen2 152,064): 13.3 B in verl-vs-deepspeed's
     # h200x1-ppo-l8 (18.45 GiB over 8 x 1024 tokens, less units and transient), where 6 left it
-    # 12.9% short. gpu/probes/logits_autocast.py replays the operations to measure each part.
-    # The reference's forward computes no entropy (fewer bytes); it follows old_log_prob, whose
-    # cache it inherits, so the larger figure stands for it too. The update: bf16 logits (2) +
-    # fp32 log_softmax output kept for backward (4) + the fp32 gradient of the logits (4).
+    # 12.9% short. gpu/probes/logits_autocast.py replays the operations on an H200 (2026-12-05,
+    # gpu/hosts/2026-12-05-h200x1-70b-rank/probes): 14.00-14.24 B allocated under autocast, 6.0
+    # without, at both vocabularies. The reference's forward computes no entropy (12 B in the
+    # probe); it follows old_log_prob, whose cache it inherits, so the larger figure stands for
+    # it too. The update: bf16 logits (2) + fp32 log_softmax output kept for backward (4) + the
+    # fp32 gradient of the logits (4). The probe's update allocates 12 B and reserves 16 in
+    # isolation; in the runs the update's logits share the allocator's blocks with the step's
+    # other tensors, and 10 meets them (raising it would widen the FSDP updates' over-count).
     logits_fwd_bytes: int = 14
     logits_train_bytes: int = 10
     # Memory vLLM's profile run counts inside its budget beyond weights, the profiled activations

@@ -127,7 +127,8 @@ def run_setup(run: MeasuredRun) -> Any:
 
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     setup = setup_from_config(cfg, arch, run.fixes_off)
-    return replace(setup, fake_group=True) if run.provenance.rank_rehearsal else setup
+    rehearsal = run.provenance.rank_rehearsal
+    return replace(setup, fake_group=True).with_rank(rehearsal[0]) if rehearsal else setup
 
 
 def judged_setup(run: MeasuredRun) -> Any:
@@ -164,9 +165,13 @@ def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
 def fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
     """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
     verl's code with every fix of the recipe on."""
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.worker.verl_fixes import concerns
+
+    backend = get_recipe(recipe_id).backend
     out = []
     for run in committed_runs(recipe=recipe_id):
-        if not run.per_gpu_throughput or run.fixes_off:
+        if not run.per_gpu_throughput or any(concerns(f, backend) for f in run.fixes_off):
             continue
         try:
             out.append((run, run_setup(run)))

@@ -68,6 +68,13 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    recipes/7b-lora/results/h200x1-ppo-4, its `gen_split` records). The fix polls every
    `REPLAY_POLL_S` in the synchronous trainer (one ``kv_list`` call to TransferQueue per look).
 
+9. verl 0.9.1 offloads a Megatron model's weights into one pinned tensor per megatron-core DDP
+   buffer, from torch's caching host allocator, which rounds it up to a power of two: 70b-3d's
+   16.06 GiB actor buffer holds 32 GiB of the host on every rank, its critic's too on pipeline
+   stage 0. The fix (`verl_recipes.worker.pinned_offload`) makes that tensor first, at exact size,
+   page-locked in place with ``cudaHostRegister``; verl then copies into it as it does on every
+   offload after its first (recipes/70b-3d/README.md, "verl 0.9.1 fixes").
+
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
 """
@@ -402,6 +409,18 @@ def _patch_replay_poll(replay_buffer: ModuleType) -> None:
         cls.__init__ = _make_replay_init(cls.__init__)
 
 
+def _patch_megatron_offload(transformer_impl: ModuleType) -> None:
+    from verl_recipes.worker import pinned_offload
+
+    # the engine module imported verl's function by name: the name there is the one it calls
+    # (verl's own carries `__wrapped__` too, from torch.no_grad)
+    if getattr(transformer_impl.offload_megatron_model_to_cpu, "__module__", "") != pinned_offload.__name__:
+        ORIGINALS["offload_megatron_model_to_cpu"] = transformer_impl.offload_megatron_model_to_cpu
+        transformer_impl.offload_megatron_model_to_cpu = pinned_offload.make_offload(  # type: ignore[attr-defined]
+            transformer_impl.offload_megatron_model_to_cpu
+        )
+
+
 def _patch_ray_start(main_ppo: ModuleType) -> None:
     from verl_recipes.worker.ray_start import RayLocalStart
 
@@ -421,6 +440,7 @@ CRITIC_BATCHING_FIX = "critic-engine-batching"  # 6.
 RAY_START_FIX = "ray-local-start"  # 7.
 PACKED_ATTN_FIX = "packed-attention"  # 8.
 REPLAY_POLL_FIX = "replay-buffer-poll"  # 9.
+MEGATRON_PIN_FIX = "megatron-weights-exact-pinned"  # 10. (Megatron: recipes/70b-3d/README.md)
 
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
@@ -432,7 +452,22 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     RAY_START_FIX: ("verl.trainer.main_ppo", _patch_ray_start),
     PACKED_ATTN_FIX: ("verl.workers.config.model", _patch_packed_attention),
     REPLAY_POLL_FIX: ("verl.trainer.ppo.v1.replay_buffer", _patch_replay_poll),
+    MEGATRON_PIN_FIX: ("verl.workers.engine.megatron.transformer_impl", _patch_megatron_offload),
 }
+
+#: fixes written after `verl_fixes` listed every fix a run applied: a record that lists fixes but
+#: not one of these ran without it (the Megatron weight buffer's records of 2026-12-04/05)
+NAMED_FROM = (MEGATRON_PIN_FIX,)
+
+#: fixes that patch one engine's code only (verl's `strategy`): a run on another engine runs the
+#: same code with or without them, so going without one there is not going without a fix
+ENGINE_ONLY: dict[str, str] = {MEGATRON_PIN_FIX: "megatron"}
+
+
+def concerns(name: str, backend: str) -> bool:
+    """Whether fix NAME changes what a run on `backend` (fsdp, megatron) executes."""
+    return ENGINE_ONLY.get(name, backend) == backend
+
 
 #: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such a
 #: run ran without them.
@@ -442,10 +477,12 @@ LISTED_FROM = (CRITIC_BATCHING_FIX,)
 def recorded_off(prov: Provenance) -> tuple[str, ...]:
     """The fixes a recorded run ran without. A record without `verl_fixes_off` predates the
     out-of-place merge, so it ran verl's merged sync; one without `verl_fixes` predates the fixes
-    in `LISTED_FROM`."""
+    in `LISTED_FROM`; one with it ran without each fix of `NAMED_FROM` it does not name."""
     off = list(prov.verl_fixes_off) if prov.verl_fixes_off is not None else [MERGE_FIX]
     if prov.verl_fixes is None:
         off += [f for f in LISTED_FROM if f not in off]
+    else:  # a record that lists fixes and not one of these ran before it was written
+        off += [f for f in NAMED_FROM if f not in prov.verl_fixes and f not in off]
     return tuple(off)
 
 
