@@ -8,7 +8,7 @@ tensor comes from torch's caching host allocator, which rounds every block up to
 parameters or 16.06 GiB, holds 32 GiB of the host, and on pipeline stage 0 so does its critic's.
 Rank 0 of that layout died of host memory on a 125.8 GiB host for those 32 GiB
 (recipes/70b-3d/results/h200x1-ppo-rank0of32-partial), and a node of eight stage-0 ranks holds
-256 GiB it never uses.
+about 255 GiB it never uses.
 
 The fix makes the same tensor before verl looks for it: pageable memory of the buffer's exact
 size, page-locked in place with ``cudaHostRegister`` (what `torch.cuda` itself does for memory it
