@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from verl_recipes.worker import verl_fixes
-from verl_recipes.worker.pinned_offload import ddp_buffers, make_offload, page_locked
+from verl_recipes.worker.pinned_offload import ddp_buffers, make_offload, make_optimizer_offload, page_locked
 
 
 class Buffer:
@@ -42,24 +42,38 @@ class DDP(torch.nn.Module):
         self.expert_parallel_buffers: list[Buffer] = []
 
 
-def verl_offload() -> Any:
-    """verl 0.9.1's `offload_megatron_model_to_cpu`, compiled from its installed source."""
+class ChainedOptimizer:
+    """megatron-core's ChainedOptimizer, as verl's offload tells it apart (never built here)."""
+
+
+def _verl_functions(*names: str) -> dict[str, Any]:
+    """verl 0.9.1's functions of `verl/utils/megatron_utils.py`, compiled from its installed
+    source with megatron-core's names as their stand-ins."""
     spec = importlib.util.find_spec("verl")
     assert spec is not None and spec.origin is not None
     path = Path(spec.origin).parent / "utils" / "megatron_utils.py"
     tree = ast.parse(path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "offload_megatron_model_to_cpu")
-    helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_can_safely_resize_storage")
-    module = ast.Module(body=[helper, fn], type_ignores=[])
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert sorted(f.name for f in fns) == sorted(names)
     scope: dict[str, Any] = {
         "torch": torch,
         "DDP": DDP,
+        "ChainedOptimizer": ChainedOptimizer,
         "logger": logging.getLogger("verl"),
         "get_torch_device": lambda: SimpleNamespace(empty_cache=lambda: None),
+        "get_device_id": lambda: "cpu",
+        "get_global_memory_buffer": lambda: SimpleNamespace(buffer={}),
         "_clear_te_fp8_weight_workspaces": lambda chunk: 0,
     }
-    exec(compile(module, str(path), "exec"), scope)
-    return scope["offload_megatron_model_to_cpu"]
+    exec(compile(ast.Module(body=fns, type_ignores=[]), str(path), "exec"), scope)
+    return scope
+
+
+def verl_offload() -> Any:
+    """verl 0.9.1's `offload_megatron_model_to_cpu`, compiled from its installed source."""
+    return _verl_functions("offload_megatron_model_to_cpu", "_can_safely_resize_storage")[
+        "offload_megatron_model_to_cpu"
+    ]
 
 
 def test_verl_takes_the_fixs_host_copy_and_keeps_it() -> None:
@@ -106,6 +120,65 @@ def test_the_fix_patches_the_name_verl_calls() -> None:
     assert engine.offload_megatron_model_to_cpu is once
     module, _ = verl_fixes.FIXES[verl_fixes.MEGATRON_PIN_FIX]
     assert module == "verl.workers.engine.megatron.transformer_impl"
+    engine.offload_megatron_optimizer = _verl_functions("offload_megatron_copy_params", "offload_megatron_optimizer")[
+        "offload_megatron_optimizer"
+    ]
+    verl_fixes._patch_megatron_optimizer_offload(engine)  # type: ignore[arg-type]
+    assert engine.offload_megatron_optimizer.__wrapped__ is verl_fixes.ORIGINALS["offload_megatron_optimizer"]
+    assert verl_fixes.FIXES[verl_fixes.MEGATRON_OPT_PIN_FIX][0] == module
+
+
+class Adam:
+    """An optimizer with Adam's per-parameter state, as megatron-core's distributed optimizer
+    holds it under `optimizer.state`."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.state = {p: {"exp_avg": torch.full_like(p, 1.0), "exp_avg_sq": torch.full_like(p, 2.0)} for p in params}
+
+
+def test_verl_keeps_the_fixs_optimizer_copies_from_offload_to_offload() -> None:
+    """verl's own `offload_megatron_optimizer` and its load, with the fix: each fp32 shard and Adam
+    state goes into a host copy of its own size made at its first offload, verl's `.to("cpu")`
+    keeps it, verl's load takes the state back from it, and the next offload copies into the same
+    copy: one allocation per tensor over two rounds, every value where it was."""
+    verl = _verl_functions(
+        "offload_megatron_copy_params",
+        "offload_megatron_optimizer",
+        "load_megatron_copy_params",
+        "load_megatron_optimizer",
+    )
+    shards = [torch.nn.Parameter(torch.arange(6, dtype=torch.float32)), torch.nn.Parameter(torch.ones(3))]
+    opt = SimpleNamespace(shard_fp32_from_float16_groups=[[shards[0]], [shards[1]]], optimizer=Adam(shards))
+    made: list[torch.Tensor] = []
+
+    def alloc(shape: Any, dtype: Any) -> torch.Tensor:
+        made.append(torch.empty(shape, dtype=dtype))  # page_locked less its registration (a GPU's)
+        return made[-1]
+
+    offload = make_optimizer_offload(verl["offload_megatron_optimizer"], alloc)
+    for step in range(2):
+        offload(opt)
+        assert len(made) == 6  # two shards, two moments each, made once
+        homes = {t.data_ptr() for t in made}
+        assert {p.data.data_ptr() for p in shards} <= homes
+        assert {st[k].data_ptr() for st in opt.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")} <= homes
+        verl["load_megatron_optimizer"](opt)  # verl's load; on a GPU `.to(device)` makes new tensors,
+        for shard in shards:  # which this CPU stand-in makes by hand
+            shard.data = shard.data.clone()
+        for st in opt.optimizer.state.values():
+            st.update({k: st[k].clone() for k in ("exp_avg", "exp_avg_sq")})
+        assert torch.equal(shards[0].data, torch.arange(6, dtype=torch.float32) + step)
+        for st in opt.optimizer.state.values():
+            assert torch.equal(st["exp_avg"], torch.full_like(st["exp_avg"], 1.0 + step))
+        shards[0].data += 1  # an update between the rounds
+        for st in opt.optimizer.state.values():
+            st["exp_avg"] += 1
+    # a HybridDeviceOptimizer's states are left to verl
+    hybrid = SimpleNamespace(
+        shard_fp32_from_float16_groups=None, optimizer=SimpleNamespace(sub_optimizers=[], state={})
+    )
+    make_optimizer_offload(lambda o: o, alloc)(hybrid)
+    assert len(made) == 6
 
 
 def _rss() -> int:
@@ -141,3 +214,30 @@ def test_page_locked_copy_is_exact_where_verls_rounds_up() -> None:
     back = host.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(back, want)
+
+
+@pytest.mark.gpu
+def test_optimizer_states_round_trip_through_page_locked_copies_on_the_gpu() -> None:
+    """verl's optimizer offload and load on a GPU, with the fix: the states come home into
+    page-locked copies of their own size (a 1792 MiB fc1-sized state would take 2048 in verl's
+    blocks), go back to the GPU with their values, and the second offload reuses the copies."""
+    verl = _verl_functions(
+        "offload_megatron_copy_params",
+        "offload_megatron_optimizer",
+        "load_megatron_copy_params",
+        "load_megatron_optimizer",
+    )
+    verl["get_device_id"] = lambda: torch.cuda.current_device()
+    shards = [torch.nn.Parameter(torch.randn(3 * 2**20, device="cuda"))]
+    opt = SimpleNamespace(shard_fp32_from_float16_groups=[shards], optimizer=Adam(shards))
+    want = [shards[0].detach().clone(), *(v.clone() for v in opt.optimizer.state[shards[0]].values())]
+    offload = make_optimizer_offload(verl["offload_megatron_optimizer"])
+    for _ in range(2):
+        offload(opt)
+        state = opt.optimizer.state[shards[0]]
+        host = [shards[0].data, state["exp_avg"], state["exp_avg_sq"]]
+        assert all(t.device.type == "cpu" and t.is_pinned() for t in host)
+        verl["load_megatron_optimizer"](opt)
+        torch.cuda.synchronize()
+        got = [shards[0].data, state["exp_avg"], state["exp_avg_sq"]]
+        assert all(t.is_cuda for t in got) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -30,7 +30,14 @@ from verl_recipes.plan.model import Arch
 from verl_recipes.plan.runs import read_run, run_setup
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.rundir import read_provenance
-from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, FIXES, MEGATRON_PIN_FIX, MERGE_FIX, recorded_off
+from verl_recipes.worker.verl_fixes import (
+    CRITIC_BATCHING_FIX,
+    FIXES,
+    MEGATRON_OPT_PIN_FIX,
+    MEGATRON_PIN_FIX,
+    MERGE_FIX,
+    recorded_off,
+)
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB, KIB = 1024**2, 1024
@@ -127,17 +134,23 @@ def test_an_upcast_offloaded_load_reads_then_shards() -> None:
 def test_megatron_optimizer_states_take_power_of_two_pinned_blocks() -> None:
     """Recipe 70b-3d on one GPU (TP1 x PP1): one Llama-2-70B layer adds, per model, three fp32
     states of qkv (320 MiB -> 512), o (256), fc1 (1792 -> 2048), fc2 (896 -> 1024) and two norms
-    (32 KiB), the sizes gpu/probes/pinned_rounding.py measured on the H200 host; bf16 weights stay
-    exact (a layer's 855.6 M parameters x 2 B per model)."""
+    (32 KiB), the sizes gpu/probes/pinned_rounding.py measured on the H200 host, on verl's own
+    offload; with the fix `megatron-optimizer-exact-pinned` their own sizes. With both Megatron
+    fixes the bf16 weights grow by a layer's 855.6 M parameters x 2 B per model."""
     mib = 2**20
-    per_model = 3 * ((512 + 256 + 2048 + 1024) * mib + 2 * 32 * 1024)
-    plans = {n: plan_host(load_setup("70b-3d", ["tp1pp1"], [], gpus=1, layers=n)[1]) for n in (1, 2)}
-    for who in ("actor", "critic"):
-        grew = [_term(plans[n], "train", f"{who} optimizer offloaded (Megatron") for n in (1, 2)]
-        assert grew[1] - grew[0] == per_model, who
-        weights = [_term(plans[n], "train" if who == "actor" else "load", f"{who} weights offloaded") for n in (1, 2)]
-        assert weights[1] - weights[0] == 2 * Arch.from_config(_70B).layer_params(), who
-    assert "power-of-two pinned blocks" in " ".join(plans[1].notes)
+    verl = 3 * ((512 + 256 + 2048 + 1024) * mib + 2 * 32 * 1024)
+    fixed = 3 * ((320 + 256 + 1792 + 896) * mib + 2 * 32 * 1024)
+    setups = {n: load_setup("70b-3d", ["tp1pp1"], [], gpus=1, layers=n)[1] for n in (1, 2)}
+    for off, per_model in (([MEGATRON_OPT_PIN_FIX], verl), ([], fixed)):
+        plans = {n: plan_host(s, off) for n, s in setups.items()}
+        for who in ("actor", "critic"):
+            grew = [_term(plans[n], "train", f"{who} optimizer offloaded (Megatron") for n in (1, 2)]
+            assert grew[1] - grew[0] == per_model, (who, off)
+            moment = "train" if who == "actor" else "load"
+            weights = [_term(plans[n], moment, f"{who} weights offloaded") for n in (1, 2)]
+            assert weights[1] - weights[0] == 2 * Arch.from_config(_70B).layer_params(), who
+        states = "in power-of-two blocks" if off else "at exact size"
+        assert f"optimizer states pinned {states}" in " ".join(plans[1].notes)
 
 
 def test_megatron_weights_take_one_pinned_buffer_per_model_and_stage() -> None:
@@ -284,9 +297,9 @@ def test_fixes_off_from_provenance(tmp_path: Path) -> None:
     listed = {"verl_fixes_off": [MERGE_FIX], "verl_fixes": every}
     (tmp_path / "provenance.json").write_text(json.dumps(listed))
     assert fixes_off(tmp_path) == (MERGE_FIX,)
-    listed["verl_fixes"] = [f for f in every if f != MEGATRON_PIN_FIX]
+    listed["verl_fixes"] = [f for f in every if f not in (MEGATRON_PIN_FIX, MEGATRON_OPT_PIN_FIX)]
     (tmp_path / "provenance.json").write_text(json.dumps(listed))
-    assert fixes_off(tmp_path) == (MERGE_FIX, MEGATRON_PIN_FIX)
+    assert fixes_off(tmp_path) == (MERGE_FIX, MEGATRON_PIN_FIX, MEGATRON_OPT_PIN_FIX)
 
 
 def test_host_ram_warning_with_this_machines_memory() -> None:

@@ -88,7 +88,7 @@ def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path)
     applied = verl_fixes.apply()
     fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
     fixes += ["critic-engine-batching", "ray-local-start", "packed-attention", "replay-buffer-poll"]
-    fixes += ["megatron-weights-exact-pinned"]
+    fixes += ["megatron-weights-exact-pinned", "megatron-optimizer-exact-pinned"]
     assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 

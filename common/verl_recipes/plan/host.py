@@ -63,7 +63,12 @@ from verl_recipes import GIB
 from verl_recipes.plan.inputs import Role, Setup
 from verl_recipes.plan.model import Arch
 from verl_recipes.worker.rank_rehearsal import pool_share
-from verl_recipes.worker.verl_fixes import MEGATRON_PIN_FIX, MERGE_FIX, RAY_START_FIX  # the merge takes no CPU copy
+from verl_recipes.worker.verl_fixes import (  # the merge takes no CPU copy
+    MEGATRON_OPT_PIN_FIX,
+    MEGATRON_PIN_FIX,
+    MERGE_FIX,
+    RAY_START_FIX,
+)
 
 
 @dataclass(frozen=True)
@@ -461,8 +466,9 @@ def _resident(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> lis
     return []
 
 
-def _optimizer(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
-    """Optimizer moments and gradients on the host once the first update has made them."""
+def _optimizer(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> list[HostTerm]:
+    """Optimizer moments and gradients on the host once the first update has made them.
+    `exact_pin`: the fix `megatron-optimizer-exact-pinned` is on (each Megatron state at its size)."""
     if _forward_only(role):
         return []
     a, n, pb, who = s.arch, s.world, role.param_bytes, role.name
@@ -476,10 +482,13 @@ def _optimizer(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
             return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments)", elems * 12 // dp)]
         # verl moves each fp32 master and Adam moment with `.to("cpu", non_blocking=True)`: one
         # pinned block per tensor and state, rounded up to a power of two (measured on torch 2.11:
-        # gpu/probes/pinned_rounding.py, gpu/megatron-notes.md section 11)
+        # gpu/probes/pinned_rounding.py, gpu/megatron-notes.md section 11); the fix keeps each at
+        # its size (`pinned_offload.make_optimizer_offload`)
         tensors = _megatron_stage_tensors(a, critic, role.tp, role.pp, _stage(s, role))
-        blocks = sum(_pow2(-(-r * c // dp) * 4) for r, c in tensors)
-        return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments, pinned)", 3 * blocks)]
+        sizes = [-(-r * c // dp) * 4 for r, c in tensors]
+        blocks = sum(sizes) if exact_pin else sum(_pow2(n) for n in sizes)
+        how = "exact size" if exact_pin else "power-of-two blocks"
+        return [HostTerm(f"{who} optimizer offloaded (Megatron, fp32 master + moments, pinned, {how})", 3 * blocks)]
     if _cpu_policy(role):
         return [
             HostTerm(f"{who} Adam moments (CPU)", 2 * _exact(train, pb, n)),
@@ -593,7 +602,8 @@ def plan_host(
 
     exact_pin = MEGATRON_PIN_FIX not in fixes_off
     resident = {r.name: node(_resident(s, r, crit, exact_pin)) for r, crit in roles}
-    optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit))]
+    optim_exact = MEGATRON_OPT_PIN_FIX not in fixes_off
+    optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit, optim_exact))]
     held = [t for r, _ in roles for t in resident[r.name]]
 
     # load: the roles one after another; each holds its checkpoint copy while it builds. The
@@ -633,9 +643,10 @@ def plan_host(
     if s.backend == "megatron":
         stage = f" (pipeline stage {s.pp_stage})" if s.actor.pp > 1 else ""
         weights = "at exact size" if exact_pin else "rounded up to a power of two"
+        states = "at exact size" if optim_exact else "in power-of-two blocks"
         notes.append(
             f"Megatron{stage}: each model's weights in one pinned buffer {weights}, "
-            "its optimizer states in power-of-two pinned blocks"
+            f"its optimizer states pinned {states}"
         )
     more = max(0, per_node - 1)
     train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)

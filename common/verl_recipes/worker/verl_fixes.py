@@ -74,6 +74,10 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    stage 0. The fix (`verl_recipes.worker.pinned_offload`) makes that tensor first, at exact size,
    page-locked in place with ``cudaHostRegister``; verl then copies into it as it does on every
    offload after its first (recipes/70b-3d/README.md, "verl 0.9.1 fixes").
+10. The same rounding takes the Megatron optimizer's states, which verl 0.9.1 moves to the host
+   with ``.to("cpu", non_blocking=True)`` at every offload (a pinned block per fp32 shard and Adam
+   moment). The fix gives each state a page-locked host copy of its own size, made at its first
+   offload and reused (`pinned_offload.make_optimizer_offload`).
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
@@ -421,6 +425,16 @@ def _patch_megatron_offload(transformer_impl: ModuleType) -> None:
         )
 
 
+def _patch_megatron_optimizer_offload(transformer_impl: ModuleType) -> None:
+    from verl_recipes.worker import pinned_offload
+
+    if getattr(transformer_impl.offload_megatron_optimizer, "__module__", "") != pinned_offload.__name__:
+        ORIGINALS["offload_megatron_optimizer"] = transformer_impl.offload_megatron_optimizer
+        transformer_impl.offload_megatron_optimizer = pinned_offload.make_optimizer_offload(  # type: ignore[attr-defined]
+            transformer_impl.offload_megatron_optimizer
+        )
+
+
 def _patch_ray_start(main_ppo: ModuleType) -> None:
     from verl_recipes.worker.ray_start import RayLocalStart
 
@@ -441,6 +455,7 @@ RAY_START_FIX = "ray-local-start"  # 7.
 PACKED_ATTN_FIX = "packed-attention"  # 8.
 REPLAY_POLL_FIX = "replay-buffer-poll"  # 9.
 MEGATRON_PIN_FIX = "megatron-weights-exact-pinned"  # 10. (Megatron: recipes/70b-3d/README.md)
+MEGATRON_OPT_PIN_FIX = "megatron-optimizer-exact-pinned"  # 11. (Megatron: recipes/70b-3d/README.md)
 
 #: every fix by name: (the verl module it patches, the patch).
 FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
@@ -453,15 +468,16 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     PACKED_ATTN_FIX: ("verl.workers.config.model", _patch_packed_attention),
     REPLAY_POLL_FIX: ("verl.trainer.ppo.v1.replay_buffer", _patch_replay_poll),
     MEGATRON_PIN_FIX: ("verl.workers.engine.megatron.transformer_impl", _patch_megatron_offload),
+    MEGATRON_OPT_PIN_FIX: ("verl.workers.engine.megatron.transformer_impl", _patch_megatron_optimizer_offload),
 }
 
 #: fixes written after `verl_fixes` listed every fix a run applied: a record that lists fixes but
 #: not one of these ran without it (the Megatron weight buffer's records of 2026-12-04/05)
-NAMED_FROM = (MEGATRON_PIN_FIX,)
+NAMED_FROM = (MEGATRON_PIN_FIX, MEGATRON_OPT_PIN_FIX)
 
 #: fixes that patch one engine's code only (verl's `strategy`): a run on another engine runs the
 #: same code with or without them, so going without one there is not going without a fix
-ENGINE_ONLY: dict[str, str] = {MEGATRON_PIN_FIX: "megatron"}
+ENGINE_ONLY: dict[str, str] = {MEGATRON_PIN_FIX: "megatron", MEGATRON_OPT_PIN_FIX: "megatron"}
 
 
 def concerns(name: str, backend: str) -> bool:
