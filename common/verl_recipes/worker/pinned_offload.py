@@ -121,7 +121,7 @@ def make_optimizer_offload(
 
     def move(owner: Any, key: str, t: Any) -> Any:
         host = home(owner, key, t)
-        if t is host or t.data_ptr() == host.data_ptr():
+        if t.data_ptr() == host.data_ptr():
             return host
         host.copy_(t, non_blocking=True)
         return host
