@@ -127,6 +127,17 @@ def test_step_time_is_the_median_of_steps_two_on(root: Path) -> None:
     assert measured(one)["step_time_s"] == pytest.approx(times[1])
 
 
+def test_a_step_cut_open_counts_neither_in_the_steps_nor_in_the_time(root: Path) -> None:
+    """70b-3d's rank 0 on an H100 ran steps 1 and 2 whole and step 3 to its actor update, where its
+    host went away: the bounds hold it to two steps at step 2's time, not three at a median with a
+    step that never ended."""
+    summary = load_summary(root / "recipes/70b-3d/results/h100x1-ppo-rank0of32-partial")
+    assert [s["step"] for s in summary["steps"]] == [1, 2, 3] and summary["exit_code"] is None
+    m = measured(summary)
+    assert m["steps"] == 2 and m["step_time_s"] == summary["steps"][1]["time_s"]
+    assert m["memory_gib"]["update_actor"]["0"] > 70  # the step cut open still counts in the peaks
+
+
 CAPPED = Path("recipes/7b-lora/results/h200x1-ppo-24gib-cap22.5")  # expected/h200x1-ppo-24gib-cap22.5.yaml
 CAPPED_BOUNDS = "recipes/7b-lora/expected/h200x1-ppo-24gib-cap22.5.yaml"
 

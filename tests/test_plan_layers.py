@@ -296,3 +296,25 @@ def test_of_the_ranks_rehearsed_at_one_depth_the_heaviest_stands_for_the_job() -
     for ph, pts in fit.points.items():
         at80 = [y for n, y in pts if n == 80]
         assert at80 == [max(p16[ph], p0.get(ph, 0))], ph
+
+
+def test_a_rank_measured_on_the_target_card_is_a_floor_for_its_phases() -> None:
+    """70b-3d's rank 0 at full depth on an H100 80GB, the target card: without it the line through
+    the H200 ranks carries `loaded` (vLLM's start on a 140 GiB card, Megatron's build of a whole
+    model on an 80 GB one) about 15 GiB below what the H100 showed; with it no phase is predicted
+    below that rank's peak plus what its rehearsal lacks (the job's planned terms less the rank's)."""
+    from verl_recipes.plan.layers import _peaks
+    from verl_recipes.plan.runs import read_run
+
+    results = Path(__file__).resolve().parents[1] / "recipes" / "70b-3d" / "results"
+    h200 = [results / n for n in ("h200x1-ppo-l8-rank16of32", "h200x1-ppo-rank16of32")]
+    h100_run = results / "h100x1-ppo-rank0of32-partial"
+    h100 = parse_gpu("h100-80g")
+    _, target, _ = load_setup("70b-3d", [], [])
+    without, _ = predict(target, h100, h200)
+    with_it, _ = predict(target, h100, [*h200, h100_run])
+    got = {ph: v / GIB for ph, v in _peaks(read_run(h100_run)).items()}
+    assert without["predicted_gib"]["loaded"] < got["loaded"] - 10
+    for ph, v in with_it["predicted_gib"].items():
+        assert v >= round(got.get(ph, 0.0), 2) - 0.01, ph
+        assert v >= without["predicted_gib"][ph] - 0.01, ph  # a floor never lowers a phase

@@ -78,7 +78,8 @@ def measured(summary: Summary) -> dict[str, Any]:
         "host_gib": {k: float(v) for k, v in reads if v is not None},
         "step_time_s": statistics.median(times) if times else None,
         "throughput_tok_s": statistics.median(tput) if tput else None,
-        "steps": len(steps),
+        # the steps the run finished: one cut open (a crash, a host gone) has no time
+        "steps": sum(1 for s in steps if s.get("time_s") is not None),
     }
 
 

@@ -13,8 +13,8 @@ the device memory read at that instant (`verl_recipes.worker.markers`); it count
 that phase (device memory only), so an allocation in a phase's last instant is not credited to
 the next phase. Each peak is the maximum over the samples attributed to that phase; per-class
 peaks are maximised separately, so they need not have happened at the same time as the device
-peak. A phase that was still open when the run ended (a crash) is closed at the last sample and
-counted.
+peak. A phase that was still open when the run ended (a crash, a host gone) is closed at the last
+sample and counted in the peaks, but has no duration: its step has no time.
 
 summary.json's schema, field by field, is `verl_recipes.rundir.Summary`.
 
@@ -201,9 +201,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             by_step[step_no].add(end_sample)
             by_step_phase[step_no][name].add(end_sample)
 
+    # a phase still open when the samples end (a crash, a host gone) has no duration: the time to
+    # the last sample is not the phase's, and a step time read from it would enter the medians
     durations: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for iv in intervals:
-        durations[iv.step][iv.name] += iv.end - iv.begin
+        if not iv.open:
+            durations[iv.step][iv.name] += iv.end - iv.begin
     step_wall: dict[int | None, float] = {}
     for st, per in durations.items():  # phase `step` is the step's time in no sub-phase, like its samples
         if "step" in per:

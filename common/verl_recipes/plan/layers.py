@@ -25,7 +25,9 @@ another layout do not carry to this one (a TP1 x PP1 fit put 70b-3d's critic upd
 its rank 16 of TP4 x PP2 measured 75.4), so the target's own layout decides every phase it
 measured. A phase measured at one depth only keeps the planner's per-layer terms and shifts its
 fixed terms by what that depth measured (k = 1). A phase a run did not finish (it died inside it:
-phases.jsonl's end marker says ok false) is not fitted: its peak is only how far it got.
+phases.jsonl's end marker says ok false) is not fitted: its peak is only how far it got. A rank of
+the target's own layout at full depth on a card of the target's size is a floor for every phase
+it measured, plus the planner's terms its rehearsal lacks (`_own_card_floors`).
 With exactly two depths the fit has no residual: the file says so, and a
 third depth is what would measure the fit's own error. With three or more, the error band of a
 phase is the range of its prediction over the lines through every two of the measured depths and
@@ -197,6 +199,27 @@ def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
     return groups
 
 
+def _own_card_floors(
+    target: Setup, gpu: GPU, runs: list[MeasuredRun], full: dict[str, int], c: Constants
+) -> dict[str, float]:
+    """Per phase, GiB: what a rank of the target's own layout measured at the target's depth on a
+    card of the target's size, plus the planner's terms its rehearsal lacks (the job's figure less
+    the rank's). The line through the depths carries each phase as fixed plus per-layer parts; a
+    phase whose peak changes regime with depth (`loaded`: vLLM's start on a large card, Megatron's
+    build of a whole model on a small one) it can carry below what the card itself showed."""
+    out: dict[str, float] = {}
+    for run in runs:
+        s = run_setup(run)
+        # summary.json keeps a card's total to 1e-4 GiB
+        if s.arch.layers != target.arch.layers or abs(max(run.gpu_totals.values()) - gpu.visible_bytes) > GIB / 100:
+            continue
+        planned = _planned_peaks(s, gpu, c)
+        for ph, got in _peaks(run).items():
+            if ph in full and ph in planned:
+                out[ph] = max(out.get(ph, 0.0), (got + full[ph] - planned[ph]) / GIB)
+    return out
+
+
 def predict(
     target: Setup, gpu: GPU, run_dirs: list[Path], c: Constants | None = None
 ) -> tuple[dict[str, Any], list[LayoutFit]]:
@@ -241,6 +264,9 @@ def predict(
     phases = [ph for ph in PHASES if any(ph in v for v in per_layout.values())]
     own = per_layout.get(_layout(target), {})
     predicted = {ph: own[ph] if ph in own else max(v[ph] for v in per_layout.values() if ph in v) for ph in phases}
+    for ph, floor in _own_card_floors(target, gpu, groups.get(_layout(target), []), full, c).items():
+        if ph in predicted and floor > predicted[ph]:
+            predicted[ph] = floor
     peak_phase = max(predicted, key=lambda ph: predicted[ph])
     result: dict[str, Any] = {
         "planner_gib": {ph: round(full[ph] / GIB, 2) for ph in phases},

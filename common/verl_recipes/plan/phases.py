@@ -689,14 +689,24 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
 
     phases: list[PhasePlan] = []
     # loaded: each role builds its weights on the GPU and offloads them if asked (init), then
-    # vLLM starts after the trainer and takes its budget before it first sleeps.
+    # vLLM starts after the trainer and takes its budget before it first sleeps. Megatron builds
+    # a role whole before verl offloads it: weights, main-grad buffer and optimizer states (the
+    # trainer process at 69.3-69.5 GiB in each full-depth rank of 70b-3d, before vLLM starts:
+    # recipes/70b-3d/results/h100x1-ppo-rank0of32-partial, 16.1 + 32.1 + 24.1 GiB planned).
     loaded_trainer = resident("loaded")
+
+    def built(role: Role, is_critic: bool) -> list[Term]:
+        if role.backend == "megatron":  # less the optimizer share `resident` holds already
+            held = 0.0 if role.optimizer_offload else 1 / 3
+            return _state(s, role, is_critic, weights=True, grads=True, optim=1.0 - held)
+        return _state(s, role, is_critic, weights=True, grads=False, optim=0.0)[:1]
+
     init_extra = [
-        _state(s, role, is_critic, weights=True, grads=False, optim=0.0)[0]
+        built(role, is_critic)
         for role, is_critic in ((actor, False), (critic, True))
         if role is not None and role.param_offload and not (role.fsdp2 and role.offload_policy)
     ]
-    init = base[:2] + loaded_trainer + sorted(init_extra, key=lambda t: -t.bytes)[:1]
+    init = base[:2] + loaded_trainer + max(init_extra, key=lambda ts: sum(t.bytes for t in ts), default=[])
     start = base + loaded_trainer + vllm_full
     init_total, start_total = sum(t.bytes for t in init), sum(t.bytes for t in start)
     phases.append(PhasePlan("loaded", start if start_total >= init_total else init))
