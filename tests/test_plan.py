@@ -30,7 +30,7 @@ from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
 from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
-from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, MERGE_FIX
+from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, MERGE_FIX, REPLAY_POLL_FIX
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB = 1024**2
@@ -700,20 +700,18 @@ def test_cache_floor_carries_between_phases_unless_verl_empties_it() -> None:
 
 def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     """The measured rate behind `plan`'s cost line is the committed run that trained the asked-for
-    configuration with every fix on, not any run of the recipe: verl's merged sync
-    (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
+    configuration with every fix on that changes the rate, not any run of the recipe: verl's merged
+    sync (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
+    from verl_recipes.plan.runs import lacks, run_setup
     from verl_recipes.plan.runs import rate_run as _rate_run
-    from verl_recipes.plan.runs import run_setup
     from verl_recipes.plan.setup import load_setup
 
-    for variants in ([], ["grpo"]):
-        _, s, _ = load_setup("7b-lora", variants, [])
-        run = _rate_run(s, "7b-lora")
-        assert run is not None and run_setup(run) == s
-        assert main(["plan", "7b-lora", *[f"--variant={v}" for v in variants], "--gpu", "h200-141g"]) == 0
-        assert f"measured run {run.run_dir.name}:" in capsys.readouterr().out
     _, ppo, _ = load_setup("7b-lora", [], [])
-    assert "verl-sync" not in _rate_run(ppo, "7b-lora").run_dir.name
+    run = _rate_run(ppo, "7b-lora")
+    assert run is not None and run_setup(run) == ppo and not lacks(run, ppo, "rate")
+    assert "verl-sync" not in run.run_dir.name
+    assert main(["plan", "7b-lora", "--gpu", "h200-141g"]) == 0
+    assert f"measured run {run.run_dir.name}:" in capsys.readouterr().out
     # the 24 GB-card settings ran only under --cap-gib: their runs are named, and price nothing
     # (an H200's compute behind a 22.5 GiB slice is no card's rate)
     assert main(["plan", "7b-lora", "--variant", "24gib", "--gpu", "h200-141g", "--gpu", "a10g-24g"]) == 0
@@ -723,6 +721,94 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
     # a configuration no run trained at all says so
     assert main(["plan", "7b-lora", "--set", "data.train_batch_size=16", "--gpu", "h200-141g"]) == 0
     assert "no committed run of this configuration measured a rate" in capsys.readouterr().out
+
+
+def test_a_run_without_a_fix_of_the_rate_prices_nothing_and_stays_memory_evidence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every committed 7b-lora run that lists the fixes it applied and not replay-buffer-poll ran
+    with verl's 2-second rollout poll: it prices no job (the rate is not the recipe's) and still
+    stands for the job's device memory (the poll allocates nothing). `plan` of such a
+    configuration shows the run's peak as the verdict and names the missing fix in its cost line."""
+    from verl_recipes.plan.runs import fixed_runs, lacks, memory_run, rate_run, run_setup, trained_runs, unpriced_runs
+    from verl_recipes.plan.setup import load_setup
+
+    polled = []
+    for run, rs in trained_runs("7b-lora"):
+        prov = run.provenance
+        if prov.verl_fixes is not None and REPLAY_POLL_FIX not in prov.verl_fixes:
+            assert REPLAY_POLL_FIX in run.fixes_off and REPLAY_POLL_FIX in lacks(run, rs, "rate")
+            assert REPLAY_POLL_FIX not in lacks(run, rs, "device memory")
+            polled.append(run.run_dir)
+    assert polled
+    assert not {r.run_dir for r, _ in fixed_runs("7b-lora", "rate")} & set(polled)
+    memory = {r.run_dir for r, _ in fixed_runs("7b-lora", "device memory")}
+    assert memory & set(polled)
+    # the configurations whose only whole-job runs went without it: memory evidence, no price
+    split = 0
+    for variant in get_recipe("7b-lora").variants:
+        _, s, _ = load_setup("7b-lora", [variant], [])
+        held = memory_run(s, "7b-lora")
+        if held is None or rate_run(s, "7b-lora") is not None or held.provenance.cap_gib is not None:
+            continue
+        split += 1
+        assert run_setup(held) == s and lacks(held, s, "rate") and not lacks(held, s, "device memory")
+        assert main(["plan", "7b-lora", "--variant", variant, "--gpu", "h200-141g"]) == 0
+        out = capsys.readouterr().out
+        assert f"h200-141g: measured run (recipes/7b-lora/results/{held.run_dir.name}, on NVIDIA H200)" in out
+        cost = out.split("cost:", 1)[1]
+        newest, off = unpriced_runs(s, "7b-lora")[0]
+        assert f"{newest.run_dir.name} (" in cost and f"went without {', '.join(off)}," in cost and "$" not in cost
+    assert split
+
+
+def test_a_fix_of_the_padding_free_path_concerns_only_runs_that_take_it(tmp_path: Path) -> None:
+    """packed-attention registers the attention only the padding-free path's configuration names: a
+    padded run without it ran the same code, and stays evidence for memory and rate; a packed
+    run without it did not. A fix of the critic's engine concerns no run without a critic, and a
+    Megatron fix no FSDP run."""
+    from verl_recipes.plan.runs import MeasuredRun, lacks, run_kind
+    from verl_recipes.recipe.compose import compose_recipe
+    from verl_recipes.worker.verl_fixes import (
+        FIXES,
+        MEGATRON_PIN_FIX,
+        PACKED_ATTN_FIX,
+        RAY_START_FIX,
+        RunKind,
+        concerns,
+    )
+
+    recipe = get_recipe("7b-lora")
+    arch = Arch.from_file(ARCHS_DIR / recipe.model.arch / "config.json")
+    prov = {"verl_fixes_off": [], "verl_fixes": [f for f in FIXES if f != PACKED_ATTN_FIX]}
+    kinds = {}
+    for variants in ([], ["packed"], ["grpo"]):
+        run_dir = tmp_path / "recipes" / "7b-lora" / "results" / "-".join(["run", *variants])
+        run_dir.mkdir(parents=True)
+        cfg = compose_recipe(recipe, variants, [])
+        (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        (run_dir / "provenance.json").write_text(json.dumps(prov))
+        run = MeasuredRun(run_dir / "summary.json", "7b-lora", {}, "", {})
+        s = setup_from_config(cfg, arch)
+        kinds[tuple(variants)] = run_kind(run, s)
+        for what in ("device memory", "rate"):
+            assert (PACKED_ATTN_FIX in lacks(run, s, what)) == s.remove_padding, (variants, what)
+    assert kinds[("packed",)].padding_free and not kinds[()].padding_free
+    assert kinds[()].critic and not kinds[("grpo",)].critic
+    # the critic's engine batching reaches only a job with a critic
+    assert concerns(CRITIC_BATCHING_FIX, "device memory", kinds[()])
+    assert not concerns(CRITIC_BATCHING_FIX, "device memory", kinds[("grpo",)])
+    # an engine's own fix, on the other engine: nothing; Ray's start: the host and the start-up only
+    fsdp = kinds[("packed",)]
+    megatron = RunKind("megatron", padding_free=True, critic=True)
+    assert not concerns(MEGATRON_PIN_FIX, "host memory", fsdp) and concerns(MEGATRON_PIN_FIX, "host memory", megatron)
+    assert not concerns(PACKED_ATTN_FIX, "device memory", megatron)
+    assert [concerns(RAY_START_FIX, w, fsdp) for w in ("device memory", "rate", "host memory", "start-up")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
 
 
 def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root: Path) -> None:

@@ -33,10 +33,14 @@ from verl_recipes.rundir import read_provenance
 from verl_recipes.worker.verl_fixes import (
     CRITIC_BATCHING_FIX,
     FIXES,
+    LOGPROBS_FIX,
     MEGATRON_OPT_PIN_FIX,
     MEGATRON_PIN_FIX,
     MERGE_FIX,
+    RAY_START_FIX,
+    REPLAY_POLL_FIX,
     recorded_off,
+    recorded_on,
 )
 from verl_recipes.workload.arch import ARCHS_DIR
 
@@ -278,28 +282,38 @@ def test_each_run_is_predicted_from_its_own_configurations_fit(root: Path) -> No
 
 
 def test_fixes_off_from_provenance(tmp_path: Path) -> None:
-    """Runs made before provenance recorded `verl_fixes_off` had no out-of-place merge, and runs
-    made before it listed the fixes applied (`verl_fixes`: every committed run) had no
-    critic-engine-batching: the planner reads them by verl's own critic batching."""
-    later = CRITIC_BATCHING_FIX
+    """Runs made before provenance recorded `verl_fixes_off` had no out-of-place merge, runs made
+    before it listed the fixes applied (`verl_fixes`) had none of the fixes written from
+    logprobs-chunked on, and a run that lists the fixes applied ran without every fix it does not
+    name: the ones turned off and the ones written after it."""
+    order = list(FIXES)
+    before_list = [f for f in FIXES if order.index(f) >= order.index(LOGPROBS_FIX)]
+    assert CRITIC_BATCHING_FIX in before_list and REPLAY_POLL_FIX in before_list
 
-    def fixes_off(run_dir: Path) -> tuple[str, ...]:
-        return recorded_off(read_provenance(run_dir))
+    def fixes_off(prov: dict[str, object]) -> tuple[str, ...]:
+        (tmp_path / "provenance.json").write_text(json.dumps(prov))
+        return recorded_off(read_provenance(tmp_path))
 
-    (tmp_path / "provenance.json").write_text(json.dumps({"recipe": "7b-lora"}))
-    assert fixes_off(tmp_path) == (MERGE_FIX, later)
-    (tmp_path / "provenance.json").write_text(json.dumps({"verl_fixes_off": []}))
-    assert fixes_off(tmp_path) == (later,)
-    (tmp_path / "provenance.json").write_text(json.dumps({"verl_fixes_off": [MERGE_FIX]}))
-    assert fixes_off(tmp_path) == (MERGE_FIX, later)
-    # a record that lists the fixes applied ran without a later fix it does not name
+    assert fixes_off({"recipe": "7b-lora"}) == (MERGE_FIX, *before_list)
+    assert fixes_off({"verl_fixes_off": []}) == tuple(before_list)
+    assert fixes_off({"verl_fixes_off": [MERGE_FIX]}) == (MERGE_FIX, *before_list)
+    # a record that lists every fix but the one it turned off ran without that one only
     every = [f for f in FIXES if f != MERGE_FIX]
-    listed = {"verl_fixes_off": [MERGE_FIX], "verl_fixes": every}
-    (tmp_path / "provenance.json").write_text(json.dumps(listed))
-    assert fixes_off(tmp_path) == (MERGE_FIX,)
-    listed["verl_fixes"] = [f for f in every if f not in (MEGATRON_PIN_FIX, MEGATRON_OPT_PIN_FIX)]
-    (tmp_path / "provenance.json").write_text(json.dumps(listed))
-    assert fixes_off(tmp_path) == (MERGE_FIX, MEGATRON_PIN_FIX, MEGATRON_OPT_PIN_FIX)
+    assert fixes_off({"verl_fixes_off": [MERGE_FIX], "verl_fixes": every}) == (MERGE_FIX,)
+    # a record listing the fixes that existed before replay-buffer-poll ran without it and every
+    # later one, in the order they were written, after the ones it turned off
+    written = order[: order.index(REPLAY_POLL_FIX)]
+    later = tuple(order[order.index(REPLAY_POLL_FIX) :])
+    assert fixes_off({"verl_fixes_off": [], "verl_fixes": written}) == later
+    assert fixes_off({"verl_fixes_off": [LOGPROBS_FIX], "verl_fixes": written}) == (LOGPROBS_FIX, *later)
+    # and one from before ray-local-start: its host fit is the one without the fix, as planned
+    before_ray = order[: order.index(RAY_START_FIX)]
+    prov = {"verl_fixes_off": [], "verl_fixes": before_ray}
+    assert RAY_START_FIX in fixes_off(prov) and not recorded_on(read_provenance(tmp_path), RAY_START_FIX)
+    s = load_setup("7b-lora", [], [])[1]
+    uni = s.rollout.executor == "uni"
+    assert plan_host(s, fixes_off(prov)).moment("train").base_rss == host_fit(False, uni).base_train_rss
+    assert plan_host(s).moment("train").base_rss == host_fit(True, uni).base_train_rss
 
 
 def test_host_ram_warning_with_this_machines_memory() -> None:

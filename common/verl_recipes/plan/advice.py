@@ -116,16 +116,17 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
 
 def measured(recipe: Any, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | None:
     """The recipe's committed run of exactly this job on this GPU kind, as evidence (the most
-    reliable: NVML's device peak over the whole run), or None. `run` is `plan.runs.rate_run`'s
-    answer when the caller has it (finding it composes every committed run's config)."""
+    reliable: NVML's device peak over the whole run), or None. `run` is `plan.runs.memory_run`'s
+    answer when the caller has it (finding it composes every committed run's config): a run that
+    went without a fix of the start-up or of the step's time still held this job's memory."""
     from verl_recipes.rundir import read_provenance
 
     if recipe is None:
         return None
     if run is None:
-        from verl_recipes.plan.runs import rate_run
+        from verl_recipes.plan.runs import memory_run
 
-        run = rate_run(s, recipe.id)
+        run = memory_run(s, recipe.id)
     if run is None or read_provenance(run.run_dir).cap_gib is not None:
         return None
     names = (gpu.name.lower(), str(run.gpu_name).lower())

@@ -34,7 +34,7 @@ from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
 from verl_recipes.plan.inputs import Setup
 from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
-from verl_recipes.plan.runs import capped_runs, rate_run
+from verl_recipes.plan.runs import capped_runs, memory_run, rate_run, unpriced_runs
 from verl_recipes.plan.setup import load_setup
 from verl_recipes.worker.verl_fixes import MERGE_FIX
 
@@ -304,6 +304,31 @@ def plan_json(
     }
 
 
+def _unpriced_line(s: Setup, recipe_id: str) -> str:
+    """The cost line of a job no committed run prices (`runs.rate_run`): why the runs of its
+    configuration do not, so the user knows what a `--tokens-per-s` of their own stands in for."""
+    capped = capped_runs(s, recipe_id)
+    if capped:
+        caps = ", ".join(
+            f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under {r.provenance.cap_gib:g} GiB"
+            for r in capped
+        )
+        return (
+            f"cost: this configuration's committed runs ran on a larger GPU under --cap-gib ({caps}): "
+            "that measures a card of the cap's size in memory, not in speed; pass --tokens-per-s"
+        )
+    unfixed = unpriced_runs(s, recipe_id)
+    if unfixed:
+        (newest, off), older = unfixed[0], len(unfixed) - 1
+        return (
+            f"cost: the newest committed run of this configuration, {newest.run_dir.name} "
+            f"({newest.per_gpu_throughput:,.0f} tokens/s per GPU), went without {', '.join(off)}, which "
+            f"changes the rate{f' (so did {older} older run(s))' if older else ''}: its rate is not the "
+            "recipe's; pass --tokens-per-s"
+        )
+    return "cost: no committed run of this configuration measured a rate; pass --tokens-per-s"
+
+
 def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -316,17 +341,7 @@ def _costs(
 
         run = rate_run(s, recipe.id)
         if run is None:
-            capped = capped_runs(s, recipe.id)
-            if capped:
-                caps = ", ".join(
-                    f"{r.run_dir.name} {r.per_gpu_throughput:,.0f} tokens/s per GPU under {r.provenance.cap_gib:g} GiB"
-                    for r in capped
-                )
-                return [
-                    f"cost: this configuration's committed runs ran on a larger GPU under --cap-gib ({caps}): "
-                    "that measures a card of the cap's size in memory, not in speed; pass --tokens-per-s"
-                ], []
-            return ["cost: no committed run of this configuration measured a rate; pass --tokens-per-s"], []
+            return [_unpriced_line(s, recipe.id)], []
         assert run.per_gpu_throughput is not None
         rate = from_verl_throughput(run.per_gpu_throughput, s.world)
         where = f"measured run {run.run_dir.name}: {run.per_gpu_throughput:,.0f} tokens/s per GPU x {s.world}"
@@ -439,10 +454,8 @@ def judge(
     plans = [plan_gpu(s, g, c) for g in gpus]
     # the most reliable evidence per GPU: a committed run of this job there, else a committed
     # calibrated prediction, else the planner alone
-    priced_by = rate_run(s, recipe.id) if recipe is not None else None
-    cals = {
-        p.gpu.id: measured(recipe, s, p.gpu, priced_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans
-    }
+    held_by = memory_run(s, recipe.id) if recipe is not None else None
+    cals = {p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
     suggestions: dict[str, Any] = {}
     for p in plans:

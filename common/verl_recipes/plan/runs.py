@@ -8,6 +8,12 @@ against measurements, the layer fit, its cost lookup, the README's tables) goes 
 run of another training loop (recipe verl-vs-deepspeed's DeepSpeed side: provenance.json
 `backend: deepspeed`) has a summary and bounds of its own, but no verl configuration to re-plan,
 and its memory is another framework's: the planner never holds it against verl's.
+
+A run stands for a configuration where it trained that very configuration as a whole job, and for
+one question at a time: its device peaks are the job's (`memory_run`, the measured verdict) unless
+it went without a fix that changes the device's memory, its rate prices the job (`rate_run`) unless
+it went without one that changes the rate (`verl_fixes.concerns`). A run with verl's 2-second
+rollout poll held the recipe's memory at a rate that is not the recipe's.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 from verl_recipes import GIB, RecipeError, rundir
 from verl_recipes.plan.inputs import Setup
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
-from verl_recipes.worker.verl_fixes import recorded_off
+from verl_recipes.worker.verl_fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
 
 # The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
 # outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
@@ -162,16 +168,42 @@ def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
     return f"mean residual (measured - predicted), GiB, to refit {what} from: {means}"
 
 
-def fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
-    """(run, the Setup it trained) for every committed run of the recipe that measured a rate on
-    verl's code with every fix of the recipe on."""
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.worker.verl_fixes import concerns
+#: the critic model's switch to verl's padding-free path; the actor's is `Setup.remove_padding`
+_CRITIC_PADDING_FREE = "critic.model.use_remove_padding"
 
-    backend = get_recipe(recipe_id).backend
+
+def run_kind(run: MeasuredRun, s: Setup) -> RunKind:
+    """What of verl's code the run executed (`verl_fixes.RunKind`), from `s`, the Setup it
+    trained: its engine, its critic, and whether a model took verl's padding-free path, the
+    actor's (`Setup.remove_padding`) or the critic's own `use_remove_padding` in its saved
+    verl_config.yaml (verl's default, true, where the file leaves it out)."""
+    from omegaconf import OmegaConf
+
+    critic_free = s.critic is not None and bool(
+        OmegaConf.select(_saved_config(run.run_dir / CONFIG), _CRITIC_PADDING_FREE, default=True)
+    )
+    return RunKind(s.backend, s.remove_padding or critic_free, s.critic is not None)
+
+
+def lacks(run: MeasuredRun, s: Setup, what: Evidence) -> tuple[str, ...]:
+    """The fixes the run went without that make it wrong evidence for `what`
+    (`verl_fixes.concerns`): a fix of the start-up leaves its device memory and its rate as good as
+    a fixed run's, one of the step's wait leaves its memory, and one of code the run never executes
+    (the other engine's, the padding-free path's, a critic's) leaves everything."""
+    return concerning(run.fixes_off, what, run_kind(run, s))
+
+
+def fully_fixed(run: MeasuredRun, s: Setup) -> bool:
+    """Whether the run went without no fix that changes anything it measured."""
+    return not any(lacks(run, s, what) for what in EVERYTHING)
+
+
+def trained_runs(recipe_id: str) -> list[tuple[MeasuredRun, Setup]]:
+    """(run, the Setup it trained) for every committed run of the recipe that trained steps (it
+    measured a rate), whatever fixes it went without; a run without its saved config is left out."""
     out = []
     for run in committed_runs(recipe=recipe_id):
-        if not run.per_gpu_throughput or any(concerns(f, backend) for f in run.fixes_off):
+        if not run.per_gpu_throughput:
             continue
         try:
             out.append((run, run_setup(run)))
@@ -180,31 +212,64 @@ def fixed_runs(recipe_id: str) -> list[tuple[Any, Any]]:
     return out
 
 
-def rate_run(s: Setup, recipe_id: str) -> Any:
-    """The committed run whose rate prices `s`: one that trained this very configuration (the same
-    Setup, read back from its saved verl_config.yaml) on verl's code with every fix of the recipe
-    on, the newest such. A run of another variant, batch or weight sync would price a job the user
-    did not ask for: verl's own sync runs 2-3x slower than the recipe's. A rank rehearsal's rate is
-    one rank's compute with no communication, never the job's: it prices nothing."""
+def fixed_runs(recipe_id: str, what: Evidence) -> list[tuple[MeasuredRun, Setup]]:
+    """`trained_runs` with every fix on that changes `what` for them (`lacks`): the runs that are
+    evidence for `what` of the configuration they trained."""
+    return [(run, rs) for run, rs in trained_runs(recipe_id) if not lacks(run, rs, what)]
+
+
+def _newest_of_this_job(s: Setup, runs: list[tuple[MeasuredRun, Setup]]) -> MeasuredRun | None:
+    """The run of `runs` that stands for this very configuration (the same Setup, read back from
+    its saved verl_config.yaml) as a whole job: a fully fixed one before one that went without a
+    fix the question leaves alone, then the newest. A rank rehearsal is one rank with no
+    communication and a fake process group, never the job."""
     same = [
-        (run.provenance.date_utc or "", run.run_dir.name, run)
-        for run, rs in fixed_runs(recipe_id)
+        (fully_fixed(run, rs), run.provenance.date_utc or "", run.run_dir.name, run)
+        for run, rs in runs
         if rs == s and run.provenance.rank_rehearsal is None
     ]
-    return max(same, key=lambda t: t[:2])[2] if same else None
+    return max(same, key=lambda t: t[:3])[3] if same else None
 
 
-def capped_runs(s: Setup, recipe_id: str) -> list[Any]:
+def rate_run(s: Setup, recipe_id: str) -> MeasuredRun | None:
+    """The committed run whose rate prices `s`: the newest that trained this very configuration
+    with every fix on that changes the rate. A run of another variant, batch or weight sync would
+    price a job the user did not ask for (verl's own sync runs 2-3x slower than the recipe's), and
+    so would one with verl's 2-second rollout poll."""
+    return _newest_of_this_job(s, fixed_runs(recipe_id, "rate"))
+
+
+def memory_run(s: Setup, recipe_id: str) -> MeasuredRun | None:
+    """The committed run whose device peaks stand for `s` (`plan.advice.measured`): the newest that
+    trained this very configuration with every fix on that changes the device's memory. One that
+    went without a fix of the start-up or of the rollout's wait held the same memory."""
+    return _newest_of_this_job(s, fixed_runs(recipe_id, "device memory"))
+
+
+def unpriced_runs(s: Setup, recipe_id: str) -> list[tuple[MeasuredRun, tuple[str, ...]]]:
+    """(run, the fixes it went without that change the rate) for each committed run of this very
+    configuration, as a whole job, whose rate prices nothing (`rate_run`), the newest first: what
+    the cost line names when no run prices the job."""
+    out = [
+        (run.provenance.date_utc or "", run.run_dir.name, run, off)
+        for run, rs in trained_runs(recipe_id)
+        if rs == s and run.provenance.rank_rehearsal is None and (off := lacks(run, rs, "rate"))
+    ]
+    return [(run, off) for *_, run, off in sorted(out, key=lambda t: t[:2], reverse=True)]
+
+
+def capped_runs(s: Setup, recipe_id: str) -> list[MeasuredRun]:
     """Committed runs of this configuration made under `train --cap-gib`: the same Setup but for
-    vLLM's gpu_memory_utilization, which the cap rescales to a fraction of the larger GPU. They
-    measure a card of the cap's size in memory only: their rate is the larger GPU's compute
-    behind a smaller KV cache, a rate no card of that size has, so it prices nothing."""
+    vLLM's gpu_memory_utilization, which the cap rescales to a fraction of the larger GPU, with
+    every fix on that changes the device's memory. They measure a card of the cap's size in memory
+    only: their rate is the larger GPU's compute behind a smaller KV cache, a rate no card of that
+    size has, so it prices nothing."""
     from dataclasses import replace
 
     util = s.rollout.gpu_memory_utilization
     out = [
         run
-        for run, rs in fixed_runs(recipe_id)
+        for run, rs in fixed_runs(recipe_id, "device memory")
         if run.provenance.cap_gib is not None
         and replace(rs, rollout=replace(rs.rollout, gpu_memory_utilization=util), notes=s.notes) == s
     ]

@@ -81,15 +81,22 @@ Each has a test that shows verl's failure without it and the fix working (tests/
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
+
+A run records the fixes it applied in its provenance.json, and `recorded_off` reads back the ones it
+went without, turned off or not written yet. Going without a fix makes a run wrong evidence only for
+what the fix changes, in code the run executes (`concerns`: `CHANGES`, `ENGINE_ONLY`,
+`PADDING_FREE_ONLY`, `CRITIC_ONLY`): a run from before replay-buffer-poll still holds the recipe's
+device memory, and its rate prices nothing (`verl_recipes.plan.runs`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal, get_args
 
 from verl_recipes.rundir import Provenance
 from verl_recipes.worker import sync_probe
@@ -471,34 +478,90 @@ FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     MEGATRON_OPT_PIN_FIX: ("verl.workers.engine.megatron.transformer_impl", _patch_megatron_optimizer_offload),
 }
 
-#: fixes written after `verl_fixes` listed every fix a run applied: a record that lists fixes but
-#: not one of these ran without it (the Megatron weight buffer's records of 2026-12-04/05)
-NAMED_FROM = (MEGATRON_PIN_FIX, MEGATRON_OPT_PIN_FIX)
+#: what a committed run measures, each the evidence for one of the planner's questions: the device's
+#: memory (NVML peaks: whether a job fits), the step rate (verl's perf/throughput: what it costs),
+#: the host's memory (RSS and PSS) and the start-up before the first step
+Evidence = Literal["device memory", "rate", "host memory", "start-up"]
+
+#: everything a run measures: what a fix changes unless `CHANGES` names less
+EVERYTHING: frozenset[Evidence] = frozenset(get_args(Evidence))
+
+#: what a fix changes, where that is less than everything a run measures: a run that went without
+#: it is still evidence for the rest
+CHANGES: dict[str, frozenset[Evidence]] = {
+    # without it the job's actors wait for Ray workers of their own and Ray's dashboard runs: the
+    # start-up and the processes the host holds (`plan.host.host_fit`), nothing inside a step
+    RAY_START_FIX: frozenset({"start-up", "host memory"}),
+    # the trainer notices a step's last answer up to 2 s late: the step's time, no allocation
+    REPLAY_POLL_FIX: frozenset({"rate"}),
+    # page-locked host copies of their own size: the host's memory; the GPU's tensors stay verl's,
+    # and the copies' time is not measured yet, so a run without them prices no run with them
+    MEGATRON_PIN_FIX: frozenset({"host memory", "rate"}),
+    MEGATRON_OPT_PIN_FIX: frozenset({"host memory", "rate"}),
+}
 
 #: fixes that patch one engine's code only (verl's `strategy`): a run on another engine runs the
-#: same code with or without them, so going without one there is not going without a fix
-ENGINE_ONLY: dict[str, str] = {MEGATRON_PIN_FIX: "megatron", MEGATRON_OPT_PIN_FIX: "megatron"}
+#: same code with or without them, so going without one there is not going without a fix.
+#: packed-attention's function is a transformers attention, which only the FSDP engine's models call
+ENGINE_ONLY: dict[str, str] = {
+    MEGATRON_PIN_FIX: "megatron",
+    MEGATRON_OPT_PIN_FIX: "megatron",
+    PACKED_ATTN_FIX: "fsdp",
+}
+
+#: fixes that change only runs whose models take verl's padding-free path (`use_remove_padding`):
+#: packed-attention registers the attention only that path's configuration names (`torch_varlen`),
+#: so a padded run executes the same code with or without it
+PADDING_FREE_ONLY = (PACKED_ATTN_FIX,)
+
+#: fixes that change only runs with a critic: verl builds the critic's config, which
+#: critic-engine-batching patches, only where the job has a critic (`need_critic`)
+CRITIC_ONLY = (CRITIC_BATCHING_FIX,)
 
 
-def concerns(name: str, backend: str) -> bool:
-    """Whether fix NAME changes what a run on `backend` (fsdp, megatron) executes."""
-    return ENGINE_ONLY.get(name, backend) == backend
+@dataclass(frozen=True)
+class RunKind:
+    """What of verl's code a run executes, as far as the fixes reach: its engine, whether a model
+    took the padding-free path, whether it trained a critic."""
+
+    backend: str  # verl's engine: "fsdp" | "megatron"
+    padding_free: bool
+    critic: bool
 
 
-#: fixes that came after the runs recorded without a `verl_fixes` list in their provenance: such a
-#: run ran without them.
-LISTED_FROM = (CRITIC_BATCHING_FIX,)
+def executes(name: str, kind: RunKind) -> bool:
+    """Whether fix NAME changes the code a run of `kind` executes."""
+    return (
+        ENGINE_ONLY.get(name, kind.backend) == kind.backend
+        and (kind.padding_free or name not in PADDING_FREE_ONLY)
+        and (kind.critic or name not in CRITIC_ONLY)
+    )
+
+
+def concerns(name: str, what: Evidence, kind: RunKind) -> bool:
+    """Whether going without fix NAME makes a run of `kind` wrong evidence for `what`: only if the
+    fix changes the code the run executes (`executes`) and that change reaches `what` (`CHANGES`)."""
+    return executes(name, kind) and what in CHANGES.get(name, EVERYTHING)
+
+
+def concerning(off: Iterable[str], what: Evidence, kind: RunKind) -> tuple[str, ...]:
+    """The fixes of `off` (a run's `recorded_off`) that make a run of `kind` wrong evidence for `what`."""
+    return tuple(f for f in off if concerns(f, what, kind))
+
+
+#: the fixes written after the records that list no `verl_fixes` (7b-lora's first runs): each of
+#: those runs predates logprobs-chunked (its commit is older than the fix's) and every fix after it
+LISTED_FROM = tuple(FIXES)[tuple(FIXES).index(LOGPROBS_FIX) :]
 
 
 def recorded_off(prov: Provenance) -> tuple[str, ...]:
-    """The fixes a recorded run ran without. A record without `verl_fixes_off` predates the
-    out-of-place merge, so it ran verl's merged sync; one without `verl_fixes` predates the fixes
-    in `LISTED_FROM`; one with it ran without each fix of `NAMED_FROM` it does not name."""
+    """The fixes a recorded run ran without, in `FIXES` order after those it names off. A record
+    without `verl_fixes_off` predates the out-of-place merge, so it ran verl's merged sync; one
+    without `verl_fixes` predates the fixes of `LISTED_FROM`; one that lists the fixes it applied
+    ran without every fix it does not name, turned off or not written yet."""
     off = list(prov.verl_fixes_off) if prov.verl_fixes_off is not None else [MERGE_FIX]
-    if prov.verl_fixes is None:
-        off += [f for f in LISTED_FROM if f not in off]
-    else:  # a record that lists fixes and not one of these ran before it was written
-        off += [f for f in NAMED_FROM if f not in prov.verl_fixes and f not in off]
+    missing = LISTED_FROM if prov.verl_fixes is None else tuple(f for f in FIXES if f not in prov.verl_fixes)
+    off += [f for f in missing if f not in off]
     return tuple(off)
 
 
