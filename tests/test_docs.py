@@ -103,3 +103,20 @@ def test_docs_results_prints_the_readmes_results_table(capsys: pytest.CaptureFix
     """`docs --results` prints the measured-results table the README carries, and writes nothing."""
     assert main(["docs", "--results"]) == 0
     assert capsys.readouterr().out.strip() == results.strip()
+
+
+def test_a_row_names_each_fix_its_runs_went_without_as_plan_judges_them(results: str) -> None:
+    """A row measured before a fix that changes what it shows was written names the fix as the
+    `--verl-fix-off` that reproduces it, as `plan` declines to price such a run for the recipe:
+    7b-lora's GRPO row ran verl's 2 s replay-buffer poll (its record lists the fixes of its day).
+    A rank rehearsal shows memory only, so a fix of the rate alone is not its concern."""
+    from verl_recipes.plan.runs import lacks, read_run, run_setup
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "7b-lora"
+    (source,) = yaml.safe_load((recipe / "expected" / "h200x1-grpo.yaml").read_text())["source_runs"]
+    grpo = read_run(recipe / source)
+    assert "replay-buffer-poll" in lacks(grpo, run_setup(grpo), "rate")
+    row = next(r for r in results.splitlines() if "(recipes/7b-lora/expected/h200x1-grpo.yaml)" in r)
+    assert "--verl-fix-off replay-buffer-poll" in row
+    rank = next(r for r in results.splitlines() if "(recipes/13b-fsdp/expected/h200x1-ppo-rank0of2.yaml)" in r)
+    assert "replay-buffer-poll" not in rank

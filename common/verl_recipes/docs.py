@@ -148,7 +148,7 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             # and so is one run with `--set` overrides (EOS ignored, say): name each
             cap += sets_words(first.sets)
             # a configuration measured with one of our verl fixes off is another configuration
-            off = sorted({f for p in provs for f in p.verl_fixes_off or []})
+            off = _fixes_off(r, runs, provs, rate=not doc.get("rank_rehearsal"))
             cap += "".join(f", --verl-fix-off {f}" for f in off)
             # and so is one measured before the recipe's deltas moved on: name the keys that differ
             if runs[0] and (r.dir / runs[0] / CONFIG).is_file():
@@ -180,6 +180,30 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             f"({offer.date}, {offer.source}); tokens = prompt + response, verl's perf/throughput."
         )
     return "\n".join(rows)
+
+
+def _fixes_off(r: Recipe, runs: list[Any], provs: list[Provenance], rate: bool) -> list[str]:
+    """The verl fixes a row's runs went without that change its memory, or its rate where the row
+    shows one (`rate`; a rank rehearsal's is not the job's), as `plan` judges them
+    (`plan.runs.lacks`): turned off, or not written yet when the run was made. The row names each
+    as the `--verl-fix-off` that reproduces it, so the table prices no run as the recipe that
+    `plan` would not. A run whose config cannot be read back (another training loop) keeps what
+    its record names off."""
+    from verl_recipes.plan.runs import lacks, read_run, run_setup
+
+    off = {f for p in provs for f in p.verl_fixes_off or []}
+    for rel in runs:
+        if not rel or not (r.dir / rel / "summary.json").is_file():
+            continue
+        run = read_run(r.dir / rel)
+        if not run.provenance.verl:
+            continue
+        try:
+            rs = run_setup(run)
+        except RecipeError:
+            continue
+        off |= {f for what in ("device memory", "rate") if rate or what != "rate" for f in lacks(run, rs, what)}
+    return sorted(off)
 
 
 @dataclass(frozen=True)
