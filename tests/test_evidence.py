@@ -48,11 +48,12 @@ def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_no
     assert tp2 and all("tp2-rank0of2" in w for w in tp2), tp2
     # the same variants at another world: nothing ran there
     assert behind(recipe, [], 4) == []
-    # 70b-3d's 32 GPUs: rank 16 rehearsed at full depth and at 8 of the model's 80 layers, and the
-    # line says the depth where it is not the model's
+    # 70b-3d's 32 GPUs: rank 16 rehearsed at full depth and at 8 of the model's 80 layers, rank 0
+    # at full depth, and the line says the depth where it is not the model's
     assert behind_line(get_recipe("70b-3d"), [], 32) == (
         "behind it: rank rehearsal (16 of 32): expected/h200x1-ppo-rank16of32.yaml; "
-        "rank rehearsal (16 of 32) at 8 layers: expected/h200x1-ppo-l8-rank16of32.yaml"
+        "rank rehearsal (16 of 32) at 8 layers: expected/h200x1-ppo-l8-rank16of32.yaml; "
+        "rank rehearsal (0 of 32): expected/h100x1-ppo-rank0of32-partial.yaml"
     )
     assert "a prediction only" in behind_line(get_recipe("70b-3d"), ["tp8pp1"], 32)
     # tp2 has rehearsed ranks only: they are named, and a rehearsed rank's rate (one rank's
