@@ -21,7 +21,7 @@ from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
 from verl_recipes.plan.errors import error_rows, main_errors
-from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
+from verl_recipes.plan.gpus import GPU, catalogue, catalogued, parse_gpu
 from verl_recipes.plan.inputs import setup_from_config
 from verl_recipes.plan.knobs import helpful, path_to_fit
 from verl_recipes.plan.model import Arch
@@ -476,6 +476,23 @@ def test_gpu_catalogue_and_caps() -> None:
     assert parse_gpu("a10g") == cat["a10g-24g"]  # a prefix that names one card
     with pytest.raises(RecipeError, match="not a catalogue GPU"):
         parse_gpu("a100")  # two cards: say which
+
+
+def test_every_committed_run_names_a_catalogued_card(root: Path) -> None:
+    """A run is matched to its card by NVML's name (its measured peak judges that card, its rate
+    prices it): each committed run's device must be one catalogue entry, and where the entry says
+    what CUDA shows (visible_bytes) the run's device showed exactly that."""
+    seen = set()
+    for prov in sorted(root.glob("recipes/*/results/*/provenance.json")):
+        for dev in json.loads(prov.read_text())["gpu"]["gpus"]:
+            card = catalogued(dev["name"])
+            assert card is not None, f"{prov}: {dev['name']!r} is in no catalogue entry's nvml_names"
+            if card.visible_bytes != card.memory_bytes:  # a visible size taken from a host record
+                assert dev["memory_total_bytes"] == card.visible_bytes, prov
+            seen.add(card.id)
+    assert {"h200-141g", "h100-80g"} <= seen
+    assert catalogued("NVIDIA H100 PCIe") is None  # another card of the same memory: not the SXM entry
+    assert not catalogue()["h200-141g"].runs_as("NVIDIA H200 NVL")
 
 
 def test_cost_by_hand_and_prices_file(root: Path, tmp_path: Path) -> None:

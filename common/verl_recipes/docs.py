@@ -103,12 +103,10 @@ def recipe_table(recipes: dict[str, Recipe] | None = None) -> str:
     return "\n".join(rows)
 
 
-_GPU_IDS = {"NVIDIA H200": "h200-141g", "NVIDIA H100 80GB HBM3": "h100-80g", "NVIDIA A100-SXM4-80GB": "a100-80g"}
-
-
 def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     """One row per bounds file: what ran, where, its memory, speed and cost per million tokens."""
     from verl_recipes.plan.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
+    from verl_recipes.plan.gpus import catalogued
     from verl_recipes.recipe.drift import drift_label
     from verl_recipes.rundir import CONFIG
 
@@ -159,7 +157,8 @@ def results_table(recipes: dict[str, Recipe] | None = None) -> str:
             if rank:  # one GPU stood in for one rank: its memory is that rank's, its speed not the job's
                 cap += f"; rank rehearsal ({rank['rank']} of {rank['world']})"
                 tput = step = None
-            offer = pick_offer(offers, _GPU_IDS.get(gpu_name, ""))
+            card = catalogued(gpu_name)
+            offer = pick_offer(offers, card.id) if card is not None else None
             cost = compute_cost(offer, n, from_verl_throughput(tput, n)) if offer and tput else None
             rows.append(
                 f"| {r.id} | [{variants}{cap}](recipes/{r.id}/{name}) | {n}x {gpu_name} "

@@ -129,8 +129,7 @@ def measured(recipe: Any, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | N
         run = memory_run(s, recipe.id)
     if run is None or read_provenance(run.run_dir).cap_gib is not None:
         return None
-    names = (gpu.name.lower(), str(run.gpu_name).lower())
-    if not names[1] or (names[0] not in names[1] and names[1] not in names[0]):
+    if not gpu.runs_as(run.gpu_name):
         return None
     peaks = {ph: max(per.values()) for ph, per in run.phases.items() if per}
     if not peaks:

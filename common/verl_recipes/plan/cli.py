@@ -354,8 +354,7 @@ def _costs(
     lines = [f"cost at {rate:,.0f} tokens/s ({where}), {tokens} tokens per step (upper bound), {s.world} GPU(s):"]
     js = []
     for g in gpus:
-        names = (g.name.lower(), (measured_on or "").lower())
-        if measured_on is not None and names[0] not in names[1] and names[1] not in names[0]:
+        if measured_on is not None and not g.runs_as(measured_on):
             lines.append(f"  {g.id}: no throughput measured on it (the run was on {measured_on}); use --tokens-per-s")
             continue
         o = pick_offer(offers, g.id, provider)

@@ -28,6 +28,11 @@ class GPU:
     memory_bytes: int
     visible_bytes: int
     source: str = ""
+    nvml_names: tuple[str, ...] = ()  # what NVML calls this card: a run is matched to it by these
+
+    def runs_as(self, nvml_name: str | None) -> bool:
+        """Whether a run on the device NVML named `nvml_name` ran on this card."""
+        return bool(nvml_name) and nvml_name in self.nvml_names
 
     @property
     def visible_gib(self) -> float:
@@ -41,8 +46,20 @@ def catalogue() -> dict[str, GPU]:
     for gid, e in raw.items():
         mem = int(e["memory_bytes"])
         visible = int(e.get("visible_bytes") or mem * (1.0 - float(e.get("ecc_fraction", 0.0))))
-        out[gid] = GPU(id=gid, name=str(e["name"]), memory_bytes=mem, visible_bytes=visible, source=e["source"])
+        out[gid] = GPU(
+            id=gid,
+            name=str(e["name"]),
+            memory_bytes=mem,
+            visible_bytes=visible,
+            source=e["source"],
+            nvml_names=tuple(str(n) for n in e.get("nvml_names") or ()),
+        )
     return out
+
+
+def catalogued(nvml_name: str | None) -> GPU | None:
+    """The catalogue's entry for a device as NVML names it (a run's provenance), or None."""
+    return next((g for g in catalogue().values() if g.runs_as(nvml_name)), None)
 
 
 _CAP = re.compile(r"^(\d+(?:\.\d+)?)\s*(GiB|GB)$", re.IGNORECASE)
