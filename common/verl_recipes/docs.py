@@ -189,10 +189,11 @@ def _fixes_off(r: Recipe, runs: list[Any], provs: list[Provenance], rate: bool) 
     `plan` would not. A run whose config cannot be read back (another training loop) keeps what
     its record names off."""
     from verl_recipes.plan.runs import lacks, read_run, run_setup
+    from verl_recipes.rundir import SUMMARY
 
     off = {f for p in provs for f in p.verl_fixes_off or []}
     for rel in runs:
-        if not rel or not (r.dir / rel / "summary.json").is_file():
+        if not rel or not (r.dir / rel / SUMMARY).is_file():
             continue
         run = read_run(r.dir / rel)
         if not run.provenance.verl:
