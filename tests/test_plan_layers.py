@@ -318,6 +318,12 @@ def test_a_rank_measured_on_the_target_card_is_a_floor_for_its_phases() -> None:
     for ph, v in with_it["predicted_gib"].items():
         assert v >= round(got.get(ph, 0.0), 2) - 0.01, ph
         assert v >= without["predicted_gib"][ph] - 0.01, ph  # a floor never lowers a phase
+    # an A100 80GB (80.0 GiB) is a card of the same size; an H200 (140.4) is not
+    a100, _ = predict(target, parse_gpu("a100-80g"), [*h200, h100_run])
+    assert a100["predicted_gib"]["loaded"] >= round(got["loaded"], 2) - 0.01
+    h200_with, _ = predict(target, parse_gpu("h200-141g"), [*h200, h100_run])
+    h200_without, _ = predict(target, parse_gpu("h200-141g"), h200)
+    assert h200_with["predicted_gib"]["loaded"] == h200_without["predicted_gib"]["loaded"]
 
 
 def test_megatron_builds_a_model_whole_before_verl_offloads_it() -> None:
