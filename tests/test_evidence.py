@@ -49,13 +49,17 @@ def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_no
     # the same variants at another world: nothing ran there
     assert behind(recipe, [], 4) == []
     # 70b-3d's 32 GPUs: rank 16 rehearsed at full depth and at 8 of the model's 80 layers, rank 0
-    # at full depth, and the line says the depth where it is not the model's
+    # at full depth, and the line says the depth where it is not the model's; tp8pp1's rank 0 at
+    # full depth; tp1pp1 ran at one GPU only, so at 32 it is a prediction only
     assert behind_line(get_recipe("70b-3d"), [], 32) == (
         "behind it: rank rehearsal (16 of 32): expected/h200x1-ppo-rank16of32.yaml; "
         "rank rehearsal (16 of 32) at 8 layers: expected/h200x1-ppo-l8-rank16of32.yaml; "
-        "rank rehearsal (0 of 32): expected/h100x1-ppo-rank0of32-partial.yaml"
+        "rank rehearsal (0 of 32): expected/h100x1-ppo-rank0of32.yaml"
     )
-    assert "a prediction only" in behind_line(get_recipe("70b-3d"), ["tp8pp1"], 32)
+    assert behind_line(get_recipe("70b-3d"), ["tp8pp1"], 32) == (
+        "behind it: rank rehearsal (0 of 32): expected/h100x1-ppo-rank0of32-tp8pp1.yaml"
+    )
+    assert "a prediction only" in behind_line(get_recipe("70b-3d"), ["tp1pp1"], 32)
     # tp2 has rehearsed ranks only: they are named, and a rehearsed rank's rate (one rank's
     # compute) never prices the job
     assert main(["plan", "13b-fsdp", "--variant", "tp2", "--gpu", "h200-141g"]) == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -324,6 +325,39 @@ def test_a_rank_measured_on_the_target_card_is_a_floor_for_its_phases() -> None:
     h200_with, _ = predict(target, parse_gpu("h200-141g"), [*h200, h100_run])
     h200_without, _ = predict(target, parse_gpu("h200-141g"), h200)
     assert h200_with["predicted_gib"]["loaded"] == h200_without["predicted_gib"]["loaded"]
+
+
+def test_a_rank_of_the_targets_layout_at_its_depth_stands_alone() -> None:
+    """70b-3d's tp8pp1 rank 0, measured at full depth on an H100 80GB, is a prediction for the
+    32-GPU tp8pp1 job on its own: nothing is carried across depths, so no second depth is needed.
+    Each phase is the rank's peak plus the job's planned terms its rehearsal lacks. A single depth
+    of another layout, or of the target's layout at fewer layers, still needs a second depth."""
+    from verl_recipes.plan.layers import _peaks, _planned_peaks
+    from verl_recipes.plan.runs import read_run, run_setup
+
+    results = Path(__file__).resolve().parents[1] / "recipes" / "70b-3d" / "results"
+    rank = results / "h100x1-ppo-rank0of32-tp8pp1"
+    h100 = parse_gpu("h100-80g")
+    _, target, _ = load_setup("70b-3d", ["tp8pp1"], [])
+    result, fits = predict(target, h100, [rank])
+    assert len(fits) == 1 and fits[0].depths == [80] and not fits[0].measured
+    run = read_run(rank)
+    got = _peaks(run)
+    card = max(run.gpu_totals.values())
+    as_run = _planned_peaks(run_setup(run), replace(h100, visible_bytes=card), Constants())
+    job = _planned_peaks(target, h100, Constants())
+    for ph, v in result["predicted_gib"].items():
+        assert v == pytest.approx((got[ph] + job[ph] - as_run[ph]) / GIB, abs=0.02), ph
+        assert v >= got[ph] / GIB - 0.01, ph  # the job holds at least what its rank held
+    assert result["band_gib"] is None
+    # the default layout (TP4 x PP2) is another layout: this rank alone is no fit for it
+    _, default, _ = load_setup("70b-3d", [], [])
+    with pytest.raises(RecipeError, match="need two different depths"):
+        predict(default, h100, [rank])
+    # the target's own layout, truncated: one depth is not enough
+    l8 = results / "h200x1-ppo-l8-rank16of32"
+    with pytest.raises(RecipeError, match="need two different depths"):
+        predict(default, h100, [l8])
 
 
 def test_megatron_builds_a_model_whole_before_verl_offloads_it() -> None:

@@ -109,7 +109,13 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
         fits = bool(doc.get("fits")) and peak <= gpu.visible_bytes
         fitted = (doc.get("fit") or {}).values()
         own = any(isinstance(f, dict) and f.get("decides") for f in fitted)
-        how = "from a rank rehearsal of this layout and truncated-depth runs" if own else "from truncated-depth runs"
+        depths = {int(d) for f in fitted if isinstance(f, dict) for d in f.get("depths") or []}
+        if own and depths == {s.arch.layers}:
+            how = "from a rank rehearsal of this layout at full depth"
+        elif own:
+            how = "from a rank rehearsal of this layout and truncated-depth runs"
+        else:
+            how = "from truncated-depth runs"
         return Calibrated(path, peak, phase, fits, how=how)
     return None
 

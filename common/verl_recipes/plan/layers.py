@@ -27,7 +27,9 @@ measured. A phase measured at one depth only keeps the planner's per-layer terms
 fixed terms by what that depth measured (k = 1). A phase a run did not finish (it died inside it:
 phases.jsonl's end marker says ok false) is not fitted: its peak is only how far it got. A rank of
 the target's own layout at full depth on a card of the target's size is a floor for every phase
-it measured, plus the planner's terms its rehearsal lacks (`_own_card_floors`).
+it measured, plus the planner's terms its rehearsal lacks (`_own_card_floors`). Such a rank
+needs no second depth (nothing is carried across depths): runs of the target's own layout all at
+the target's depth stand alone as one-depth phases, the planner's terms the rehearsal lacks added.
 With exactly two depths the fit has no residual: the file says so, and a
 third depth is what would measure the fit's own error. With three or more, the error band of a
 phase is the range of its prediction over the lines through every two of the measured depths and
@@ -146,8 +148,9 @@ class LayoutFit:
         return out
 
 
-def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
-    """Measured and planned lines per phase for runs of one layout."""
+def fit_layout(runs: list[MeasuredRun], c: Constants, one_depth: bool = False) -> LayoutFit:
+    """Measured and planned lines per phase for runs of one layout. `one_depth`: runs at a single
+    depth are accepted (the target's own layout at its own depth: no line is needed to reach it)."""
     setups = [run_setup(r) for r in runs]
     depths = [s.arch.layers for s in setups]
     # (phase, depth) -> rank -> [(measured, planned)]: repeats of one rank are averaged, and of
@@ -171,8 +174,11 @@ def fit_layout(runs: list[MeasuredRun], c: Constants) -> LayoutFit:
                 measured_pts.setdefault(ph, []).append((n, got))
                 planned_pts.setdefault(ph, []).append((n, want))
     measured = {ph: fit_line(p) for ph, p in measured_pts.items() if len({x for x, _ in p}) >= 2}
-    if not measured:
-        raise RecipeError(f"{_layout(setups[0])}: runs at depths {sorted(set(depths))}: need two different depths")
+    if not measured and not one_depth:
+        raise RecipeError(
+            f"{_layout(setups[0])}: runs at depths {sorted(set(depths))}: need two different depths "
+            "(or the target's own layout at the target's depth)"
+        )
     single = {
         ph: (p[0][0], statistics.mean(y for _, y in p), statistics.mean(y for _, y in planned_pts[ph]))
         for ph, p in measured_pts.items()
@@ -234,8 +240,13 @@ def predict(
     mine = f"h{target.arch.hidden} f{target.arch.intermediate} heads{target.arch.heads}/{target.arch.kv_heads}"
     if any(not w.startswith(mine) for w in widths):
         raise RecipeError(f"the runs' widths ({'; '.join(sorted(widths))}) are not the target's ({mine}): no fit")
-    fits = [fit_layout(runs, c) for runs in groups.values()]
     n_full = target.arch.layers
+    own_at_full = {
+        layout
+        for layout, runs in groups.items()
+        if layout == _layout(target) and all(run_setup(r).arch.layers == n_full for r in runs)
+    }
+    fits = [fit_layout(runs, c, one_depth=layout in own_at_full) for layout, runs in groups.items()]
     half = n_full // 2 - (n_full // 2) % max(1, target.actor.pp)
     full = _planned_peaks(target, gpu, c)
     at_half = _planned_peaks(_with_layers(target, half), gpu, c)
@@ -388,7 +399,7 @@ def render(result: dict[str, Any], fits: list[LayoutFit], gpu: GPU) -> str:
         lines.append(f"  {ph:15s} {v:7.1f}{rng} ({result['planner_gib'][ph]:.1f})")
     verdict = "fits" if result["fits"] else "does NOT fit"
     peak = result["peak_phase"]
-    tail = "" if band else "; no error band (two depths)"
+    tail = "" if band else f"; no error band ({'one depth' if all(len(f.depths) < 2 for f in fits) else 'two depths'})"
     if peak in band:
         lo, hi = band[peak]
         if hi <= gpu.visible_gib:
