@@ -57,7 +57,7 @@ def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_no
         "rank rehearsal (0 of 32): expected/h100x1-ppo-rank0of32.yaml"
     )
     assert behind_line(get_recipe("70b-3d"), ["tp8pp1"], 32) == (
-        "behind it: rank rehearsal (0 of 32): expected/h100x1-ppo-rank0of32-tp8pp1.yaml"
+        "behind it: rank rehearsal (0 of 32): expected/h100x1-ppo-tp8pp1-rank0of32.yaml"
     )
     assert "a prediction only" in behind_line(get_recipe("70b-3d"), ["tp1pp1"], 32)
     # tp2 has rehearsed ranks only: they are named, and a rehearsed rank's rate (one rank's

@@ -336,7 +336,7 @@ def test_a_rank_of_the_targets_layout_at_its_depth_stands_alone() -> None:
     from verl_recipes.plan.runs import read_run, run_setup
 
     results = Path(__file__).resolve().parents[1] / "recipes" / "70b-3d" / "results"
-    rank = results / "h100x1-ppo-rank0of32-tp8pp1"
+    rank = results / "h100x1-ppo-tp8pp1-rank0of32"
     h100 = parse_gpu("h100-80g")
     _, target, _ = load_setup("70b-3d", ["tp8pp1"], [])
     result, fits = predict(target, h100, [rank])
