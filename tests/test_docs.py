@@ -73,7 +73,7 @@ def test_results_table_cost_follows_from_the_bounds_and_prices(root: Path, resul
     """Each row's $ per million tokens = GPUs x 1e6 / (tokens/s/GPU x GPUs) / 3600 x price."""
     import re
 
-    from verl_recipes.plan.cost import load_prices, pick_offer, prices_file
+    from verl_recipes.predict.cost import load_prices, pick_offer, prices_file
 
     price = pick_offer(load_prices(prices_file()), "h200-141g")
     assert price is not None

@@ -46,6 +46,7 @@ RULES: dict[str, tuple[str, str]] = {
     "workload": (LIGHT, "synth-model and dataset start on a CPU host; torch and pyarrow load when used"),
     "recipe": (LIGHT, "`verl-recipes list` and the recipe schema work without verl"),
     "measure": (LIGHT, "the monitor must start before, and beside, the trainer it watches"),
+    "predict": (LIGHT, "the memory model answers before a GPU is rented, on any laptop"),
     "plan": (LIGHT, "the planner answers before a GPU is rented, on any laptop"),
     "stack": (LIGHT, "`verify` reports a half-installed stack instead of failing to import"),
     "root": (LIGHT, "`verl-recipes --help` works on a bare CPU machine"),
@@ -109,7 +110,7 @@ def test_wing_import_rule(wing: str) -> None:
 # own wing and the wings before it here. `base` is the root modules every wing may use (the package,
 # where the checkout is, the run folder, a run's processes); `commands` is every other root module:
 # the orchestrators that compose the wings (cli, train, preflight, docs).
-LAYERS = ("base", "workload", "worker", "recipe", "measure", "plan", "stack", "cluster", "commands")
+LAYERS = ("base", "workload", "worker", "recipe", "predict", "measure", "plan", "stack", "cluster", "commands")
 BASE = frozenset(
     {
         "verl_recipes",
@@ -174,6 +175,26 @@ def test_no_wing_imports_a_wing_above_it() -> None:
         if LAYERS.index(layer_of(dep)) > LAYERS.index(layer_of(m))
     )
     assert not upward, "upward imports, against the order in LAYERS:\n" + "\n".join(upward)
+
+
+#: what a run record is read through: the run folder's formats, the monitor and its reports, the
+#: committed runs and everything judged against them
+RUN_RECORDS = ("verl_recipes.rundir", "verl_recipes.measure", "verl_recipes.plan")
+
+
+def test_the_model_reads_no_run_record() -> None:
+    """`predict` is the model a configuration alone decides: a figure that moved because a run was
+    committed would be evidence dressed as a prediction. Fitted numbers reach it as data files that
+    `plan` writes from the runs, never by reading them."""
+    graph = import_graph()
+    reads = sorted(
+        f"{m} imports {dep}"
+        for m, deps in graph.items()
+        if layer_of(m) == "predict"
+        for dep in deps
+        if any(dep == r or dep.startswith(r + ".") for r in RUN_RECORDS)
+    )
+    assert not reads, "the model reads run records:\n" + "\n".join(reads)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from verl_recipes import RecipeError
 from verl_recipes.cluster import settings as rc
-from verl_recipes.plan.inputs import setup_from_config
-from verl_recipes.plan.model import Arch
+from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.model import Arch
 from verl_recipes.recipe import layout
 from verl_recipes.recipe.compose import compose_recipe
 from verl_recipes.recipe.metadata import get_recipe

@@ -79,7 +79,7 @@ def test_sdpa_attends_across_packed_sequences() -> None:
 
 def test_preflight_refuses_padding_removal_with_sdpa(root: object) -> None:
     from verl_recipes import RecipeError
-    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.predict.setup import load_setup
 
     with pytest.raises(RecipeError) as e:
         load_setup("7b-lora", variants=["packed"], sets=["critic.model.override_config.attn_implementation=sdpa"])

@@ -19,13 +19,13 @@ from omegaconf import OmegaConf
 from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
-from verl_recipes.plan.cost import Offer, compute_cost, load_prices, pick_offer
 from verl_recipes.plan.errors import error_rows, main_errors
-from verl_recipes.plan.gpus import GPU, catalogue, catalogued, parse_gpu
-from verl_recipes.plan.inputs import setup_from_config
-from verl_recipes.plan.knobs import helpful, path_to_fit
-from verl_recipes.plan.model import Arch
-from verl_recipes.plan.phases import ALL_GATHER, Constants, plan_gpu
+from verl_recipes.predict.cost import Offer, compute_cost, load_prices, pick_offer
+from verl_recipes.predict.gpus import GPU, catalogue, catalogued, parse_gpu
+from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.knobs import helpful, path_to_fit
+from verl_recipes.predict.model import Arch
+from verl_recipes.predict.phases import ALL_GATHER, Constants, plan_gpu
 from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
@@ -261,8 +261,8 @@ def test_a_run_is_judged_at_the_longest_sequence_it_logged(tmp_path: Path) -> No
     not the bound's 8192."""
     from dataclasses import replace
 
-    from verl_recipes.plan.phases import _tokens
     from verl_recipes.plan.runs import MeasuredRun
+    from verl_recipes.predict.phases import _tokens
 
     _, s, _ = load_setup("13b-fsdp", [], [])
     assert s.world == 2 and s.actor.dynamic_bsz and s.seq_len == 2048
@@ -721,7 +721,7 @@ def test_cost_is_priced_from_a_run_of_the_same_configuration(capsys: pytest.Capt
     sync (h200x1-ppo-verl-sync, 183 tokens/s) or the other variant would misprice it several-fold."""
     from verl_recipes.plan.runs import lacks, run_setup
     from verl_recipes.plan.runs import rate_run as _rate_run
-    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.predict.setup import load_setup
 
     _, ppo, _ = load_setup("7b-lora", [], [])
     run = _rate_run(ppo, "7b-lora")
@@ -748,7 +748,7 @@ def test_a_run_without_a_fix_of_the_rate_prices_nothing_and_stays_memory_evidenc
     stands for the job's device memory (the poll allocates nothing). `plan` of such a
     configuration shows the run's peak as the verdict and names the missing fix in its cost line."""
     from verl_recipes.plan.runs import fixed_runs, lacks, memory_run, rate_run, run_setup, trained_runs, unpriced_runs
-    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.predict.setup import load_setup
 
     polled = []
     for run, rs in trained_runs("7b-lora"):

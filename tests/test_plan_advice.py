@@ -17,7 +17,7 @@ import pytest
 from verl_recipes.cli import main
 from verl_recipes.plan.advice import calibrated, closing_line, whole_fix
 from verl_recipes.plan.cli import Job, judge, load_setup
-from verl_recipes.plan.gpus import parse_gpu
+from verl_recipes.predict.gpus import parse_gpu
 from verl_recipes.recipe.metadata import discover, get_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

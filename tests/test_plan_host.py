@@ -1,4 +1,4 @@
-"""The host-RAM model (`verl_recipes.plan.host`) on verl 0.9.1's real Hydra config and the committed runs.
+"""The host-RAM model (`verl_recipes.predict.host`) on verl 0.9.1's real Hydra config and the committed runs.
 
 The byte counts are worked out by hand here from tensor shapes and torch's power-of-two pinned
 blocks, not copied from the module; the fitted base is pinned by the committed runs' measured
@@ -14,7 +14,9 @@ import psutil
 import pytest
 from verl_recipes import GIB
 from verl_recipes.plan.cli import load_setup
-from verl_recipes.plan.host import (
+from verl_recipes.plan.host_runs import host_rows
+from verl_recipes.plan.runs import read_run, run_setup
+from verl_recipes.predict.host import (
     DEFAULT_FIT,
     FIRST_RUNS_FIT,
     RAY_JOB_ENV_FIT,
@@ -24,10 +26,8 @@ from verl_recipes.plan.host import (
     run_label,
     sleep_level,
 )
-from verl_recipes.plan.host_runs import host_rows
-from verl_recipes.plan.inputs import setup_from_config
-from verl_recipes.plan.model import Arch
-from verl_recipes.plan.runs import read_run, run_setup
+from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.model import Arch
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.rundir import read_provenance
 from verl_recipes.worker.verl_fixes import (

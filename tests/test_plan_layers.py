@@ -18,9 +18,9 @@ import yaml
 from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
 from verl_recipes.plan.cli import load_setup
-from verl_recipes.plan.gpus import GPU, parse_gpu
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
-from verl_recipes.plan.phases import Constants
+from verl_recipes.predict.gpus import GPU, parse_gpu
+from verl_recipes.predict.phases import Constants
 from verl_recipes.worker.verl_fixes import FIXES
 from verl_recipes.workload.arch import ARCHS_DIR
 
@@ -68,8 +68,8 @@ def _make_run(
     """A run folder as `verl-recipes train` + `report` leave it, whose 'measured' peaks are the
     planner's plus `offset_gib` plus `per_layer_factor - 1` times the planner's per-layer part."""
     from omegaconf import OmegaConf
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.recipe.run_config import launcher_settings
@@ -366,8 +366,8 @@ def test_megatron_builds_a_model_whole_before_verl_offloads_it() -> None:
     builds weights, main-grad buffer and optimizer states before verl offloads them. The planner's
     `loaded` holds one model's build on a card where vLLM's budget is smaller, and the measured
     build is within 10% of it."""
-    from verl_recipes.plan.phases import plan_gpu
     from verl_recipes.plan.runs import read_run, run_setup
+    from verl_recipes.predict.phases import plan_gpu
 
     run = read_run(Path(__file__).resolve().parents[1] / "recipes/70b-3d/results/h100x1-ppo-rank0of32-partial")
     s, h100 = run_setup(run), parse_gpu("h100-80g")

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(
 
 def _fit(cfg: Any, model: Path, gib: float, label: str) -> list[str]:
     """The GPU host's memory verdict on `cfg` for a GPU of `gib` (train's pre-flight, `preflight.fit`)."""
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.preflight import Budget, fit
 
     return fit(setup_from_config(cfg, Arch.from_file(model / "config.json")), [Budget(f"{gib:.2f}GiB", label)], False)
@@ -202,9 +202,9 @@ def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path:
     """The 24gib run fits the 24 GiB budget on the GPU; this machine's MemTotal (psutil) against
     the planner's host figure for it is one `WARN host-ram` line, and the launch goes on."""
     import psutil
-    from verl_recipes.plan.host import plan_host
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.host import plan_host
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.preflight import Budget, check
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
@@ -278,7 +278,7 @@ def test_the_rehearsal_refuses_what_a_gpu_host_refuses_with_the_same_line(
     """The rehearsal checks the job asked for, --set included, not the stock recipe: a batch of 64
     micro-batches of 64 with vLLM at 95% of the GPU fits no GPU; the GPU host's check
     (`preflight.fit` with its GPU's memory) refuses it with the same reason."""
-    from verl_recipes.plan.gpus import GIB, parse_gpu
+    from verl_recipes.predict.gpus import GIB, parse_gpu
     from verl_recipes.recipe.compose import compose_recipe
     from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.recipe.run_config import launcher_settings
@@ -306,7 +306,7 @@ def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
     assert err.startswith("error: predicted not to fit a10g-24g (22.5 GiB): ") and "--set " in err
     # the whole fix, every knob of the planner's path at once (`plan.advice.whole_fix`), never one of several
     from verl_recipes.plan.advice import whole_fix
-    from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.predict.gpus import parse_gpu
     from verl_recipes.preflight import preflight
 
     _, setup, _ = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other")))
@@ -338,9 +338,9 @@ def test_a_rank_rehearsal_states_one_ranks_host_ram(tmp_path: Path) -> None:
     """`train --rank` runs one rank's processes on its host: the pre-flight states that rank's share
     (`plan_host(..., ranks_here=1)`), which for 13b-fsdp's offloaded 40gib variant is well under the
     two-rank node's figure (each rank pins its own shards of the weights and optimizer states)."""
-    from verl_recipes.plan.host import plan_host
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.host import plan_host
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.preflight import model_config, preflight
 
     job = _job("13b-fsdp", "--variant", "40gib", "--rank", "0", "--run-dir", str(tmp_path / "run"))
@@ -358,9 +358,9 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
     label), not the stock recipe: on a CPU host it states the planner's figure for the GPU host;
     on the host that trains, a machine with less is one `WARN host-ram` line naming the job."""
     import psutil
-    from verl_recipes.plan.host import plan_host
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.host import plan_host
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.preflight import check, model_config, preflight
     from verl_recipes.recipe.run_config import default_data_dir
 
@@ -550,7 +550,7 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
 
     import yaml
     from verl_recipes import RecipeError
-    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.predict.setup import load_setup
     from verl_recipes.preflight import Budget, fit
 
     _, setup, recipe = load_setup("70b-3d", [], [])

@@ -13,10 +13,10 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 from verl_recipes import RecipeError
 from verl_recipes.cli import main
-from verl_recipes.plan import inputs
-from verl_recipes.plan.inputs import setup_from_config
-from verl_recipes.plan.model import Arch
-from verl_recipes.plan.phases import plan_gpu
+from verl_recipes.predict import inputs
+from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.model import Arch
+from verl_recipes.predict.phases import plan_gpu
 from verl_recipes.recipe.compose import compose_file, compose_recipe
 from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.recipe.verl_schema import check_layer
@@ -144,6 +144,6 @@ def _put_back(cfg: Any, raw: Any, key: str) -> None:
 
 
 def _h200() -> Any:
-    from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.predict.gpus import parse_gpu
 
     return parse_gpu("h200-141g")

@@ -12,7 +12,7 @@ heading; its error against every measured run is `validation/planner-errors.md`.
 
 Cost per million tokens = GPUs x (1e6 / job tokens/s) / 3600 x the cheapest on-demand price of the
 GPU the run was measured on (`validation/prices.yaml`, each price dated and sourced;
-`verl_recipes.plan.cost`). A run under `--cap-gib` still ran on that GPU: its speed and price are
+`verl_recipes.predict.cost`). A run under `--cap-gib` still ran on that GPU: its speed and price are
 the H200's, not those of the smaller card the cap stands for.
 """
 
@@ -105,8 +105,8 @@ def recipe_table(recipes: dict[str, Recipe] | None = None) -> str:
 
 def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     """One row per bounds file: what ran, where, its memory, speed and cost per million tokens."""
-    from verl_recipes.plan.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
-    from verl_recipes.plan.gpus import catalogued
+    from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
+    from verl_recipes.predict.gpus import catalogued
     from verl_recipes.recipe.drift import drift_label
     from verl_recipes.rundir import CONFIG
 
@@ -239,9 +239,9 @@ def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
 
 def _plan_rows(recipes: dict[str, Recipe]) -> list[PlanRow]:
     from verl_recipes.plan.advice import calibrated
-    from verl_recipes.plan.gpus import catalogue
-    from verl_recipes.plan.phases import Constants, plan_gpu
-    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.predict.gpus import catalogue
+    from verl_recipes.predict.phases import Constants, plan_gpu
+    from verl_recipes.predict.setup import load_setup
 
     gpus = list(catalogue().values())
     c = Constants()
@@ -417,8 +417,8 @@ def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
 def _layout_facts(recipe: Recipe, variant: str | None) -> dict[str, Any]:
     """What the Slurm launcher's check needs to apply `train`'s layout rules without verl or PyYAML
     (it runs on a node's bare python3): the batch and parallel sizes of the composed job."""
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     cfg = compose_run(recipe, [variant] if variant else [], [], gpu_layout(recipe))

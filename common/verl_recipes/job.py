@@ -25,7 +25,7 @@ from verl_recipes.workload.synth import model_dir
 
 @dataclass(frozen=True)
 class Budget:
-    """The GPU a job is judged against (`plan.gpus.parse_gpu`: a catalogue id or a size like
+    """The GPU a job is judged against (`predict.gpus.parse_gpu`: a catalogue id or a size like
     "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
 
     gpu: str

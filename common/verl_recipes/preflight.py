@@ -39,9 +39,9 @@ def preflight(job: Job) -> tuple[Any, Any, list[str]]:
     """The job composed against verl's config, once, as it will run, and judged (module doc):
     returns the config, the planner's `Setup` the verdict was reached on (the rehearsal's closing
     line judges the same one) and the lines to print; raises the one line a refusal is."""
-    from verl_recipes.plan.host import run_label
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.host import run_label
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.recipe.run_config import compose_run, default_data_dir
     from verl_recipes.rundir import PROFILE
 
@@ -199,7 +199,7 @@ def refusal(setup: Any, gpu: Any, label: str, fixes_off: Sequence[str] = (), cal
     Where the recipe commits a calibrated prediction for the job (`cal`), the reason is that figure
     and the fix is judged against the card less what the calibration adds, as `plan` judges it."""
     from verl_recipes.plan.advice import excess, judged_gpu, whole_fix
-    from verl_recipes.plan.phases import plan_gpu
+    from verl_recipes.predict.phases import plan_gpu
 
     plan = plan_gpu(setup, gpu)
     if cal is not None and not cal.fits:
@@ -233,8 +233,8 @@ def fit(
     recipe and its variants) lets a calibrated prediction the recipe commits for exactly this job
     decide, as it decides in `plan` (`plan.advice.verdict`): one verdict per job and GPU."""
     from verl_recipes.plan.advice import calibrated, verdict
-    from verl_recipes.plan.gpus import catalogue, parse_gpu
-    from verl_recipes.plan.phases import plan_gpu
+    from verl_recipes.predict.gpus import catalogue, parse_gpu
+    from verl_recipes.predict.phases import plan_gpu
 
     named = [(parse_gpu(b.gpu), b.label) for b in budgets or []]
     gpus = named or [(g, g.id) for g in catalogue().values()]
@@ -281,13 +281,13 @@ def check(
 
     `host_run` (the run's label, e.g. `7b-lora --variant 24gib`, the verl fixes it runs without,
     and whether it runs on this host) adds the planner's host RAM for the run: on the host that
-    trains, RAM below it is one `WARN host-ram` line, never a refusal (`plan.host.host_ram_warning`);
+    trains, RAM below it is one `WARN host-ram` line, never a refusal (`predict.host.host_ram_warning`);
     a rehearsal states the figure for the GPU host to have. `setup` is the planner's reading of
     `cfg` when the caller has made it (`preflight`), else it is read here. `ranks_here` is how many
     of a node's ranks the host runs when not all (a rank rehearsal: 1), for the host-RAM figure."""
-    from verl_recipes.plan.host import host_ram_warning, plan_host
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.host import host_ram_warning, plan_host
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
 
     check_data(cfg, ours)
     fixes_off = host_run[1] if host_run is not None else []

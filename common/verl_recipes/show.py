@@ -56,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
 def refusals(recipe: Recipe, variants: Sequence[str], sets: Sequence[str]) -> list[str]:
     """What `plan` and `train` would refuse in this job, for `show` to warn about (it prints the
     config either way): the GPU layout rules, and a memory plan that fits no GPU the planner knows."""
-    from verl_recipes.plan.gpus import catalogue
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
-    from verl_recipes.plan.phases import plan_gpu
+    from verl_recipes.predict.gpus import catalogue
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
+    from verl_recipes.predict.phases import plan_gpu
     from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     try:

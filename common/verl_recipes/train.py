@@ -217,7 +217,7 @@ def closing(job: Job, setup: Any) -> str:
     rehearsed for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
     job as asked does not, and the rank a GPU host runs for a rank rehearsal."""
     from verl_recipes.plan.advice import closing_line
-    from verl_recipes.plan.gpus import parse_gpu
+    from verl_recipes.predict.gpus import parse_gpu
 
     gpu = parse_gpu(job.budgets[0].gpu if job.budgets else f"{job.recipe.gpus.per_gpu_gib:g}GiB")
     return closing_line(

@@ -2,7 +2,7 @@
 
 Three sources can say whether a recipe fits a GPU, and they must not disagree in front of a user:
 
-* the planner's own figure (`plan.phases`);
+* the planner's own figure (`predict.phases`);
 * a calibrated prediction committed for that recipe, variant set and layout
   (`recipes/<id>/expected/*.yaml`, `status: predicted`, written by `plan --from-layers` from
   truncated-depth runs): it corrects the planner by what real runs measured, so where one exists
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.plan.gpus import GIB, GPU
-from verl_recipes.plan.host import plan_host
-from verl_recipes.plan.inputs import Setup
-from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.predict.gpus import GIB, GPU
+from verl_recipes.predict.host import plan_host
+from verl_recipes.predict.inputs import Setup
+from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 
 PREDICTED_SCHEMA = "verl-recipes/predicted/1"
 
@@ -199,7 +199,7 @@ def fitting_variants(
 ) -> list[VariantFit]:
     """The recipe's variants that fit `gpu` when added to `variants` (or, where they do not
     compose with them, alone), smallest peak first."""
-    from verl_recipes.plan.setup import load_setup
+    from verl_recipes.predict.setup import load_setup
 
     if recipe is None:
         return []
@@ -234,7 +234,7 @@ def variant_line(f: VariantFit, gpu: GPU) -> str:
 def whole_fix(s: Setup, gpu: GPU, fixes_off: Sequence[str] = ()) -> str:
     """Every knob the planner's path to fit needs, as one set of `--set`s, with the peak and host
     RAM it leads to; or what no knob can do."""
-    from verl_recipes.plan.knobs import path_to_fit
+    from verl_recipes.predict.knobs import path_to_fit
 
     c = Constants()
     for more, where in ((False, f"on {s.world} GPU(s)"), (True, "with more GPUs")):

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, cli_types, inflight
-from verl_recipes.plan.gpus import GPU, catalogue, parse_gpu
-from verl_recipes.plan.host import HostPlan, host_json, plan_host, render_lines
-from verl_recipes.plan.inputs import Setup
-from verl_recipes.plan.phases import Constants, GPUPlan, plan_gpu
 from verl_recipes.plan.runs import capped_runs, memory_run, rate_run, unpriced_runs
-from verl_recipes.plan.setup import load_setup
+from verl_recipes.predict.gpus import GPU, catalogue, parse_gpu
+from verl_recipes.predict.host import HostPlan, host_json, plan_host, render_lines
+from verl_recipes.predict.inputs import Setup
+from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.predict.setup import load_setup
 from verl_recipes.worker.verl_fixes import MERGE_FIX
 
 
@@ -332,12 +332,12 @@ def _unpriced_line(s: Setup, recipe_id: str) -> str:
 def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    from verl_recipes.plan.cost import compute_cost, load_prices, pick_offer, prices_file
+    from verl_recipes.predict.cost import compute_cost, load_prices, pick_offer, prices_file
 
     rate, where = tokens_per_s, "--tokens-per-s"
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
     if rate is None and recipe is not None:
-        from verl_recipes.plan.cost import from_verl_throughput
+        from verl_recipes.predict.cost import from_verl_throughput
 
         run = rate_run(s, recipe.id)
         if run is None:
@@ -445,7 +445,7 @@ def judge(
     for this layout (`plan.advice`), else the planner's."""
     from verl_recipes.plan.advice import calibrated, excess, fitting_variants, judged_gpu, measured, verdict
     from verl_recipes.plan.evidence import behind_line
-    from verl_recipes.plan.knobs import helpful, path_to_fit
+    from verl_recipes.predict.knobs import helpful, path_to_fit
 
     job = job or Job()
     gpus = gpus or list(catalogue().values())

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB, RecipeError, inflight
-from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 from verl_recipes.plan.runs import committed_runs, judged_setup, residual_line
+from verl_recipes.predict.gpus import GPU
+from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The host-RAM model (`plan/host.py`) against every committed run's measured host memory.
+"""The host-RAM model (`predict/host.py`) against every committed run's measured host memory.
 
 Each run's summary.json (the report's `peak.host` and per-phase `host`: the sum over the run's
 processes of RSS, read at 2 Hz, and of PSS, read every 10 s in the first runs and once a minute or
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB
-from verl_recipes.plan.host import FIRST_RUNS_FIT, HostConstants, HostPlan, host_fit, plan_host
-from verl_recipes.plan.inputs import Setup
 from verl_recipes.plan.runs import MeasuredRun, committed_runs, residual_line, run_setup
+from verl_recipes.predict.host import FIRST_RUNS_FIT, HostConstants, HostPlan, host_fit, plan_host
+from verl_recipes.predict.inputs import Setup
 from verl_recipes.worker.verl_fixes import RAY_START_FIX, recorded_on
 
 ROWS = ("outside", "train", "update_weights", "peak")
@@ -155,7 +155,7 @@ def markdown(rows: list[HostRow], tolerance: float, notes: dict[tuple[str, str],
     out = [
         "## Host RAM",
         "",
-        "The host-RAM model (`verl_recipes/plan/host.py`: PREDICTED figures) against each run's measured "
+        "The host-RAM model (`verl_recipes/predict/host.py`: PREDICTED figures) against each run's measured "
         "host memory (`verl_recipes/plan/host_runs.py` says what each moment compares). PSS is read 10 s to "
         "minutes apart (RSS at 2 Hz), so a measured PSS is a lower bound of the run's PSS at that moment. "
         "Reported, not gated.",

@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError
-from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.inputs import Setup
-from verl_recipes.plan.phases import PHASES, Constants, plan_gpu
 from verl_recipes.plan.runs import MeasuredRun, read_run, run_setup
+from verl_recipes.predict.gpus import GPU
+from verl_recipes.predict.inputs import Setup
+from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
 from verl_recipes.rundir import PROVENANCE, read_provenance
 
 SCHEMA = "verl-recipes/predicted/1"

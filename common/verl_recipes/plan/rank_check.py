@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, inflight
-from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.phases import ALL_GATHER, RS_CACHED, Constants, plan_gpu
 from verl_recipes.plan.runs import judged_setup, read_run
+from verl_recipes.predict.gpus import GPU
+from verl_recipes.predict.phases import ALL_GATHER, RS_CACHED, Constants, plan_gpu
 from verl_recipes.rundir import read_provenance, read_summary, steady_steps
 
 # A planner's difference below this (GiB) is none: two runs of one layout judged at their own logged

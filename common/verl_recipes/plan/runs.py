@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, rundir
-from verl_recipes.plan.inputs import Setup
+from verl_recipes.predict.inputs import Setup
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.verl_fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
 
@@ -115,8 +115,8 @@ def run_setup(run: MeasuredRun) -> Any:
     path, else the recipe's bundled architecture)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.plan.inputs import setup_from_config
-    from verl_recipes.plan.model import Arch
+    from verl_recipes.predict.inputs import setup_from_config
+    from verl_recipes.predict.model import Arch
     from verl_recipes.workload.arch import arch_config_path
 
     saved = run.run_dir / CONFIG

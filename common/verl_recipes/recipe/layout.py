@@ -4,7 +4,7 @@ A job spreads `nodes x GPUs per node` ranks over tensor (TP), pipeline (PP) and 
 parallel groups and data-parallel (DP) replicas: nodes x GPUs = TP x PP x CP x DP. Each rule
 below is one reason a GPU host refuses a job, and each raises a one-line `RecipeError` that says
 what to change, in the caller's words (`names`: the Slurm launcher says TP, the planner names
-the verl key). The memory planner (`plan.inputs.check_layout`, which `train`'s pre-flight
+the verl key). The memory planner (`predict.inputs.check_layout`, which `train`'s pre-flight
 runs) and the Slurm launcher's check (`cluster.settings.check`) both call these, so the two cannot
 drift apart.
 

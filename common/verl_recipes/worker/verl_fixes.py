@@ -490,7 +490,7 @@ EVERYTHING: frozenset[Evidence] = frozenset(get_args(Evidence))
 #: it is still evidence for the rest
 CHANGES: dict[str, frozenset[Evidence]] = {
     # without it the job's actors wait for Ray workers of their own and Ray's dashboard runs: the
-    # start-up and the processes the host holds (`plan.host.host_fit`), nothing inside a step
+    # start-up and the processes the host holds (`predict.host.host_fit`), nothing inside a step
     RAY_START_FIX: frozenset({"start-up", "host memory"}),
     # the trainer notices a step's last answer up to 2 s late: the step's time, no allocation
     REPLAY_POLL_FIX: frozenset({"rate"}),

@@ -60,8 +60,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from verl_recipes import GIB
-from verl_recipes.plan.inputs import Role, Setup
-from verl_recipes.plan.model import Arch
+from verl_recipes.predict.inputs import Role, Setup
+from verl_recipes.predict.model import Arch
 from verl_recipes.worker.rank_rehearsal import pool_share
 from verl_recipes.worker.verl_fixes import (  # the merge takes no CPU copy
     MEGATRON_OPT_PIN_FIX,
@@ -675,7 +675,7 @@ def _g(b: int) -> str:
 
 def render_lines(hp: HostPlan) -> list[str]:
     """The host block of `verl-recipes plan`."""
-    out = ["host RAM of node 0, PREDICTED (GiB; PSS, with RSS beside it; verl_recipes/plan/host.py):"]
+    out = ["host RAM of node 0, PREDICTED (GiB; PSS, with RSS beside it; verl_recipes/predict/host.py):"]
     for m in hp.moments:
         terms = ", ".join(f"{t.name} {_g(t.bytes)}" for t in m.dominant(3)) or "no model state"
         out.append(f"  {m.name:15s} {_g(m.pss):>6s} PSS {_g(m.rss):>6s} RSS  {terms}")

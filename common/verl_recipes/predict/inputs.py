@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.plan.model import LORA_MODULES, Arch
+from verl_recipes.predict.model import LORA_MODULES, Arch
 from verl_recipes.recipe.layout import (
     batch_over_ranks,
     data_parallel,
@@ -127,7 +127,7 @@ class Setup:
     eager_attention: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     # Agent-loop worker processes (`rollout.agent.num_workers`): each is a Ray actor with verl
-    # imported, so they move host RAM only (plan/host.py).
+    # imported, so they move host RAM only (predict/host.py).
     agent_workers: int = 8
     # The job's other CPU worker pools, host RAM only: reward-loop workers (`reward.num_workers`)
     # and TransferQueue storage units (`transfer_queue.backend.SimpleStorage.num_data_storage_units`).

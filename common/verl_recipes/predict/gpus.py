@@ -1,4 +1,4 @@
-"""The GPU catalogue (`verl_recipes/plan/gpus.yaml`) and `--gpu` parsing.
+"""The GPU catalogue (`verl_recipes/predict/gpus.yaml`) and `--gpu` parsing.
 
 A plan is judged against the memory CUDA can hand out (`visible_bytes`), not the number on the
 box: vLLM sizes its budget as `gpu_memory_utilization x` that total, and an ECC-enabled GDDR6

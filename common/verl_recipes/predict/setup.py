@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.plan.inputs import Setup, setup_from_config
-from verl_recipes.plan.model import Arch
+from verl_recipes.predict.inputs import Setup, setup_from_config
+from verl_recipes.predict.model import Arch
 from verl_recipes.workload.arch import arch_config_path
 
 

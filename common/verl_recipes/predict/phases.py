@@ -82,8 +82,8 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from verl_recipes import GIB
-from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.inputs import Role, Setup
+from verl_recipes.predict.gpus import GPU
+from verl_recipes.predict.inputs import Role, Setup
 
 MIB = 1024**2
 PHASES = ("loaded", "update_weights", "gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")

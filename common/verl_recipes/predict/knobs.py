@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from verl_recipes import RecipeError
-from verl_recipes.plan.gpus import GPU
-from verl_recipes.plan.inputs import Role, Setup, check_layout
-from verl_recipes.plan.phases import Constants, GPUPlan, min_utilization, plan_gpu
+from verl_recipes.predict.gpus import GPU
+from verl_recipes.predict.inputs import Role, Setup, check_layout
+from verl_recipes.predict.phases import Constants, GPUPlan, min_utilization, plan_gpu
 
 LORA_RANK = 64  # the rank the LoRA knob proposes (the seed scenarios' rank)
 # The smaller weight-sync bucket the knob proposes; never below the largest bf16 tensor, which
