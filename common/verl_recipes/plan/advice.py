@@ -20,7 +20,7 @@ once, with the peak and host RAM it leads to, rather than the single knob that h
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from verl_recipes import RecipeError
 from verl_recipes.predict.gpus import GIB, GPU
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
+from verl_recipes.predict.knobs import Suggestion
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 
 PREDICTED_SCHEMA = "verl-recipes/predicted/1"
@@ -59,6 +60,20 @@ class VariantFit:
     @property
     def flags(self) -> str:
         return " ".join(f"--variant {v}" for v in self.variants)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What to change where a job does not fit one GPU: the recipe's variants that fit, first; then
+    the knob that helps most and the planner's paths to fit, on the job's GPUs and with more.
+    `judged_against` is the smaller card they are judged on where a calibration shows the planner
+    short (`judged_gpu`)."""
+
+    judged_against: GPU | None = None
+    variants: list[VariantFit] = field(default_factory=list)
+    best: Suggestion | None = None
+    path: list[Suggestion] | None = None
+    more_gpus_path: list[Suggestion] | None = None
 
 
 def host_bytes(s: Setup, fixes_off: Sequence[str] = ()) -> int:

@@ -23,18 +23,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import GIB, RecipeError, cli_types, inflight
+import yaml
+
+from verl_recipes import RecipeError, cli_types, inflight
+from verl_recipes.plan.advice import Advice, calibrated, excess, fitting_variants, judged_gpu, measured, verdict
+from verl_recipes.plan.errors import main_errors
+from verl_recipes.plan.evidence import behind_line
+from verl_recipes.plan.layers import document, predict, render
+from verl_recipes.plan.render import Judgement, plan_json, render_text
 from verl_recipes.plan.runs import capped_runs, memory_run, rate_run, unpriced_runs
+from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
 from verl_recipes.predict.gpus import GPU, catalogue, parse_gpu
-from verl_recipes.predict.host import HostPlan, host_json, plan_host, render_lines
+from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
-from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.predict.knobs import helpful, path_to_fit
+from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.setup import load_setup
 from verl_recipes.worker.verl_fixes import MERGE_FIX
 
@@ -92,218 +102,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.set_defaults(func=run)
 
 
-# ---- rendering -------------------------------------------------------------------------------
-def _g(b: float) -> str:
-    return f"{b / GIB:.1f}"
-
-
-def describe(s: Setup) -> list[str]:
-    a, r = s.arch, s.rollout
-    act = s.actor
-    if act.backend == "megatron":
-        lay = f"Megatron TP{act.tp} x PP{act.pp} x CP{act.cp} x DP{s.dp(act)}"
-    else:
-        lay = f"FSDP{'2' if act.fsdp2 else ''} over {s.world} GPU(s)" + (
-            f", Ulysses SP{act.ulysses_sp}" if act.ulysses_sp > 1 else ""
-        )
-    algo = "with critic" if s.critic else "no critic"
-    lora = f"actor LoRA r{act.lora_rank}" if act.lora_rank else "full fine-tune"
-    lines = [
-        f"model: {a.describe()}",
-        f"layout: {lay} ({s.nnodes} node(s) x {s.gpus_per_node}); {algo}; {lora}; reference: {s.ref}; "
-        f"vLLM TP{r.tp}, gpu_memory_utilization {r.gpu_memory_utilization:g}, "
-        f"free_cache_engine {str(r.free_cache_engine).lower()}",
-        f"batch: {s.train_batch_size} prompts x n={r.n}, {s.prompt_len}+{s.response_len} tokens each "
-        "(upper bound: every sequence at full length)",
-    ]
-    lines += [f"note: {n}" for n in s.notes]
-    return lines
-
-
-def _constants_line(c: Constants) -> str:
-    src = f"fitted from {', '.join(c.fitted_from)}" if c.fitted_from else "priors, not yet fitted to measured runs"
-    return (
-        f"constants ({src}): CUDA context {c.cuda_context_bytes / GIB:.2f} GiB/process, vLLM CUDA graphs "
-        f"{c.vllm_graph_bytes / GIB:.2f} GiB, NCCL {c.nccl_bytes_per_communicator / GIB:.3f} GiB/communicator"
-    )
-
-
-def render_text(
-    label: str,
-    s: Setup,
-    plans: list[GPUPlan],
-    suggestions: dict[str, Any],
-    costs: list[str],
-    c: Constants,
-    host: HostPlan | None = None,
-    fixes_off: Sequence[str] = (),
-    cals: dict[str, Any] | None = None,
-    fits: dict[str, bool] | None = None,
-) -> str:
-    from verl_recipes.plan.advice import host_bytes, variant_line, verdict_line
-
-    cals = cals or {}
-    fits = fits if fits is not None else {p.gpu.id: p.fits for p in plans}
-
-    def ram(setup: Setup) -> str:
-        return f"host RAM about {host_bytes(setup, fixes_off) / GIB:.0f} GiB"
-
-    out = [f"plan: {label}", *describe(s), _constants_line(c), ""]
-    names = [p.gpu.id for p in plans]
-    w = max(10, *(len(n) for n in names))
-    out.append(f"{'per-GPU peak, GiB':18s}" + "".join(f"{n:>{w + 2}s}" for n in names))
-    out.append(f"{'  visible':18s}" + "".join(f"{_g(p.gpu.visible_bytes):>{w + 2}s}" for p in plans))
-    for ph in plans[0].phases:
-        row = f"  {ph.phase:16s}"
-        for p in plans:
-            tot = next(x.total for x in p.phases if x.phase == ph.phase)
-            mark = "" if tot <= p.gpu.visible_bytes else "!"
-            row += f"{_g(tot) + mark:>{w + 2}s}"
-        out.append(row)
-    out.append(f"{'  vLLM KV tokens':18s}" + "".join(f"{p.kv_tokens:>{w + 2}d}" for p in plans))
-    out.append(f"{'  fits':18s}" + "".join(f"{'yes' if fits[p.gpu.id] else 'NO':>{w + 2}s}" for p in plans))
-    ref = plans[0]
-    out += ["", f"dominant terms per phase ({ref.gpu.id}; the vLLM budget scales with the GPU):"]
-    for ph in ref.phases:
-        terms = ", ".join(f"{t.name} {_g(t.bytes)}" for t in ph.dominant(3))
-        out.append(f"  {ph.phase:15s} {_g(ph.total):>6s}  {terms}")
-    out.append("")
-    for p in plans:
-        cal_line = verdict_line(p, cals.get(p.gpu.id))
-        if cal_line:
-            out.append(cal_line)
-        sg = suggestions.get(p.gpu.id) or {}
-        if fits[p.gpu.id]:
-            out.append(
-                f"{p.gpu.id}: fits; highest phase {p.peak.phase} {_g(p.peak.total)} of "
-                f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
-                f"(batch: {p.batch_seqs_per_replica} sequences of {s.seq_len} per vLLM replica)"
-            )
-            continue
-        why = p.problems or [f"the calibrated prediction exceeds {_g(p.gpu.visible_bytes)} GiB"]
-        out.append(f"{p.gpu.id}: does NOT fit: " + "; ".join(why))
-        judged = sg.get("judged_against")
-        if judged is not None:
-            out.append(
-                f"  variants and knobs below are judged against {_g(judged.visible_bytes)} GiB: the planner's figure "
-                f"plus the {_g(p.gpu.visible_bytes - judged.visible_bytes)} GiB the calibration adds must fit"
-            )
-        for vf in sg.get("variants") or []:  # a variant the recipe ships comes before any knob
-            out.append(variant_line(vf, judged or p.gpu))
-        best = sg.get("best")
-        if best:
-            then = "then fits" if best.plan.fits else f"still short by {_g(best.plan.shortfall)} GiB"
-            out.append(
-                f"  best single knob: {best.knob.name}: --set {' --set '.join(best.knob.sets)} "
-                f"(saves {_g(best.saves)} GiB; {then}; {ram(best.knob.setup)})"
-            )
-        path, more = sg.get("path"), sg.get("more_gpus_path")
-        for title, steps in ((f"to fit on {s.world} GPU(s)", path), ("to fit with more GPUs", more)):
-            if steps:
-                sets = [x for step in steps for x in step.knob.sets]
-                out.append(
-                    f"  {title}: {' + '.join(st.knob.name for st in steps)}: --set {' --set '.join(sets)} "
-                    f"(peak {_g(steps[-1].plan.peak.total)} GiB; {ram(steps[-1].knob.setup)})"
-                )
-        if not path:
-            out.append(
-                f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
-                + ("" if more else ", nor with more GPUs")
-            )
-    if host is not None:
-        out += ["", *render_lines(host)]
-    if costs:
-        out += ["", *costs]
-    return "\n".join(out)
-
-
-def plan_json(
-    label: str,
-    s: Setup,
-    plans: list[GPUPlan],
-    suggestions: dict[str, Any],
-    cost: list[dict[str, Any]],
-    c: Constants,
-    host: HostPlan | None = None,
-    fixes_off: Sequence[str] = (),
-    cals: dict[str, Any] | None = None,
-    fits: dict[str, bool] | None = None,
-) -> dict[str, Any]:
-    from verl_recipes.plan.advice import host_bytes
-
-    cals = cals or {}
-    fits = fits if fits is not None else {p.gpu.id: p.fits for p in plans}
-
-    def knob(sg: Any) -> dict[str, Any]:
-        return {
-            "name": sg.knob.name,
-            "sets": list(sg.knob.sets),
-            "saves_bytes": sg.saves,
-            "peak_bytes": sg.plan.peak.total,
-            "fits": sg.plan.fits,
-            "host_bytes": host_bytes(sg.knob.setup, fixes_off),
-        }
-
-    def calib(cal: Any) -> dict[str, Any] | None:
-        if cal is None:
-            return None
-        return {"file": str(cal.path), "peak_bytes": cal.peak_bytes, "peak_phase": cal.peak_phase, "fits": cal.fits}
-
-    gpus = []
-    for p in plans:
-        sg = suggestions.get(p.gpu.id) or {}
-        gpus.append(
-            {
-                "gpu": asdict(p.gpu),
-                "fits": fits[p.gpu.id],
-                "planner_fits": p.fits,
-                "calibrated": calib(cals.get(p.gpu.id)),
-                "variants_that_fit": [
-                    {
-                        "variants": list(v.variants),
-                        "peak_bytes": v.peak_bytes,
-                        "peak_phase": v.peak_phase,
-                        "host_bytes": v.host_bytes,
-                    }
-                    for v in sg.get("variants") or []
-                ],
-                "problems": p.problems,
-                "peak_phase": p.peak.phase,
-                "peak_bytes": p.peak.total,
-                "vllm": {
-                    "budget_bytes": p.vllm_budget,
-                    "free_at_start_bytes": p.vllm_start_free,
-                    "kv_cache_bytes": p.kv_bytes,
-                    "kv_cache_tokens": p.kv_tokens,
-                    "max_model_len": p.max_model_len,
-                    "batch_sequences_per_replica": p.batch_seqs_per_replica,
-                },
-                "phases": {
-                    ph.phase: {
-                        "total_bytes": ph.total,
-                        "by_process": ph.by_process(),
-                        "terms": [
-                            {"name": t.name, "bytes": t.bytes, "process": t.process} for t in ph.terms if t.bytes
-                        ],
-                    }
-                    for ph in p.phases
-                },
-                "best_knob": knob(sg["best"]) if sg.get("best") else None,
-                "path_to_fit": [knob(x) for x in sg["path"]] if sg.get("path") else None,
-                "path_to_fit_more_gpus": [knob(x) for x in sg["more_gpus_path"]] if sg.get("more_gpus_path") else None,
-            }
-        )
-    return {
-        "target": label,
-        "model": {"params": s.arch.params(), **asdict(s.arch)},
-        "layout": describe(s),
-        "constants": asdict(c),
-        "gpus": gpus,
-        "host": host_json(host) if host is not None else None,
-        "cost": cost,
-    }
-
-
 def _unpriced_line(s: Setup, recipe_id: str) -> str:
     """The cost line of a job no committed run prices (`runs.rate_run`): why the runs of its
     configuration do not, so the user knows what a `--tokens-per-s` of their own stands in for."""
@@ -332,13 +130,9 @@ def _unpriced_line(s: Setup, recipe_id: str) -> str:
 def _costs(
     s: Setup, gpus: list[GPU], tokens_per_s: float | None, provider: str | None, label: str, recipe: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    from verl_recipes.predict.cost import compute_cost, load_prices, pick_offer, prices_file
-
     rate, where = tokens_per_s, "--tokens-per-s"
     measured_on: str | None = None  # a measured rate prices only the GPU it was measured on
     if rate is None and recipe is not None:
-        from verl_recipes.predict.cost import from_verl_throughput
-
         run = rate_run(s, recipe.id)
         if run is None:
             return [_unpriced_line(s, recipe.id)], []
@@ -374,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
     if args.errors_old_name:
         print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
     if args.errors or args.errors_old_name:
-        from verl_recipes.plan.errors import main_errors
-
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
         raise RecipeError("give a recipe id or a config.yaml path (or --errors)")
@@ -414,22 +206,6 @@ class Job:
     layers: int | None = None
 
 
-def report(
-    label: str,
-    s: Setup,
-    recipe: Any = None,
-    gpus: list[GPU] | None = None,
-    tokens_per_s: float | None = None,
-    provider: str | None = None,
-    as_json: bool = False,
-    fixes_off: list[str] | None = None,
-    job: Job | None = None,
-) -> str:
-    """The plan of one configuration on `gpus` (default: every catalogued GPU), with the knobs that
-    would make it fit where it does not, as text or JSON; what `plan` prints and the rehearsal shows."""
-    return judge(label, s, recipe, gpus, tokens_per_s, provider, as_json, fixes_off, job)[0]
-
-
 def judge(
     label: str,
     s: Setup,
@@ -441,12 +217,9 @@ def judge(
     fixes_off: list[str] | None = None,
     job: Job | None = None,
 ) -> tuple[str, dict[str, bool]]:
-    """`report`, and the verdict per GPU id: the calibrated prediction where the recipe has one
-    for this layout (`plan.advice`), else the planner's."""
-    from verl_recipes.plan.advice import calibrated, excess, fitting_variants, judged_gpu, measured, verdict
-    from verl_recipes.plan.evidence import behind_line
-    from verl_recipes.predict.knobs import helpful, path_to_fit
-
+    """The plan of one configuration on `gpus` (default: every catalogued GPU), with what would make
+    it fit where it does not, as text or JSON, and the verdict per GPU id: the calibrated
+    prediction where the recipe has one for this layout (`plan.advice`), else the planner's."""
     job = job or Job()
     gpus = gpus or list(catalogue().values())
     c = Constants()
@@ -456,7 +229,7 @@ def judge(
     held_by = memory_run(s, recipe.id) if recipe is not None else None
     cals = {p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
-    suggestions: dict[str, Any] = {}
+    advice: dict[str, Advice] = {}
     for p in plans:
         if fits[p.gpu.id]:
             continue
@@ -466,36 +239,39 @@ def judge(
         g = judged_gpu(p.gpu, extra)
         sg = helpful(s, g, c)
         same = path_to_fit(s, g, c, more_gpus=False)
-        suggestions[p.gpu.id] = {
-            "judged_against": g if extra else None,
-            "variants": fitting_variants(
+        advice[p.gpu.id] = Advice(
+            judged_against=g if extra else None,
+            variants=fitting_variants(
                 recipe, job.variants, job.sets, g, gpus=job.gpus, layers=job.layers, fixes_off=fixes_off or ()
             ),
-            "best": sg[0] if sg else None,
-            "path": same,
-            "more_gpus_path": None if same else path_to_fit(s, g, c),
-        }
+            best=sg[0] if sg else None,
+            path=same,
+            more_gpus_path=None if same else path_to_fit(s, g, c),
+        )
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
-    host = plan_host(s, fixes_off or [])
     # a job of several GPUs: say whether a full run, a rehearsed rank or nothing stands behind it
     behind = behind_line(recipe, job.variants, s.world) if recipe is not None and s.world > 1 else None
+    j = Judgement(
+        label,
+        s,
+        plans,
+        c,
+        dict(cals),
+        fits,
+        advice,
+        plan_host(s, fixes_off or []),
+        tuple(fixes_off or ()),
+        cost_lines,
+        cost_js,
+        behind,
+    )
     if as_json:
-        js = plan_json(label, s, plans, suggestions, cost_js, c, host, fixes_off or [], cals, fits)
-        if behind:
-            js["behind"] = behind
-        return json.dumps(js, indent=2), fits
-    text = render_text(label, s, plans, suggestions, cost_lines, c, host, fixes_off or [], cals, fits)
-    return (text + f"\n{behind}" if behind else text), fits
+        return json.dumps(plan_json(j), indent=2), fits
+    return render_text(j), fits
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:
     """`plan TARGET --gpu G --from-layers RUN...`: the truncated-depth calibration (plan/layers.py)."""
-    import shlex
-
-    import yaml
-
-    from verl_recipes.plan.layers import document, predict, render
-
     if len(args.gpu) != 1:
         raise RecipeError("--from-layers predicts for one GPU type: give exactly one --gpu (e.g. --gpu h100-80g)")
     gpu = parse_gpu(args.gpu[0])

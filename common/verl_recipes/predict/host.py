@@ -668,57 +668,6 @@ def plan_host(
     return HostPlan(moments, fused, size, level, notes)
 
 
-# ---- rendering -------------------------------------------------------------------------------
-def _g(b: int) -> str:
-    return f"{b / GIB:.1f}"
-
-
-def render_lines(hp: HostPlan) -> list[str]:
-    """The host block of `verl-recipes plan`."""
-    out = ["host RAM of node 0, PREDICTED (GiB; PSS, with RSS beside it; verl_recipes/predict/host.py):"]
-    for m in hp.moments:
-        terms = ", ".join(f"{t.name} {_g(t.bytes)}" for t in m.dominant(3)) or "no model state"
-        out.append(f"  {m.name:15s} {_g(m.pss):>6s} PSS {_g(m.rss):>6s} RSS  {terms}")
-    pk = hp.peak
-    if hp.cpu_backup_sync:
-        sync = f"verl's merged LoRA sync copies the base weights to the CPU ({_g(hp.backup_bytes)} GiB)"
-    elif hp.backup_bytes:
-        sync = f"out-of-place merged sync, no CPU copy (--verl-fix-off {MERGE_FIX}: +{_g(hp.backup_bytes)} GiB)"
-    else:
-        sync = "no merged LoRA sync"
-    rk = hp.rss_peak
-    out.append(
-        f"  peak: about {pk.pss / GIB:.0f} GiB PSS in {pk.name}, {rk.rss / GIB:.0f} GiB RSS in {rk.name}; "
-        f"vLLM sleep level {hp.sleep_level}; {sync}"
-    )
-    out += [f"  note: {n}" for n in hp.notes]
-    return out
-
-
-def host_json(hp: HostPlan) -> dict[str, object]:
-    return {
-        "predicted": True,
-        "peak_moment": hp.peak.name,
-        "peak_pss_bytes": hp.peak.pss,
-        "peak_rss_moment": hp.rss_peak.name,
-        "peak_rss_bytes": hp.rss_peak.rss,
-        "cpu_backup_sync": hp.cpu_backup_sync,
-        "merged_sync_backup_bytes": hp.backup_bytes,
-        "vllm_sleep_level": hp.sleep_level,
-        "moments": {
-            m.name: {
-                "pss_bytes": m.pss,
-                "rss_bytes": m.rss,
-                "base_pss_bytes": m.base_pss,
-                "base_rss_bytes": m.base_rss,
-                "terms": [{"name": t.name, "bytes": t.bytes} for t in m.terms if t.bytes],
-            }
-            for m in hp.moments
-        },
-        "notes": hp.notes,
-    }
-
-
 # ---- the host this runs on -------------------------------------------------------------------
 #: the share of a host's memory the planner's host figure may take without a warning. 70b-3d's
 #: rank 16 of 32 was predicted at 115.6 of a 125.8 GiB host (92%) and ran out of it in the
