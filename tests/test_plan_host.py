@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from verl_recipes import GIB
+from verl_recipes import GIB, RecipeError
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.host_runs import host_rows
 from verl_recipes.plan.runs import read_run, run_setup
@@ -251,6 +251,36 @@ def test_host_model_against_the_committed_runs(root: Path) -> None:
     by = {(r.run, r.moment): r for r in rows}
     ppo = by[("recipes/7b-lora/results/h200x1-ppo-24gib-cap24-partial", "peak")]
     assert ppo.cpu_backup_sync and abs(ppo.measured_rss / GIB - 81.33) < 0.01
+
+
+def test_the_host_fits_are_what_their_runs_regenerate(root: Path) -> None:
+    """The fitted bases are data the runs decide: regenerating predict/host_fits.yaml from the
+    committed runs each fit lists gives the committed file, byte for byte, and the model reads
+    exactly those numbers."""
+    from verl_recipes.plan.host_fits import FITS_PATH, regenerate, start_reads
+    from verl_recipes.predict.host import FITS_FILE, FITTED, load_fits
+
+    committed = root / FITS_PATH
+    assert committed.resolve() == FITS_FILE
+    assert regenerate(root) == committed.read_text(), "run `verl-recipes plan --errors --write ...`"
+    assert load_fits(committed) == FITTED
+    # a run that stopped while the actor loaded reads at the load only; one that stepped at both
+    reads = start_reads(root / "recipes/7b-lora/results/failed/h200x1-ppo-24gib-cap24-max-model-len")
+    assert set(reads) == {"load"}
+    assert set(start_reads(root / "recipes/7b-lora/results/h200x1-ppo-5")) == {"load", "first sync"}
+
+
+def test_a_fit_names_only_committed_runs(root: Path, tmp_path: Path) -> None:
+    """A fit that lists a run nobody committed is refused by name, before anything is written."""
+    import yaml
+    from verl_recipes.plan.host_fits import FITS_PATH, regenerate
+
+    doc = yaml.safe_load((root / FITS_PATH).read_text())
+    doc["fits"][0]["runs"] = ["h200x1-ppo-nowhere"]
+    path = tmp_path / "host_fits.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(RecipeError, match="h200x1-ppo-nowhere"):
+        regenerate(root, path)
 
 
 def test_each_run_is_predicted_from_its_own_configurations_fit(root: Path) -> None:

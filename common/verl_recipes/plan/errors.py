@@ -20,7 +20,9 @@ every step includes verl's first weight sync to vLLM, before step 1 (with the KV
 its end), so the measured `outside` peak is that sync whenever it is the larger.
 
 Known causes of errors are kept with the data in `validation/planner-notes.yaml` (run, phase, why);
-`--write FILE` writes the table with that column (validation/planner-errors.md is the committed one).
+`--write FILE` writes the table with that column (validation/planner-errors.md is the committed one),
+and first regenerates the host-RAM model's fitted bases from their runs (`host_fits`, the data
+file `predict/host_fits.yaml`), judging the host rows with them.
 A run fails the check when |error| exceeds the tolerance (10% by default) for any phase on any
 GPU, explained or not. No runs at all is a failure too, unless `--allow-empty`: a planner nobody has checked must
 not look checked. The mean residual per phase is printed as the data to refit the constants in
@@ -33,8 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes.paths import repo_root
+from verl_recipes.plan.host_fits import write_fits
+from verl_recipes.plan.host_runs import format_rows, host_rows
+from verl_recipes.plan.host_runs import markdown as host_markdown
 from verl_recipes.plan.runs import committed_runs, judged_setup, residual_line
 from verl_recipes.predict.gpus import GPU
+from verl_recipes.predict.host import FITTED, load_fits
 from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
 
 
@@ -53,8 +60,6 @@ class Row:
 
 def error_rows(root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None) -> tuple[list[Row], bool]:
     """Predicted vs measured for every committed run: (rows, every |error| <= tolerance)."""
-    from verl_recipes.paths import repo_root
-
     base = root or repo_root()
     rows: list[Row] = []
     for run in committed_runs(base):
@@ -143,14 +148,14 @@ def main_errors(
         print(msg + ("; passing because of --allow-empty" if allow_empty else ""))
         return 0 if allow_empty else 1
     print(format_table(rows, tolerance))
-    from verl_recipes.paths import repo_root
-    from verl_recipes.plan.host_runs import format_rows, host_rows
-    from verl_recipes.plan.host_runs import markdown as host_markdown
-
     base = root or repo_root()
-    hrows = host_rows(base)
+    # --write regenerates the host fits from their runs first, and judges the host with them
+    fits_file = write_fits(base) if write is not None else None
+    hrows = host_rows(base, load_fits(fits_file) if fits_file else FITTED)
     if hrows:
         print(format_rows(hrows))
+    if fits_file is not None:
+        print(f"wrote {fits_file}")
     if write is not None:
         head = (
             "# The planner against every committed run\n\n"

@@ -8,7 +8,8 @@ it ran: the fixes it ran without, from its provenance.json (`verl_fixes.recorded
 recorded before `verl_fixes_off` existed ran verl's merged sync with its CPU copy). The base is the
 fit of the run's own configuration (`host.host_fit`): `ray-local-start` on where its record lists
 the fix as applied, vLLM's executor from its verl_config.yaml; a record without `verl_fixes_off`
-is one of the first runs, predicted from their fit (`host.FIRST_RUNS_FIT`).
+is one of the first runs, predicted from their fit (`host.FIRST_RUNS_FIT`). The fits are data
+(`predict/host_fits.yaml`), regenerated from their runs by `host_fits`.
 
     outside         the report's time outside every step (loading, vLLM start, the first sync,
                     and the run's end after its last step) vs the largest of `load`, `first
@@ -25,12 +26,13 @@ readings are sparse.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB
 from verl_recipes.plan.runs import MeasuredRun, committed_runs, residual_line, run_setup
-from verl_recipes.predict.host import FIRST_RUNS_FIT, HostConstants, HostPlan, host_fit, plan_host
+from verl_recipes.predict.host import FIRST_RUNS, FITTED, HostConstants, HostPlan, host_fit, plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.worker.verl_fixes import RAY_START_FIX, recorded_on
 
@@ -85,12 +87,13 @@ def measured(run: MeasuredRun) -> dict[str, tuple[int, int | None]]:
     return out
 
 
-def run_fit(run: MeasuredRun, s: Setup) -> HostConstants:
-    """The fit of the base for the configuration a committed run recorded."""
+def run_fit(run: MeasuredRun, s: Setup, fits: Mapping[str, HostConstants] = FITTED) -> HostConstants:
+    """The fit of the base for the configuration a committed run recorded, of `fits` (the data
+    file's, `host.load_fits`)."""
     prov = run.provenance
     if prov.verl_fixes_off is None:
-        return FIRST_RUNS_FIT
-    return host_fit(recorded_on(prov, RAY_START_FIX), s.rollout.executor == "uni")
+        return fits[FIRST_RUNS]
+    return host_fit(recorded_on(prov, RAY_START_FIX), s.rollout.executor == "uni", fits)
 
 
 def predicted(hp: HostPlan, stepped: bool) -> dict[str, tuple[int, int]]:
@@ -107,8 +110,9 @@ def predicted(hp: HostPlan, stepped: bool) -> dict[str, tuple[int, int]]:
     return out
 
 
-def host_rows(root: Path) -> list[HostRow]:
-    """Measured vs predicted host RAM for every committed run that recorded it."""
+def host_rows(root: Path, fits: Mapping[str, HostConstants] = FITTED) -> list[HostRow]:
+    """Measured vs predicted host RAM for every committed run that recorded it, each predicted from
+    its configuration's fit of `fits`."""
     rows: list[HostRow] = []
     for run in committed_runs(root):
         got = measured(run)
@@ -117,7 +121,7 @@ def host_rows(root: Path) -> list[HostRow]:
         s = run_setup(run)
         prov = run.provenance
         ranks = 1 if prov.rank_rehearsal else None
-        hp = plan_host(s, run.fixes_off, run_fit(run, s), ranks_here=ranks, pools_shared=prov.rank_pools_shared)
+        hp = plan_host(s, run.fixes_off, run_fit(run, s, fits), ranks_here=ranks, pools_shared=prov.rank_pools_shared)
         want = predicted(hp, stepped=bool(run.raw.get("steps")))
         label = str(run.run_dir.relative_to(root))
         for moment in ROWS:

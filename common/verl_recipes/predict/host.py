@@ -56,10 +56,14 @@ block (checked against the one-GPU 70B runs at 1-3 layers). Everything here is a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
-from verl_recipes import GIB
+import yaml
+
+from verl_recipes import GIB, RecipeError
 from verl_recipes.predict.inputs import Role, Setup
 from verl_recipes.predict.model import Arch
 from verl_recipes.worker.rank_rehearsal import pool_share
@@ -75,14 +79,14 @@ from verl_recipes.worker.verl_fixes import (  # the merge takes no CPU copy
 class HostConstants:
     """The base of every moment: the run's processes before they hold any model state.
 
-    Each fit is the median, over the committed 7b-lora runs of one configuration of those processes
-    (`fitted_from`; H200 hosts, verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU, two agent-loop workers),
-    of the measured host RSS minus the module's terms; `plan --errors` prints the residuals to
-    refit from. Two settings change the processes: the fix `ray-local-start` (Ray's cluster starts
+    Each fit (`host_fits.yaml`) is fitted to the committed 7b-lora runs of one configuration of those
+    processes (`fitted_from`; H200 hosts, verl 0.9.1, vLLM 0.24, Ray 2.60, one GPU, two agent-loop
+    workers): the measured host memory minus the module's terms, per moment
+    (`verl_recipes.plan.host_fits`). Two settings change the processes: the fix `ray-local-start` (Ray's cluster starts
     without its dashboard, whose head modules are ten processes, and verl's actors take the
     prestarted workers) and vLLM's executor (`uni` runs its worker inside the engine core, `mp`
     in a third process). A measured PSS read is a lower bound (reads are 10 s to minutes apart),
-    so the newer fits take the largest read for PSS, the median for RSS (read at 2 Hz).
+    so a fit takes the largest read for PSS, the median for RSS (read at 2 Hz).
 
     Host cores are not a term: Ray prestarts one idle worker per CPU (each about 0.1 GiB RSS), but
     the runs do not record their host's cores; every host their campaigns describe had 16
@@ -143,112 +147,59 @@ class HostConstants:
     fitted_storage_units: int = 8
 
 
-#: Today's default: `ray-local-start` on, vLLM's `uni` executor (recipes/7b-lora/config.yaml).
-DEFAULT_FIT = HostConstants(
-    configuration="ray-local-start, vLLM executor uni",
-    ray_local_start=True,
-    vllm_in_engine=True,
-    base_train_rss=round(27.1 * GIB),
-    base_train_pss=round(16.9 * GIB),
-    base_first_sync_rss=round(21.5 * GIB),
-    base_first_sync_pss=round(13.9 * GIB),  # four reads at the first sync: thin, the largest
-    base_load_rss=round(11.1 * GIB),
-    base_load_pss=round(7.2 * GIB),
-    fitted_from=(
-        "h200x1-ppo-4",
-        "h200x1-ppo-5",
-        "h200x1-ppo-verl-poll",
-        "h200x1-ppo-packed",
-        "h200x1-ppo-start",
-        "h200x1-ppo-start-cold",
-        "h200x1-grpo-8x8",
-        "h200x1-grpo-8x8-2",
-        "h200x1-grpo-8x8-3",
-        "h200x1-grpo-8x8-bypass",
-        "h200x1-grpo-8x8-packed",
-        "h200x1-grpo-8x8-verl-poll",
-        "h200x1-grpo-8x8-verl-poll-2",
-        "h200x1-grpo-8x8-verl-poll-3",
-    ),
-)
+#: the fits of the base: each fitted to the committed runs it lists, regenerated from them by
+#: `verl-recipes plan --errors --write ...` (`verl_recipes.plan.host_fits` says how), never by hand
+FITS_FILE = Path(__file__).resolve().parent / "host_fits.yaml"
+FITS_SCHEMA = "verl-recipes/host-fits/1"
+#: the moments a fit's base is fitted at, as the data file names them -> HostConstants' field stem
+FIT_MOMENTS = {"load": "base_load", "first sync": "base_first_sync", "train": "base_train"}
 
+
+def fit_from_doc(doc: dict[str, Any]) -> HostConstants:
+    """One fit of the data file (`fits[]`: its configuration, runs and base in GiB) as constants."""
+    base = doc["base_gib"]
+    fields = {f"{stem}_{k}": round(float(base[m][k]) * GIB) for m, stem in FIT_MOMENTS.items() for k in ("rss", "pss")}
+    return HostConstants(
+        configuration=str(doc["configuration"]),
+        ray_local_start=bool(doc["ray_local_start"]),
+        vllm_in_engine=bool(doc["vllm_in_engine"]),
+        fitted_from=tuple(str(r) for r in doc["runs"]),
+        **fields,
+    )
+
+
+def load_fits(path: Path = FITS_FILE) -> dict[str, HostConstants]:
+    """Fit name -> its constants, from the data file."""
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict) or doc.get("schema") != FITS_SCHEMA:
+        raise RecipeError(f"{path}: not a {FITS_SCHEMA} file")
+    return {str(f["name"]): fit_from_doc(f) for f in doc["fits"]}
+
+
+#: the fits of today's configurations, the default first; and the first runs' own
+TODAY = ("default", "ray-job-env")
+FIRST_RUNS = "first-runs"
+
+FITTED = load_fits()
+#: Today's default: `ray-local-start` on, vLLM's `uni` executor (recipes/7b-lora/config.yaml).
+DEFAULT_FIT = FITTED["default"]
 #: `--verl-fix-off ray-local-start` with vLLM's `mp` executor: the job's runtime_env, as verl
 #: hands it to Ray, and verl's own executor (and every run recorded before the fix existed).
-RAY_JOB_ENV_FIT = HostConstants(
-    configuration="Ray's job runtime_env (no ray-local-start), vLLM executor mp",
-    ray_local_start=False,
-    vllm_in_engine=False,
-    base_train_rss=round(29.5 * GIB),
-    base_train_pss=round(19.1 * GIB),  # six reads in the steps: thin, the largest
-    base_first_sync_rss=round(24.5 * GIB),
-    base_first_sync_pss=round(14.7 * GIB),  # seven reads: the largest
-    base_load_rss=round(12.5 * GIB),
-    base_load_pss=round(7.1 * GIB),
-    fitted_from=(
-        "h200x1-ppo-chunked",
-        "h200x1-ppo-fast",
-        "h200x1-ppo-loop",
-        "h200x1-ppo-mb8",
-        "h200x1-ppo-profile",
-        "h200x1-ppo-l4-sync-check",
-        "h200x1-ppo-adapter",
-        "h200x1-ppo-verl-sync",
-        "h200x1-ppo-start-base",
-        "h200x1-ppo-24gib-cap22.5",
-        "h200x1-ppo-24gib-cap24",
-        "h200x1-grpo-chunked",
-        "h200x1-grpo-fast",
-        "h200x1-grpo-verl-sync",
-        "h200x1-grpo-24gib-cap22.5",
-        "h200x1-grpo-24gib-cap24",
-    ),
-)
-
-#: The first runs, recorded before provenance had `verl_fixes_off` (2026-11-29/30): Ray's job
-#: runtime_env and vLLM's `mp`, as RAY_JOB_ENV_FIT, yet their Ray workers held 3.9 GiB more RSS
-#: in the steps (h200x1-grpo: 20 idle workers where later runs of that configuration kept 4, and
-#: storage units of 0.88 GiB each instead of 0.69). Their records do not show why (they carry no
-#: core count); they are predicted from their own fit, and no configuration of today runs like them.
-FIRST_RUNS_FIT = HostConstants(
-    configuration="the first runs' records (no verl_fixes_off)",
-    ray_local_start=False,
-    vllm_in_engine=False,
-    base_train_rss=round(33.4 * GIB),
-    base_train_pss=round(20.3 * GIB),
-    # (their agent loop's and reward workers' processes held 18-20 GiB RSS at the first sync,
-    # 22-24 GiB in the steps); the load PSS comes from the reads that fell on the plateau of the
-    # actor's load in the two runs that stopped there (failed/cap24-*: 56.80 GiB less 46.02 GiB of
-    # terms, 41.21 less 29.41)
-    base_first_sync_rss=round(28.8 * GIB),
-    base_first_sync_pss=round(17.5 * GIB),
-    base_load_rss=round(16.2 * GIB),
-    base_load_pss=round(11.3 * GIB),
-    fitted_from=(
-        "h200x1-ppo",
-        "h200x1-ppo-2",
-        "h200x1-ppo-3",
-        "h200x1-grpo",
-        "h200x1-grpo-24gib-cap32",
-        "h200x1-grpo-24gib-cap24-partial",
-        "h200x1-ppo-24gib-cap24-partial",
-        "h200x1-grpo-verl-example",
-        "failed/h200x1-ppo-24gib-cap24-max-model-len",
-        "failed/h200x1-grpo-24gib-cap24-max-model-len",
-    ),
-)
-
-FITS = (DEFAULT_FIT, RAY_JOB_ENV_FIT)
+RAY_JOB_ENV_FIT = FITTED["ray-job-env"]
+#: The first runs, recorded before provenance had `verl_fixes_off` (the fit's note says how they
+#: differ); no configuration of today runs like them.
+FIRST_RUNS_FIT = FITTED[FIRST_RUNS]
 
 
-def host_fit(ray_local_start: bool, vllm_in_engine: bool) -> HostConstants:
+def host_fit(ray_local_start: bool, vllm_in_engine: bool, fits: Mapping[str, HostConstants] = FITTED) -> HostConstants:
     """The fit for a configuration of today's code: the one fitted to it, else today's default plus
     what the configuration runs beyond it (Ray's dashboard, vLLM's worker process). A configuration
     that runs fewer processes than the default has no runs to fit and is given the default's base:
-    an upper bound."""
-    for fit in FITS:
+    an upper bound. `fits`: the data file's (`load_fits`)."""
+    for fit in (fits[name] for name in TODAY):
         if (fit.ray_local_start, fit.vllm_in_engine) == (ray_local_start, vllm_in_engine):
             return fit
-    c = DEFAULT_FIT
+    c = fits[TODAY[0]]
     more = 0 if ray_local_start else c.ray_dashboard_bytes
     engine = 0 if vllm_in_engine else c.vllm_worker_process_bytes  # vLLM starts after the load
     what = ("ray-local-start" if ray_local_start else "no ray-local-start") + (
