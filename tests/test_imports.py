@@ -197,6 +197,26 @@ def test_the_model_reads_no_run_record() -> None:
     assert not reads, "the model reads run records:\n" + "\n".join(reads)
 
 
+#: the wings whose functions stay short enough to read whole: the planner's model and its evidence
+SHORT_WINGS = ("predict", "plan")
+MAX_FUNCTION_LINES = 100
+
+
+@pytest.mark.parametrize("wing", SHORT_WINGS)
+def test_no_function_over_100_lines(wing: str) -> None:
+    """A function is read whole or not at all: one over 100 lines mixes several meanings (one per
+    phase family, role or knob family), which are split into typed functions of their own."""
+    long = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((PACKAGE / wing).glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    )
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines in {wing}/:\n" + "\n".join(long)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles of `graph`: its strongly connected components of more than one module."""
     index: dict[str, int] = {}

@@ -510,6 +510,110 @@ def sleep_level(s: Setup) -> int:
     return 1 if s.actor.lora_rank and not s.lora_merge else 2
 
 
+def _pools(s: Setup, ranks_here: int | None, pools_shared: bool) -> tuple[int, int, int]:
+    """The node's agent-loop workers, reward workers and storage units: the job's, or a rank
+    rehearsal's share of them where it ran only its share (`pools_shared`)."""
+    agents, rewards, units = s.agent_workers, s.reward_workers, s.storage_units
+    if ranks_here and pools_shared:
+        return (
+            pool_share(agents, s.world, ranks_here),
+            pool_share(rewards, s.world, ranks_here),
+            pool_share(units, s.world, ranks_here),
+        )
+    return agents, rewards, units
+
+
+def _load_terms(
+    s: Setup, roles: list[tuple[Role, bool]], resident: dict[str, list[HostTerm]], per_node: int
+) -> list[HostTerm]:
+    """load: the roles one after another; each holds its checkpoint copy while it builds. The
+    checkpoint's pages are mapped while `from_pretrained` reads them, and unmapped when it
+    returns, before a CPU-offloaded role pins its shard and copies the state into it: two
+    moments, not one sum (verl-vs-deepspeed's rank 0 of 4 with its reference offloaded: the
+    trainer at 42.2 GiB reading, then 50.2 = copy 28.4 + pinned 13.5 + load copy 7.1 + 1.8 of
+    process, where the four at once would be 65). The heaviest of them."""
+    loads: list[list[HostTerm]] = []
+    done: list[HostTerm] = []
+    for role, crit in roles:
+        copy = HostTerm(f"{role.name} checkpoint copy (from_pretrained)", _checkpoint_copy(s, role, crit))
+        pages = HostTerm(f"{role.name} checkpoint pages (read while upcast)", _upcast_pages(s, role, crit))
+        loads.append([*done, copy, pages])
+        if _cpu_policy(role):
+            shapes = base_tensors(s.arch, crit) + lora_tensors(s.arch, role)
+            state = HostTerm(
+                f"{role.name} load copy (set_model_state_dict)", per_node * _exact(shapes, role.param_bytes, s.world)
+            )
+            loads.append([*done, copy, *resident[role.name], state])
+        done += resident[role.name]
+    return max(loads, key=lambda t: sum(x.bytes for x in t))
+
+
+@dataclass(frozen=True)
+class _Sync:
+    """What the weight sync holds on the host: vLLM's pinned weights at sleep level 1, verl's CPU
+    copy of the base weights for its merged LoRA sync, its first adapter sync's copy of the model."""
+
+    level: int  # vLLM's sleep level
+    vllm: list[HostTerm]
+    fused: bool  # verl's merged sync with its CPU copy (`cpu_backup_sync`)
+    size: int  # that copy's size on the node, whether it is taken or not
+    backup: list[HostTerm]
+    first: list[HostTerm]
+
+
+def _sync_terms(s: Setup, fixes_off: tuple[str, ...], per_node: int) -> _Sync:
+    a = s.arch
+    level = sleep_level(s)
+    vllm: list[HostTerm] = []
+    if level == 1:  # freed blocks stay in torch's host cache after wake-up: held from then on
+        w = _pinned(_vllm_tensors(a, s.rollout.tp), s.rollout.dtype_bytes, 1)
+        vllm = [HostTerm("vLLM weights, pinned (sleep level 1)", w * per_node)]
+    merged = bool(s.actor.lora_rank and s.lora_merge and s.actor.backend == "fsdp")
+    size = _exact(base_tensors(a), s.actor.param_bytes, s.world) * per_node if merged else 0
+    fused = cpu_backup_sync(s, fixes_off)
+    backup = [HostTerm("verl's merged sync: CPU copy of the base weights", size)] if fused else []
+    first = []
+    if adapter_base_sync(s):
+        base_copy = _exact(base_tensors(a), s.actor.param_bytes, 1) * per_node
+        first = [HostTerm("verl's first adapter sync: CPU copy of the base model", base_copy)]
+    return _Sync(level, vllm, fused, size, backup, first)
+
+
+def _bases(
+    s: Setup, c: HostConstants, per_node: int, pools: tuple[int, int, int]
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(RSS, PSS) of the base at train, first sync and load: the fit's, plus the processes the
+    fitted runs did not have (pool workers beyond theirs, a trainer and a vLLM worker for every GPU
+    of the node beyond the first, inductor's compile workers)."""
+    agents, rewards, units = pools
+    # the fits' base holds their pools; a configuration with more or fewer adds or takes the difference
+    extra = (
+        (agents - c.fitted_agent_workers) * c.agent_worker_bytes
+        + (rewards - c.fitted_reward_workers) * c.reward_worker_bytes
+        + (units - c.fitted_storage_units) * c.storage_unit_bytes
+    )
+    more = max(0, per_node - 1)
+    train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)
+    load_extra = more * c.extra_trainer_bytes
+    # a pool worker's RSS counts the libraries it shares with the others again; its PSS does not
+    fitted = c.fitted_agent_workers + c.fitted_reward_workers + c.fitted_storage_units
+    workers = agents + rewards + units - fitted
+    pss_extra = train_extra - workers * c.pool_worker_shared_bytes
+    inductor = c.inductor_workers_rss if compiles_entropy(s) else 0
+    return (
+        (c.base_train_rss + train_extra + inductor, c.base_train_pss + pss_extra),
+        (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + pss_extra),
+        (c.base_load_rss + load_extra, c.base_load_pss + load_extra),
+    )
+
+
+def _megatron_note(s: Setup, exact_pin: bool, optim_exact: bool) -> str:
+    stage = f" (pipeline stage {s.pp_stage})" if s.actor.pp > 1 else ""
+    weights = "at exact size" if exact_pin else "rounded up to a power of two"
+    states = "at exact size" if optim_exact else "in power-of-two blocks"
+    return f"Megatron{stage}: each model's weights in one pinned buffer {weights}, its optimizer states pinned {states}"
+
+
 def plan_host(
     s: Setup,
     fixes_off: Iterable[str] = (),
@@ -534,17 +638,7 @@ def plan_host(
         plans = [plan_host(x, fixes_off, c, ranks_here, pools_shared) for x in stages]
         return max(plans, key=lambda hp: hp.peak.pss)
     c = c or host_fit(RAY_START_FIX not in fixes_off, s.rollout.executor == "uni")
-    a, per_node = s.arch, ranks_here or s.gpus_per_node
-    notes: list[str] = []
-    agents, rewards, units = s.agent_workers, s.reward_workers, s.storage_units
-    if ranks_here and pools_shared:
-        agents, rewards, units = (pool_share(n, s.world, ranks_here) for n in (agents, rewards, units))
-    # the fits' base holds their pools; a configuration with more or fewer adds or takes the difference
-    extra = (
-        (agents - c.fitted_agent_workers) * c.agent_worker_bytes
-        + (rewards - c.fitted_reward_workers) * c.reward_worker_bytes
-        + (units - c.fitted_storage_units) * c.storage_unit_bytes
-    )
+    per_node = ranks_here or s.gpus_per_node
     roles = [(r, crit) for r, crit in ((s.critic, True), (s.ref_role if s.ref == "separate" else None, False)) if r]
     roles.append((s.actor, False))
 
@@ -556,67 +650,17 @@ def plan_host(
     optim_exact = MEGATRON_OPT_PIN_FIX not in fixes_off
     optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit, optim_exact))]
     held = [t for r, _ in roles for t in resident[r.name]]
-
-    # load: the roles one after another; each holds its checkpoint copy while it builds. The
-    # checkpoint's pages are mapped while `from_pretrained` reads them, and unmapped when it
-    # returns, before a CPU-offloaded role pins its shard and copies the state into it: two
-    # moments, not one sum (verl-vs-deepspeed's rank 0 of 4 with its reference offloaded:
-    # the trainer at 42.2 GiB reading, then 50.2 = copy 28.4 + pinned 13.5 + load copy 7.1 +
-    # 1.8 of process, where the four at once would be 65)
-    loads: list[list[HostTerm]] = []
-    done: list[HostTerm] = []
-    for role, crit in roles:
-        copy = HostTerm(f"{role.name} checkpoint copy (from_pretrained)", _checkpoint_copy(s, role, crit))
-        pages = HostTerm(f"{role.name} checkpoint pages (read while upcast)", _upcast_pages(s, role, crit))
-        loads.append([*done, copy, pages])
-        if _cpu_policy(role):
-            shapes = base_tensors(a, crit) + lora_tensors(a, role)
-            state = HostTerm(
-                f"{role.name} load copy (set_model_state_dict)", per_node * _exact(shapes, role.param_bytes, s.world)
-            )
-            loads.append([*done, copy, *resident[role.name], state])
-        done += resident[role.name]
-    load = max(loads, key=lambda t: sum(x.bytes for x in t))
-
-    level = sleep_level(s)
-    vllm: list[HostTerm] = []
-    if level == 1:  # freed blocks stay in torch's host cache after wake-up: held from then on
-        w = _pinned(_vllm_tensors(a, s.rollout.tp), s.rollout.dtype_bytes, 1)
-        vllm = [HostTerm("vLLM weights, pinned (sleep level 1)", w * per_node)]
-    merged = bool(s.actor.lora_rank and s.lora_merge and s.actor.backend == "fsdp")
-    size = _exact(base_tensors(a), s.actor.param_bytes, s.world) * per_node if merged else 0
-    fused = cpu_backup_sync(s, fixes_off)
-    backup = [HostTerm("verl's merged sync: CPU copy of the base weights", size)] if fused else []
-    first = []
-    if adapter_base_sync(s):
-        base_copy = _exact(base_tensors(a), s.actor.param_bytes, 1) * per_node
-        first = [HostTerm("verl's first adapter sync: CPU copy of the base model", base_copy)]
-    if s.backend == "megatron":
-        stage = f" (pipeline stage {s.pp_stage})" if s.actor.pp > 1 else ""
-        weights = "at exact size" if exact_pin else "rounded up to a power of two"
-        states = "at exact size" if optim_exact else "in power-of-two blocks"
-        notes.append(
-            f"Megatron{stage}: each model's weights in one pinned buffer {weights}, "
-            f"its optimizer states pinned {states}"
-        )
-    more = max(0, per_node - 1)
-    train_extra = extra + more * (c.extra_trainer_bytes + c.extra_vllm_worker_bytes)
-    load_extra = more * c.extra_trainer_bytes
-    # a pool worker's RSS counts the libraries it shares with the others again; its PSS does not
-    fitted = c.fitted_agent_workers + c.fitted_reward_workers + c.fitted_storage_units
-    workers = agents + rewards + units - fitted
-    pss_extra = train_extra - workers * c.pool_worker_shared_bytes
-    inductor = c.inductor_workers_rss if compiles_entropy(s) else 0
-    base_t = (c.base_train_rss + train_extra + inductor, c.base_train_pss + pss_extra)
-    base_s = (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + pss_extra)
-    base_l = (c.base_load_rss + load_extra, c.base_load_pss + load_extra)
+    load = _load_terms(s, roles, resident, per_node)
+    sync = _sync_terms(s, fixes_off, per_node)
+    notes = [_megatron_note(s, exact_pin, optim_exact)] if s.backend == "megatron" else []
+    base_t, base_s, base_l = _bases(s, c, per_node, _pools(s, ranks_here, pools_shared))
     moments = [
         HostMoment("load", *base_l, load),
-        HostMoment("first sync", *base_s, held + vllm + backup + first),
-        HostMoment("train", *base_t, held + optim + vllm),
-        HostMoment("update_weights", *base_t, held + optim + vllm + backup),
+        HostMoment("first sync", *base_s, held + sync.vllm + sync.backup + sync.first),
+        HostMoment("train", *base_t, held + optim + sync.vllm),
+        HostMoment("update_weights", *base_t, held + optim + sync.vllm + sync.backup),
     ]
-    return HostPlan(moments, fused, size, level, notes)
+    return HostPlan(moments, sync.fused, sync.size, sync.level, notes)
 
 
 # ---- the host this runs on -------------------------------------------------------------------

@@ -393,17 +393,19 @@ def _reward_workers(cfg: Any) -> int:
     return _pool("reward.num_workers", _sel(cfg, "reward.num_workers", 8, required=False))
 
 
-def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
-    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `check_layout`.
+_A, _R, _M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 
-    `fixes_off`: the verl_fixes the run goes without (`train --verl-fix-off`); they change what
-    verl does with some keys.
-    """
-    a, r, m = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
-    strategy = _sel(cfg, f"{a}.strategy")
-    mega = _is_megatron(strategy)
-    notes: list[str] = []
 
+@dataclass(frozen=True)
+class _ActorBatching:
+    """The actor's batching keys, the defaults of the reference's and the critic's."""
+
+    dynamic: bool  # use_dynamic_bsz
+    max_train: int  # ppo_max_token_len_per_gpu
+
+
+def _actor(cfg: Any, mega: bool) -> tuple[Role, _ActorBatching]:
+    a, r, m = _A, _R, _M
     dyn = bool(_sel(cfg, f"{a}.use_dynamic_bsz", False))
     max_train = int(_sel(cfg, f"{a}.ppo_max_token_len_per_gpu", 16384))
     max_infer = int(_sel(cfg, f"{r}.log_prob_max_token_len_per_gpu", max_train))
@@ -415,66 +417,66 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         )
     else:
         actor = _fsdp_role(cfg, "actor", a, f"{a}.fsdp_config", m, micro_train, micro_lp, dyn, max_train, max_infer)
+    return actor, _ActorBatching(dyn, max_train)
 
-    # Reference policy (verl.trainer.ppo.utils.need_reference_policy; ref_in_actor with LoRA).
-    needs_ref = bool(_sel(cfg, "algorithm.use_kl_in_reward", False)) or bool(_sel(cfg, f"{a}.use_kl_loss", False))
+
+def _reference(cfg: Any, mega: bool, actor: Role, batching: _ActorBatching) -> tuple[str, Role | None]:
+    """The reference policy's mode and role (verl.trainer.ppo.utils.need_reference_policy;
+    ref_in_actor with LoRA)."""
+    m = _M
+    needs_ref = bool(_sel(cfg, "algorithm.use_kl_in_reward", False)) or bool(_sel(cfg, f"{_A}.use_kl_loss", False))
     lora_any = actor.lora_rank > 0 or _sel(cfg, f"{m}.lora_adapter_path", None, required=False) is not None
     ref_mode = "none" if not needs_ref else ("in_actor" if lora_any else "separate")
-    ref_role = None
-    if ref_mode != "none":
-        rf = "actor_rollout_ref.ref"
-        ref_dyn = bool(_sel(cfg, f"{rf}.log_prob_use_dynamic_bsz", dyn))
-        ref_micro = _micro(cfg, f"{rf}.log_prob_micro_batch_size_per_gpu", ref_dyn)
-        ref_max = int(_sel(cfg, f"{rf}.log_prob_max_token_len_per_gpu", max_train))
-        if mega:
-            ref_role = _mcore_role(
-                cfg, "ref", f"{rf}.megatron", m, f"{m}.lora", ref_micro, ref_micro, ref_dyn, ref_max, ref_max
-            )
-            ref_role = _replace(ref_role, lora_rank=0)
-        else:
-            base = _fsdp_role(cfg, "ref", rf, f"{rf}.fsdp_config", m, ref_micro, ref_micro, ref_dyn, ref_max, ref_max)
-            ref_role = _replace(base, lora_rank=0)
+    if ref_mode == "none":
+        return ref_mode, None
+    rf = "actor_rollout_ref.ref"
+    ref_dyn = bool(_sel(cfg, f"{rf}.log_prob_use_dynamic_bsz", batching.dynamic))
+    ref_micro = _micro(cfg, f"{rf}.log_prob_micro_batch_size_per_gpu", ref_dyn)
+    ref_max = int(_sel(cfg, f"{rf}.log_prob_max_token_len_per_gpu", batching.max_train))
+    if mega:
+        ref_role = _mcore_role(
+            cfg, "ref", f"{rf}.megatron", m, f"{m}.lora", ref_micro, ref_micro, ref_dyn, ref_max, ref_max
+        )
+        return ref_mode, _replace(ref_role, lora_rank=0)
+    base = _fsdp_role(cfg, "ref", rf, f"{rf}.fsdp_config", m, ref_micro, ref_micro, ref_dyn, ref_max, ref_max)
+    return ref_mode, _replace(base, lora_rank=0)
 
-    # Critic (verl.trainer.ppo.utils.need_critic).
+
+def _critic(cfg: Any, batching: _ActorBatching, fixes_off: Sequence[str], notes: list[str]) -> Role | None:
+    """The critic's role, where the job has one (verl.trainer.ppo.utils.need_critic)."""
     enable = _sel(cfg, "critic.enable", None)
     has_critic = bool(enable) if enable is not None else str(_sel(cfg, "algorithm.adv_estimator")) == "gae"
-    critic = None
-    if has_critic:
-        c = "critic"
-        cdyn = bool(_sel(cfg, f"{c}.use_dynamic_bsz", dyn))
-        cmicro = _micro(cfg, f"{c}.ppo_micro_batch_size_per_gpu", cdyn)
-        cfwd = _micro(cfg, f"{c}.forward_micro_batch_size_per_gpu", cdyn, fallback=cmicro, required=False)
-        cmax = int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", 32768))
-        cfmax = int(_sel(cfg, f"{c}.forward_max_token_len_per_gpu", cmax, required=False))
-        if CRITIC_BATCHING_FIX in fixes_off:
-            # verl 0.9.1's own engine path (trainer/ppo/v1/trainer_base.py) hands the critic's engine
-            # one token budget, critic.ppo_infer_max_token_len_per_gpu (32768; not a key of verl's
-            # YAML), and the engine's use_dynamic_bsz defaults to true: the critic's own batching
-            # keys never reach it, and it takes its whole mini-batch at once, up to that budget
-            # (results/h200x1-ppo-profile: one micro-batch of 8 sequences where the config says 2).
-            cdyn, cmicro, cfwd = True, 1, 1
-            cmax = cfmax = int(_sel(cfg, f"{c}.ppo_infer_max_token_len_per_gpu", 32768, required=False))
-            notes.append(
-                f"critic: without the fix {CRITIC_BATCHING_FIX}, verl 0.9.1 gives the critic's engine a budget of "
-                f"{cmax} tokens per micro-batch; its micro-batch sizes, use_dynamic_bsz and "
-                "ppo_max_token_len_per_gpu have no effect"
-            )
-        if _is_megatron(_sel(cfg, f"{c}.strategy")):
-            critic = _mcore_role(
-                cfg,
-                "critic",
-                f"{c}.megatron",
-                f"{c}.model",
-                f"{c}.model.lora",
-                cmicro,
-                cfwd,
-                cdyn,
-                cmax,
-                cfmax,
-            )
-        else:
-            critic = _fsdp_role(cfg, "critic", c, f"{c}.fsdp", f"{c}.model", cmicro, cfwd, cdyn, cmax, cfmax)
+    if not has_critic:
+        return None
+    c = "critic"
+    cdyn = bool(_sel(cfg, f"{c}.use_dynamic_bsz", batching.dynamic))
+    cmicro = _micro(cfg, f"{c}.ppo_micro_batch_size_per_gpu", cdyn)
+    cfwd = _micro(cfg, f"{c}.forward_micro_batch_size_per_gpu", cdyn, fallback=cmicro, required=False)
+    cmax = int(_sel(cfg, f"{c}.ppo_max_token_len_per_gpu", 32768))
+    cfmax = int(_sel(cfg, f"{c}.forward_max_token_len_per_gpu", cmax, required=False))
+    if CRITIC_BATCHING_FIX in fixes_off:
+        # verl 0.9.1's own engine path (trainer/ppo/v1/trainer_base.py) hands the critic's engine
+        # one token budget, critic.ppo_infer_max_token_len_per_gpu (32768; not a key of verl's
+        # YAML), and the engine's use_dynamic_bsz defaults to true: the critic's own batching
+        # keys never reach it, and it takes its whole mini-batch at once, up to that budget
+        # (results/h200x1-ppo-profile: one micro-batch of 8 sequences where the config says 2).
+        cdyn, cmicro, cfwd = True, 1, 1
+        cmax = cfmax = int(_sel(cfg, f"{c}.ppo_infer_max_token_len_per_gpu", 32768, required=False))
+        notes.append(
+            f"critic: without the fix {CRITIC_BATCHING_FIX}, verl 0.9.1 gives the critic's engine a budget of "
+            f"{cmax} tokens per micro-batch; its micro-batch sizes, use_dynamic_bsz and "
+            "ppo_max_token_len_per_gpu have no effect"
+        )
+    if _is_megatron(_sel(cfg, f"{c}.strategy")):
+        return _mcore_role(
+            cfg, "critic", f"{c}.megatron", f"{c}.model", f"{c}.model.lora", cmicro, cfwd, cdyn, cmax, cfmax
+        )
+    return _fsdp_role(cfg, "critic", c, f"{c}.fsdp", f"{c}.model", cmicro, cfwd, cdyn, cmax, cfmax)
 
+
+def _rollout(cfg: Any, notes: list[str]) -> Rollout:
+    """vLLM's settings (any other rollout is modelled as vLLM, with a note)."""
+    r = _R
     name = _sel(cfg, f"{r}.name", "vllm")
     if str(name) not in ("vllm", "None"):
         notes.append(f"rollout.name={name}: the rollout is modelled as vLLM")
@@ -499,7 +501,22 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
     )
     if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
         raise RecipeError(f"{r}.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1]")
+    return rollout
 
+
+def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Setup:
+    """Read a composed verl 0.9.1 config into a `Setup`; bad layouts fail in `check_layout`.
+
+    `fixes_off`: the verl_fixes the run goes without (`train --verl-fix-off`); they change what
+    verl does with some keys.
+    """
+    a, r, m = _A, _R, _M
+    mega = _is_megatron(_sel(cfg, f"{a}.strategy"))
+    notes: list[str] = []
+    actor, batching = _actor(cfg, mega)
+    ref_mode, ref_role = _reference(cfg, mega, actor, batching)
+    critic = _critic(cfg, batching, fixes_off, notes)
+    rollout = _rollout(cfg, notes)
     attn = _sel(cfg, f"{m}.override_config.attn_implementation", None, required=False)
     if not mega:
         _check_packed_attention(cfg, m)

@@ -58,43 +58,42 @@ def _with(s: Setup, which: str, role: Role) -> Setup:
     return replace(s, actor=role) if which == "actor" else replace(s, critic=role)
 
 
-def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
+#: the verl config's rollout section, where the vLLM knobs live
+_ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def _offload_knobs(s: Setup) -> list[Knob]:
+    """Per trained role: its parameters, its optimizer, FSDP2's CPU offload policy, bf16 weights."""
     knobs: list[Knob] = []
     for which, role in _roles(s):
         key = _engine_key(s, role)
-        if not role.param_offload:
-            knobs.append(
-                Knob(
-                    f"{which} param_offload",
-                    (f"{key}.param_offload=true",),
-                    _with(s, which, replace(role, param_offload=True)),
-                )
-            )
-        if not role.optimizer_offload:
-            knobs.append(
-                Knob(
-                    f"{which} optimizer_offload",
-                    (f"{key}.optimizer_offload=true",),
-                    _with(s, which, replace(role, optimizer_offload=True)),
-                )
-            )
-        if role.backend == "fsdp" and role.fsdp2 and not role.offload_policy:
-            knobs.append(
-                Knob(
-                    f"{which} FSDP2 CPU offload_policy",
-                    (f"{key}.offload_policy=true",),
-                    _with(s, which, replace(role, offload_policy=True)),
-                )
-            )
-        if role.backend == "fsdp" and role.param_bytes == 4:
-            knobs.append(
-                Knob(
-                    f"{which} model_dtype bf16",
-                    (f"{key}.model_dtype=bf16",),
-                    _with(s, which, replace(role, param_bytes=2)),
-                )
-            )
-    # gradient checkpointing / full recompute, for every trained role at once
+        fsdp = role.backend == "fsdp"
+        options: list[tuple[bool, str, str, Role]] = [
+            (not role.param_offload, "param_offload", "param_offload=true", replace(role, param_offload=True)),
+            (
+                not role.optimizer_offload,
+                "optimizer_offload",
+                "optimizer_offload=true",
+                replace(role, optimizer_offload=True),
+            ),
+            (
+                fsdp and role.fsdp2 and not role.offload_policy,
+                "FSDP2 CPU offload_policy",
+                "offload_policy=true",
+                replace(role, offload_policy=True),
+            ),
+            (fsdp and role.param_bytes == 4, "model_dtype bf16", "model_dtype=bf16", replace(role, param_bytes=2)),
+        ]
+        knobs += [
+            Knob(f"{which} {name}", (f"{key}.{setting}",), _with(s, which, changed))
+            for applies, name, setting, changed in options
+            if applies
+        ]
+    return knobs
+
+
+def _checkpointing_knob(s: Setup) -> Knob | None:
+    """Gradient checkpointing (Megatron: full recompute), for every trained role at once."""
     ck = s
     sets: list[str] = []
     for which, role in _roles(s):
@@ -112,27 +111,34 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
             model = "actor_rollout_ref.model" if which == "actor" else "critic.model"
             sets.append(f"{model}.enable_gradient_checkpointing=true")
             ck = _with(ck, which, replace(role, grad_ckpt=True))
-    if sets:
-        knobs.append(Knob("gradient checkpointing", tuple(sets), ck))
-    # smaller micro-batches (halve every per-GPU micro-batch above 1, or the token budgets)
-    mb = s
-    sets = []
+    return Knob("gradient checkpointing", tuple(sets), ck) if sets else None
+
+
+def _actor_micro_batches(s: Setup, mb: Setup, sets: list[str]) -> Setup:
+    """The actor's (and reference's) micro-batches halved, or its token budget; `sets` gets the lines."""
     a = "actor_rollout_ref"
     if s.actor.dynamic_bsz:
         if s.actor.max_tokens_train // 2 >= s.seq_len:
             new = s.actor.max_tokens_train // 2
             sets.append(f"{a}.actor.ppo_max_token_len_per_gpu={new}")
             mb = replace(mb, actor=replace(mb.actor, max_tokens_train=new, max_tokens_infer=new))
-    else:
-        if s.actor.micro_train > 1:
-            sets.append(f"{a}.actor.ppo_micro_batch_size_per_gpu={s.actor.micro_train // 2}")
-            mb = replace(mb, actor=replace(mb.actor, micro_train=s.actor.micro_train // 2))
-        if s.actor.micro_infer > 1:
-            sets.append(f"{a}.rollout.log_prob_micro_batch_size_per_gpu={s.actor.micro_infer // 2}")
-            mb = replace(mb, actor=replace(mb.actor, micro_infer=s.actor.micro_infer // 2))
-        if s.ref_role is not None and s.ref_role.micro_infer > 1:
-            sets.append(f"{a}.ref.log_prob_micro_batch_size_per_gpu={s.ref_role.micro_infer // 2}")
-            mb = replace(mb, ref_role=replace(s.ref_role, micro_infer=s.ref_role.micro_infer // 2))
+        return mb
+    if s.actor.micro_train > 1:
+        sets.append(f"{a}.actor.ppo_micro_batch_size_per_gpu={s.actor.micro_train // 2}")
+        mb = replace(mb, actor=replace(mb.actor, micro_train=s.actor.micro_train // 2))
+    if s.actor.micro_infer > 1:
+        sets.append(f"{a}.rollout.log_prob_micro_batch_size_per_gpu={s.actor.micro_infer // 2}")
+        mb = replace(mb, actor=replace(mb.actor, micro_infer=s.actor.micro_infer // 2))
+    if s.ref_role is not None and s.ref_role.micro_infer > 1:
+        sets.append(f"{a}.ref.log_prob_micro_batch_size_per_gpu={s.ref_role.micro_infer // 2}")
+        mb = replace(mb, ref_role=replace(s.ref_role, micro_infer=s.ref_role.micro_infer // 2))
+    return mb
+
+
+def _micro_batch_knob(s: Setup) -> Knob | None:
+    """Smaller micro-batches: every per-GPU micro-batch above 1 halved, or the token budgets."""
+    sets: list[str] = []
+    mb = _actor_micro_batches(s, s, sets)
     if s.critic is not None and not s.critic.dynamic_bsz:
         cr = s.critic
         if cr.micro_train > 1 or cr.micro_infer > 1:
@@ -142,8 +148,12 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
                 f"critic.forward_micro_batch_size_per_gpu={mi}",
             ]
             mb = replace(mb, critic=replace(cr, micro_train=mt, micro_infer=mi))
-    if sets:
-        knobs.append(Knob("smaller micro-batches", tuple(sets), mb))
+    return Knob("smaller micro-batches", tuple(sets), mb) if sets else None
+
+
+def _vllm_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
+    """vLLM's budget, its tensor parallelism, the weight-sync bucket and `free_cache_engine`."""
+    knobs: list[Knob] = []
     # vLLM budget: the least that still holds one max_model_len sequence (2 decimals, rounded up).
     # Lower when the budget squeezes the trainer, higher when vLLM cannot hold a sequence.
     u = min_utilization(s, gpu, c)
@@ -152,7 +162,7 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         knobs.append(
             Knob(
                 f"gpu_memory_utilization {u:g}",
-                (f"{a}.rollout.gpu_memory_utilization={u:g}",),
+                (f"{_ROLLOUT}.gpu_memory_utilization={u:g}",),
                 replace(s, rollout=replace(s.rollout, gpu_memory_utilization=u)),
             )
         )
@@ -162,7 +172,7 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         cand = replace(s, rollout=replace(s.rollout, tp=tp2))
         try:
             check_layout(cand)
-            knobs.append(Knob(f"vLLM TP{tp2}", (f"{a}.rollout.tensor_model_parallel_size={tp2}",), cand))
+            knobs.append(Knob(f"vLLM TP{tp2}", (f"{_ROLLOUT}.tensor_model_parallel_size={tp2}",), cand))
         except RecipeError:
             pass
     # a smaller weight-sync bucket (verl's default is 2048 MB)
@@ -171,7 +181,7 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         knobs.append(
             Knob(
                 f"sync bucket {bucket_mb} MB",
-                (f"{a}.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb}",),
+                (f"{_ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb}",),
                 replace(s, rollout=replace(s.rollout, bucket_bytes=bucket_mb * 1024**2)),
             )
         )
@@ -179,17 +189,22 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         knobs.append(
             Knob(
                 "free_cache_engine",
-                (f"{a}.rollout.free_cache_engine=true",),
+                (f"{_ROLLOUT}.free_cache_engine=true",),
                 replace(s, rollout=replace(s.rollout, free_cache_engine=True)),
             )
         )
-    # LoRA on the actor (and its reference becomes the actor with the adapter off)
+    return knobs
+
+
+def _lora_knobs(s: Setup) -> list[Knob]:
+    """LoRA on the actor (its reference becomes the actor with the adapter off) and the critic."""
+    knobs: list[Knob] = []
     if s.actor.lora_rank == 0 and s.actor.backend == "fsdp":
         ref = "in_actor" if s.ref != "none" else "none"
         knobs.append(
             Knob(
                 f"actor LoRA rank {LORA_RANK}",
-                (f"{a}.model.lora_rank={LORA_RANK}",),
+                (f"actor_rollout_ref.model.lora_rank={LORA_RANK}",),
                 replace(s, actor=replace(s.actor, lora_rank=LORA_RANK), ref=ref),
             )
         )
@@ -201,7 +216,11 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
                 replace(s, critic=replace(s.critic, lora_rank=LORA_RANK)),
             )
         )
-    # more GPUs: twice the data-parallel world (fill a node to 8 first, then add nodes)
+    return knobs
+
+
+def _more_gpus_knob(s: Setup) -> Knob | None:
+    """Twice the data-parallel world: a node filled to 8 GPUs first, then more nodes."""
     if s.gpus_per_node < 8:
         more = replace(s, gpus_per_node=min(8, s.gpus_per_node * 2))
         sets = [f"trainer.n_gpus_per_node={more.gpus_per_node}"]
@@ -210,10 +229,17 @@ def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
         sets = [f"trainer.nnodes={more.nnodes}"]
     try:
         check_layout(more)
-        knobs.append(Knob(f"{more.world} GPUs", tuple(sets), more))
     except RecipeError:
-        pass
-    return knobs
+        return None
+    return Knob(f"{more.world} GPUs", tuple(sets), more)
+
+
+def candidate_knobs(s: Setup, gpu: GPU, c: Constants) -> list[Knob]:
+    """Every knob that applies to `s`, in the order a tie between two of them is broken."""
+    one = [_checkpointing_knob(s), _micro_batch_knob(s)]
+    knobs = [*_offload_knobs(s), *(k for k in one if k), *_vllm_knobs(s, gpu, c), *_lora_knobs(s)]
+    more = _more_gpus_knob(s)
+    return knobs + ([more] if more else [])
 
 
 def _score(p: GPUPlan) -> tuple[int, int]:

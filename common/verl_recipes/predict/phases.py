@@ -620,12 +620,24 @@ def _add_all_gather_caches(s: Setup, phases: list[PhasePlan]) -> None:
 
 
 # ---- the phases ------------------------------------------------------------------------------
-def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
-    """Predict every phase of a step on one GPU kind."""
-    c = c or Constants()
-    a, r = s.arch, s.rollout
-    total = gpu.visible_bytes
-    budget = int(r.gpu_memory_utilization * total)
+@dataclass(frozen=True)
+class _Fixed:
+    """The terms of a GPU that every phase holds whatever computes (the driver's reserve, the two
+    processes' CUDA contexts and NCCL buffers), and vLLM's own, awake or asleep."""
+
+    base: list[Term]
+    vllm_full: list[Term]  # vLLM awake: its whole budget and its CUDA graphs
+    vllm_asleep: list[Term]  # vLLM asleep (`free_cache_engine`): its CUDA graphs only
+    free_cache_engine: bool
+
+    @property
+    def vllm_idle(self) -> list[Term]:
+        """vLLM while the trainer computes: asleep where it sleeps, else awake."""
+        return self.vllm_asleep if self.free_cache_engine else self.vllm_full
+
+
+def _fixed_terms(s: Setup, total: int, budget: int, c: Constants) -> _Fixed:
+    r = s.rollout
     graphs = 0 if r.enforce_eager else c.vllm_graph_bytes
     base = [
         Term("driver reserve (NVML used, no process)", c.device_reserved_bytes, "device"),
@@ -642,75 +654,80 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
         ),
         Term("vLLM CUDA graphs", graphs, "vllm"),
     ]
-    vllm_asleep = [Term("vLLM CUDA graphs (asleep)", graphs, "vllm")]
-    vllm_idle = vllm_asleep if r.free_cache_engine else vllm_full
+    return _Fixed(base, vllm_full, [Term("vLLM CUDA graphs (asleep)", graphs, "vllm")], r.free_cache_engine)
 
-    actor, critic = s.actor, s.critic
 
-    def resident(phase: str) -> list[Term]:
-        """Trainer state held in `phase` by the roles that are not computing."""
-        first = phase == "loaded"
-        terms: list[Term] = []
-        for role, is_critic, active in (
-            (
-                actor,
-                False,
-                phase in ("old_log_prob", "update_actor", "update_weights") or (phase == "ref" and s.ref == "in_actor"),
-            ),
-            (critic, True, phase in ("values", "update_critic")),
-        ):
-            if role is None:
-                continue
-            updating = phase == ("update_critic" if is_critic else "update_actor")
-            on_gpu = active or not role.param_offload
-            if (
-                phase == "update_weights"
-                and not is_critic
-                and role.backend == "fsdp"
-                and role.fsdp2
-                and not role.lora_rank
-            ):
-                # FSDP2 without LoRA streams each shard to the GPU on its own (`_skip_staging`).
-                on_gpu = not role.param_offload
-            if updating:
-                optim = 1.0
-            elif first:
-                optim = 1 / 3 if role.backend == "megatron" and not role.optimizer_offload else 0.0
-            else:
-                optim = 0.0 if role.optimizer_offload else 1.0
-            # Megatron's main-grad buffer stays allocated unless param_offload frees it between
-            # updates (verl loads it back only for training, `load_megatron_model_to_gpu(load_grad=)`).
-            grads = updating or (role.backend == "megatron" and not role.param_offload)
-            terms += _state(s, role, is_critic, weights=on_gpu, grads=grads, optim=optim)
-        if s.ref == "separate" and s.ref_role is not None and s.ref_role.backend == "megatron":
-            on = phase == "ref" or not s.ref_role.param_offload
-            terms += _state(s, s.ref_role, False, weights=on, grads=False, optim=0.0)[:1]
-        return terms
+def _optimizer_share(role: Role, phase: str, updating: bool) -> float:
+    """How much of a role's optimizer state is on the GPU in `phase`: all of it while it updates;
+    at `loaded` none (torch's AdamW makes its moments at the first step), but a third for Megatron,
+    which builds its fp32 master weights at init; else all unless `optimizer_offload`."""
+    if updating:
+        return 1.0
+    if phase == "loaded":
+        return 1 / 3 if role.backend == "megatron" and not role.optimizer_offload else 0.0
+    return 0.0 if role.optimizer_offload else 1.0
 
-    phases: list[PhasePlan] = []
-    # loaded: each role builds its weights on the GPU and offloads them if asked (init), then
-    # vLLM starts after the trainer and takes its budget before it first sleeps. Megatron builds
-    # a role whole before verl offloads it: weights, main-grad buffer and optimizer states (the
-    # trainer process at 69.3-69.5 GiB in each full-depth rank of 70b-3d, before vLLM starts:
-    # recipes/70b-3d/results/h100x1-ppo-rank0of32-partial, 16.1 + 32.1 + 24.1 GiB planned).
-    loaded_trainer = resident("loaded")
 
-    def built(role: Role, is_critic: bool) -> list[Term]:
-        if role.backend == "megatron":  # less the optimizer share `resident` holds already
-            held = 0.0 if role.optimizer_offload else 1 / 3
-            return _state(s, role, is_critic, weights=True, grads=True, optim=1.0 - held)
-        return _state(s, role, is_critic, weights=True, grads=False, optim=0.0)[:1]
+def _role_resident(s: Setup, role: Role, is_critic: bool, active: bool, phase: str) -> list[Term]:
+    """One role's state held on the GPU in `phase`; `active`: the role computes in it."""
+    updating = phase == ("update_critic" if is_critic else "update_actor")
+    on_gpu = active or not role.param_offload
+    if phase == "update_weights" and not is_critic and role.backend == "fsdp" and role.fsdp2 and not role.lora_rank:
+        # FSDP2 without LoRA streams each shard to the GPU on its own (`_skip_staging`).
+        on_gpu = not role.param_offload
+    # Megatron's main-grad buffer stays allocated unless param_offload frees it between
+    # updates (verl loads it back only for training, `load_megatron_model_to_gpu(load_grad=)`).
+    grads = updating or (role.backend == "megatron" and not role.param_offload)
+    return _state(s, role, is_critic, weights=on_gpu, grads=grads, optim=_optimizer_share(role, phase, updating))
 
+
+def _resident(s: Setup, phase: str) -> list[Term]:
+    """Trainer state held in `phase` by the roles that are not computing."""
+    actor_active = phase in ("old_log_prob", "update_actor", "update_weights") or (
+        phase == "ref" and s.ref == "in_actor"
+    )
+    terms: list[Term] = []
+    for role, is_critic, active in (
+        (s.actor, False, actor_active),
+        (s.critic, True, phase in ("values", "update_critic")),
+    ):
+        if role is not None:
+            terms += _role_resident(s, role, is_critic, active, phase)
+    if s.ref == "separate" and s.ref_role is not None and s.ref_role.backend == "megatron":
+        on = phase == "ref" or not s.ref_role.param_offload
+        terms += _state(s, s.ref_role, False, weights=on, grads=False, optim=0.0)[:1]
+    return terms
+
+
+def _built(s: Setup, role: Role, is_critic: bool) -> list[Term]:
+    """What a role holds while it builds, before verl offloads it."""
+    if role.backend == "megatron":  # less the optimizer share `_resident` holds already
+        held = 0.0 if role.optimizer_offload else 1 / 3
+        return _state(s, role, is_critic, weights=True, grads=True, optim=1.0 - held)
+    return _state(s, role, is_critic, weights=True, grads=False, optim=0.0)[:1]
+
+
+def _loaded_phase(s: Setup, fx: _Fixed, loaded_trainer: list[Term]) -> PhasePlan:
+    """loaded: each role builds its weights on the GPU and offloads them if asked (init), then
+    vLLM starts after the trainer and takes its budget before it first sleeps. Megatron builds
+    a role whole before verl offloads it: weights, main-grad buffer and optimizer states (the
+    trainer process at 69.3-69.5 GiB in each full-depth rank of 70b-3d, before vLLM starts:
+    recipes/70b-3d/results/h100x1-ppo-rank0of32-partial, 16.1 + 32.1 + 24.1 GiB planned)."""
     init_extra = [
-        built(role, is_critic)
-        for role, is_critic in ((actor, False), (critic, True))
+        _built(s, role, is_critic)
+        for role, is_critic in ((s.actor, False), (s.critic, True))
         if role is not None and role.param_offload and not (role.fsdp2 and role.offload_policy)
     ]
-    init = base[:2] + loaded_trainer + max(init_extra, key=lambda ts: sum(t.bytes for t in ts), default=[])
-    start = base + loaded_trainer + vllm_full
+    init = fx.base[:2] + loaded_trainer + max(init_extra, key=lambda ts: sum(t.bytes for t in ts), default=[])
+    start = fx.base + loaded_trainer + fx.vllm_full
     init_total, start_total = sum(t.bytes for t in init), sum(t.bytes for t in start)
-    phases.append(PhasePlan("loaded", start if start_total >= init_total else init))
-    # sync: the actor's weights gathered per tensor into the IPC bucket; vLLM weights awake.
+    return PhasePlan("loaded", start if start_total >= init_total else init)
+
+
+def _sync_and_gen_phases(s: Setup, fx: _Fixed) -> list[PhasePlan]:
+    """update_weights: the actor's weights gathered per tensor into the IPC bucket, vLLM's weights
+    awake; and gen, vLLM awake with the trainer at rest."""
+    a, r, actor = s.arch, s.rollout, s.actor
     sync_terms = [
         Term("weight-sync bucket (CUDA IPC)", r.bucket_bytes, "trainer"),
         Term("weight-sync staging (largest tensor, bf16, gathered)", 2 * a.largest_tensor_params(), "trainer"),
@@ -718,49 +735,59 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     if actor.lora_rank and s.lora_merge:
         lora = a.lora_params(actor.lora_rank, actor.lora_targets)
         sync_terms.append(Term("LoRA merge: adapter backup", lora * actor.param_bytes // s.world, "trainer"))
-    vllm_weights_only = [Term("vLLM weights (awake, bf16)", vllm_weights(s), "vllm"), *vllm_asleep]
-    sync = base + resident("update_weights") + sync_terms + (vllm_weights_only if r.free_cache_engine else vllm_full)
+    vllm_weights_only = [Term("vLLM weights (awake, bf16)", vllm_weights(s), "vllm"), *fx.vllm_asleep]
+    awake = vllm_weights_only if r.free_cache_engine else fx.vllm_full
+    sync = fx.base + _resident(s, "update_weights") + sync_terms + awake
     # verl's update_weights ends by resuming vLLM's KV cache (engine_workers.update_weights, step 4)
     # once the trainer has offloaded: the phase's peak is the larger of the sync and that end
     # state, which is generation's (measured: 7b-lora h200x1-ppo, update_weights peak = gen peak).
-    gen_terms = base + resident("gen") + vllm_full
+    gen_terms = fx.base + _resident(s, "gen") + fx.vllm_full
     if sum(t.bytes for t in gen_terms) > sum(t.bytes for t in sync):
         sync = gen_terms
-    phases.append(PhasePlan("update_weights", sync))
-    phases.append(PhasePlan("gen", gen_terms))
-    phases.append(
-        PhasePlan("old_log_prob", base + resident("old_log_prob") + _work(s, actor, False, False, c) + vllm_idle)
-    )
+    return [PhasePlan("update_weights", sync), PhasePlan("gen", gen_terms)]
+
+
+def _compute_phases(s: Setup, fx: _Fixed, c: Constants) -> list[PhasePlan]:
+    """The trainer's phases, each role's resident state plus the working set of the one computing,
+    in verl's order: log-probs, the reference, the critic's values and update, the actor's update."""
+    actor, critic = s.actor, s.critic
+
+    def phase(name: str, role: Role, is_critic: bool, train: bool) -> PhasePlan:
+        return PhasePlan(name, fx.base + _resident(s, name) + _work(s, role, is_critic, train, c) + fx.vllm_idle)
+
+    phases = [phase("old_log_prob", actor, False, False)]
     if s.ref == "in_actor":
         ref_role = replace(actor, micro_infer=s.ref_role.micro_infer if s.ref_role else actor.micro_infer)
-        phases.append(PhasePlan("ref", base + resident("ref") + _work(s, ref_role, False, False, c) + vllm_idle))
+        phases.append(phase("ref", ref_role, False, False))
     elif s.ref == "separate" and s.ref_role is not None:
         # FSDP: verl forces CPUOffload on the forward-only reference; only the working set is on GPU.
-        phases.append(PhasePlan("ref", base + resident("ref") + _work(s, s.ref_role, False, False, c) + vllm_idle))
+        phases.append(phase("ref", s.ref_role, False, False))
     if critic is not None:
-        phases.append(PhasePlan("values", base + resident("values") + _work(s, critic, True, False, c) + vllm_idle))
-        phases.append(
-            PhasePlan(
-                "update_critic",
-                base + resident("update_critic") + _work(s, critic, True, True, c) + vllm_idle,
-            )
-        )
-    phases.append(
-        PhasePlan("update_actor", base + resident("update_actor") + _work(s, actor, False, True, c) + vllm_idle)
-    )
+        phases += [phase("values", critic, True, False), phase("update_critic", critic, True, True)]
+    phases.append(phase("update_actor", actor, False, True))
+    return phases
 
-    _carry_cache_floor(s, phases)
-    _add_all_gather_caches(s, phases)
 
-    # vLLM start (after the trainer loaded): free memory must cover the requested budget.
-    start_used = sum(t.bytes for t in base + loaded_trainer)
-    start_free = total - start_used
+@dataclass(frozen=True)
+class _VllmStart:
+    """vLLM's start after the trainer loaded: what is free for its budget, and its KV cache."""
+
+    free: int
+    kv: int  # the budget less weights, activations, NCCL and non-torch memory (may be negative)
+    kv_tokens: int
+    per_token: int
+
+
+def _vllm_start(s: Setup, total: int, budget: int, used: int, c: Constants) -> _VllmStart:
+    r = s.rollout
     kv = budget - vllm_weights(s) - vllm_activation_peak(s) - _nccl_vllm(s, c) - c.vllm_nontorch_bytes
-    per_tok = a.kv_bytes_per_token(r.tp, r.dtype_bytes)
-    kv_tokens = max(0, kv) // per_tok
-    replicas = max(1, s.world // (r.tp * r.pp))
-    seqs = -(-s.train_batch_size * r.n // replicas)
+    per_tok = s.arch.kv_bytes_per_token(r.tp, r.dtype_bytes)
+    return _VllmStart(total - used, kv, max(0, kv) // per_tok, per_tok)
 
+
+def _problems(s: Setup, phases: list[PhasePlan], total: int, budget: int, v: _VllmStart) -> list[str]:
+    """Why the plan does not fit, each in one line; empty when it does."""
+    a, r = s.arch, s.rollout
     problems: list[str] = []
     if r.bucket_bytes < 2 * a.largest_tensor_params():
         problems.append(
@@ -770,28 +797,44 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     for p in phases:
         if p.total > total:
             problems.append(f"{p.phase} needs {p.total / GIB:.1f} GiB of {total / GIB:.1f} GiB")
-    if start_free < budget:
+    if v.free < budget:
         problems.append(
-            f"vLLM cannot start: {start_free / GIB:.1f} GiB free after the trainer loads, "
+            f"vLLM cannot start: {v.free / GIB:.1f} GiB free after the trainer loads, "
             f"gpu_memory_utilization asks {budget / GIB:.1f} GiB"
         )
-    if kv <= 0:
+    if v.kv <= 0:
         problems.append(f"vLLM has no KV cache: its weights and activations exceed its {budget / GIB:.1f} GiB budget")
-    elif kv_tokens < s.max_model_len:
+    elif v.kv_tokens < s.max_model_len:
         problems.append(
-            f"vLLM KV cache holds {kv_tokens} tokens, less than one max_model_len={s.max_model_len} sequence"
+            f"vLLM KV cache holds {v.kv_tokens} tokens, less than one max_model_len={s.max_model_len} sequence"
         )
+    return problems
+
+
+def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
+    """Predict every phase of a step on one GPU kind."""
+    c = c or Constants()
+    r = s.rollout
+    total = gpu.visible_bytes
+    budget = int(r.gpu_memory_utilization * total)
+    fx = _fixed_terms(s, total, budget, c)
+    loaded_trainer = _resident(s, "loaded")
+    phases = [_loaded_phase(s, fx, loaded_trainer), *_sync_and_gen_phases(s, fx), *_compute_phases(s, fx, c)]
+    _carry_cache_floor(s, phases)
+    _add_all_gather_caches(s, phases)
+    v = _vllm_start(s, total, budget, sum(t.bytes for t in fx.base + loaded_trainer), c)
+    replicas = max(1, s.world // (r.tp * r.pp))
     return GPUPlan(
         gpu=gpu,
         phases=phases,
         vllm_budget=budget,
-        vllm_start_free=start_free,
-        kv_bytes=max(0, kv),
-        kv_tokens=kv_tokens,
-        kv_needed_bytes=s.max_model_len * per_tok,
+        vllm_start_free=v.free,
+        kv_bytes=max(0, v.kv),
+        kv_tokens=v.kv_tokens,
+        kv_needed_bytes=s.max_model_len * v.per_token,
         max_model_len=s.max_model_len,
-        batch_seqs_per_replica=seqs,
-        problems=problems,
+        batch_seqs_per_replica=-(-s.train_batch_size * r.n // replicas),
+        problems=_problems(s, phases, total, budget, v),
     )
 
 
