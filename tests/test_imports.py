@@ -43,6 +43,7 @@ RULES: dict[str, tuple[str, str]] = {
     "worker": (STDLIB, "Ray runs the setup hook in every worker before it sets CUDA_VISIBLE_DEVICES"),
     "rundir": (STDLIB, "the phase markers write the run folder from inside Ray workers"),
     "procs": (STDLIB, "the launcher's in-step reap scans /proc on a node's bare python3"),
+    "layout": (STDLIB, "the Slurm launcher checks a job's layout on a host's bare python3"),
     "workload": (LIGHT, "synth-model and dataset start on a CPU host; torch and pyarrow load when used"),
     "recipe": (LIGHT, "`verl-recipes list` and the recipe schema work without verl"),
     "measure": (LIGHT, "the monitor must start before, and beside, the trainer it watches"),
@@ -119,6 +120,7 @@ BASE = frozenset(
         "verl_recipes.procs",
         "verl_recipes.inflight",  # writes renamed into place whole, claims: every wing writes files
         "verl_recipes.cli_types",  # the numeric argument types every wing's command takes
+        "verl_recipes.layout",  # the GPU layout rules, ranks and pool shares: launcher, planner, workers
     }
 )
 

@@ -1,4 +1,4 @@
-"""The GPU layout rules (`verl_recipes.recipe.layout`), and that the planner and the Slurm launcher's check
+"""The GPU layout rules (`verl_recipes.layout`), and that the planner and the Slurm launcher's check
 refuse a layout with the same line: the rules live in one place."""
 
 from __future__ import annotations
@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, layout
 from verl_recipes.cluster import settings as rc
 from verl_recipes.predict.inputs import setup_from_config
 from verl_recipes.predict.model import Arch
-from verl_recipes.recipe import layout
 from verl_recipes.recipe.compose import compose_recipe
 from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.workload.arch import ARCHS_DIR

@@ -10,7 +10,7 @@ non-zero exit, so it checks the job as it will run, before anything is made or w
   shape the synthetic checkpoint will have (`synth.shape_config`), never the stock recipe's;
 * the user's data files, against what verl reads from them (`userpaths.check_parquet`), and a
   `--model-out` folder: new, empty, or a synthetic checkpoint of the same shape (`check_model_out`);
-* the GPU layout (`verl_recipes.recipe.layout`, through the planner's `setup_from_config`);
+* the GPU layout (`verl_recipes.layout`, through the planner's `setup_from_config`);
 * verl's own start-up validation, `verl.utils.config.validate_config`, which `main_ppo` runs
   before Ray starts;
 * the host's RAM against the planner's host figure for the run (a warning only);

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_recipes import RecipeError
-from verl_recipes.recipe import layout
+from verl_recipes import RecipeError, layout
 
 RUNTIMES = ("bare", "pyxis", "apptainer")
 
@@ -322,7 +321,7 @@ def _train_args(train_cmd: str) -> tuple[list[str], dict[str, str]]:
 
 
 def check_train_layout(root: Path, recipe: str, train_cmd: str, nodes: int, gpus: int, tp: int, pp: int) -> None:
-    """`train`'s layout rules for RECIPE's job on this allocation (verl_recipes.recipe.layout, the
+    """`train`'s layout rules for RECIPE's job on this allocation (verl_recipes.layout, the
     same functions `plan` and `train`'s pre-flight call): Megatron TP and PP as the recipe runs
     them, the rollout's TP inside a node, and the batch over data-parallel ranks. A recipe or
     variant the index does not hold is left to `train` on the head."""
@@ -409,7 +408,7 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
     pp = _env_int(env, "PP", 1, 1)
     nodes = len(hosts) * per_host
     if gpus:
-        # The rules `train`'s pre-flight and the planner apply too (verl_recipes.recipe.layout).
+        # The rules `train`'s pre-flight and the planner apply too (verl_recipes.layout).
         layout.tp_in_node(gpus, tp)
         layout.data_parallel(nodes, gpus, (tp, pp), "TP x PP", "change TP/PP or the node or GPU count")
     elif tp * pp > 1:

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.predict.model import LORA_MODULES, Arch
-from verl_recipes.recipe.layout import (
+from verl_recipes.layout import (
     batch_over_ranks,
     data_parallel,
     heads_over_tp,
@@ -34,6 +33,7 @@ from verl_recipes.recipe.layout import (
     positive,
     tp_in_node,
 )
+from verl_recipes.predict.model import LORA_MODULES, Arch
 from verl_recipes.recipe.verl_schema import wants
 from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX
 
@@ -556,7 +556,7 @@ def _replace(role: Role, **kw: Any) -> Role:
 
 def check_layout(s: Setup) -> None:
     """Fail on a parallel layout that does not divide, with the setting to change (the rules live
-    in `verl_recipes.recipe.layout`, which the Slurm launcher's check uses too)."""
+    in `verl_recipes.layout`, which the Slurm launcher's check uses too)."""
     arch = s.arch
     gpus, nodes = "trainer.n_gpus_per_node", "trainer.nnodes"
     positive(nodes, s.nnodes)
