@@ -28,7 +28,7 @@ def test_the_line_is_one_rank_of_a_tp2_pp2_layout_on_the_last_stage() -> None:
     import argparse
 
     from verl_recipes import train
-    from verl_recipes.worker.megatron_rehearsal import MegatronLayout
+    from verl_recipes.layout import MegatronLayout
 
     limit, args = campaign_line(LINE, CAMPAIGN)
     parser = argparse.ArgumentParser()

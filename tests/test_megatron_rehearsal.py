@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 from verl_recipes import RecipeError
+from verl_recipes.layout import ENV_RANK, MegatronLayout, RankSpec, layout_of
 from verl_recipes.worker import megatron_rehearsal as mr
 from verl_recipes.worker import rank_rehearsal
-from verl_recipes.worker.rank_rehearsal import ENV_RANK, RankSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUT_70B = mr.MegatronLayout(32, tp=4, pp=2)
+LAYOUT_70B = MegatronLayout(32, tp=4, pp=2)
 
 
 def _mcore() -> Any:
@@ -45,10 +45,10 @@ def test_the_70b_layout_names_the_first_rank_of_each_pipeline_stage() -> None:
     assert (LAYOUT_70B.first_rank(0), LAYOUT_70B.first_rank(1)) == (0, 16)
     line = LAYOUT_70B.describe(21)
     assert "TP rank 1, DP rank 1, pipeline stage 1" in line and "--rank 0" in line and "--rank 16" in line
-    tp8 = mr.MegatronLayout(32, tp=8, pp=1)
+    tp8 = MegatronLayout(32, tp=8, pp=1)
     assert tp8.dp == 4 and "its first rank is --rank 0" in tp8.describe(0)
-    with pytest.raises(RecipeError, match="does not divide the job's 32 GPUs"):
-        mr.MegatronLayout(32, tp=3)
+    with pytest.raises(RecipeError, match=r"32 GPUs \(1 node x 32\) do not divide by TP x PP x CP = 3 x 1 x 1"):
+        MegatronLayout(32, tp=3)
     with pytest.raises(RecipeError, match="--rank 32 is not a rank"):
         LAYOUT_70B.coordinates(32)
 
@@ -57,7 +57,7 @@ def test_the_70b_layout_names_the_first_rank_of_each_pipeline_stage() -> None:
 def test_rank_coordinates_are_megatron_cores_own(tp: int, pp: int, cp: int) -> None:
     """Against megatron-core's RankGenerator in its default order, every rank of 32."""
     mpu = _mcore()
-    layout = mr.MegatronLayout(32, tp=tp, pp=pp, cp=cp)
+    layout = MegatronLayout(32, tp=tp, pp=pp, cp=cp)
     gen = mpu.RankGenerator(tp=tp, ep=1, dp=layout.dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
     for axis in ("tp", "pp", "dp", "cp"):
         for group in gen.get_ranks(axis):
@@ -380,6 +380,6 @@ def test_a_megatron_rank_rehearsal_refuses_what_megatron_would() -> None:
     with pytest.raises(RecipeError, match="does not split over 4 data-parallel ranks"):
         rank_rehearsal.localize(_job(sets=["data.train_batch_size=30"]), spec, {})
     with pytest.raises(RecipeError, match="critic's Megatron layout"):
-        mr.layout_of(_job(sets=["critic.megatron.tensor_model_parallel_size=8"]), 32)
+        layout_of(_job(sets=["critic.megatron.tensor_model_parallel_size=8"]), 32)
     with pytest.raises(RecipeError, match="virtual pipeline"):
-        mr.layout_of(_job(sets=["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"]), 32)
+        layout_of(_job(sets=["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"]), 32)

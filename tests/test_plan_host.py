@@ -388,7 +388,7 @@ def test_a_rehearsed_rank_holds_one_ranks_share_of_the_node(root: Path) -> None:
 
 
 def test_a_rehearsed_rank_that_shares_the_jobs_pools_holds_one_worker_of_each() -> None:
-    """A rank rehearsal runs its share of the job's CPU worker pools (`rank_rehearsal.JOB_POOLS`):
+    """A rank rehearsal runs its share of the job's CPU worker pools (`layout.JOB_POOLS`):
     for a rank of 70b-3d's 32 GPUs, one agent-loop, reward and storage worker where the job has
     eight of each, so the host model takes seven of each off, less in PSS the pages each shares
     with the other processes (measured on the small TP2 x PP2 rank with the whole pools and with

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from verl_recipes import RecipeError
+from verl_recipes.layout import ENV_RANK, JOB_POOLS, RankSpec, pool_share
 from verl_recipes.worker import rank_rehearsal
-from verl_recipes.worker.rank_rehearsal import ENV_RANK, RankSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,10 +120,10 @@ def test_a_rank_of_a_large_job_runs_one_worker_of_each_pool() -> None:
     arch = {"num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
     arch |= {"intermediate_size": 28672, "vocab_size": 32000, "num_hidden_layers": 80}
     changed = rank_rehearsal.localize(cfg, RankSpec(16, 32), arch)
-    for key in rank_rehearsal.JOB_POOLS[:2] + rank_rehearsal.JOB_POOLS[3:]:
+    for key in JOB_POOLS[:2] + JOB_POOLS[3:]:
         assert changed[key] == (8, 1), key
-    assert rank_rehearsal.pool_share(8, 32) == 1 and rank_rehearsal.pool_share(8, 32, ranks=8) == 2
-    assert rank_rehearsal.pool_share(3, 2) == 2  # a share is whole workers, at least one
+    assert pool_share(8, 32) == 1 and pool_share(8, 32, ranks=8) == 2
+    assert pool_share(3, 2) == 2  # a share is whole workers, at least one
 
 
 def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:

@@ -392,7 +392,7 @@ def test_a_rank_rehearsal_on_a_cpu_rehearses_the_whole_jobs_rank(
     import shlex
 
     from omegaconf import OmegaConf
-    from verl_recipes.worker.rank_rehearsal import ENV_RANK
+    from verl_recipes.layout import ENV_RANK
 
     run = tmp_path / "run"
     assert main(["train", "13b-fsdp", "--rank", "0", "--run-dir", str(run)]) == 0, capsys.readouterr().err[-2000:]
@@ -426,9 +426,9 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
 ) -> None:
     """The world is the job's GPUs after --gpus (GPUs per node); the rank goes into the default run
     folder's name, the environment every process of the run inherits, and provenance.json."""
+    from verl_recipes.layout import ENV_RANK, RankSpec
     from verl_recipes.preflight import preflight
     from verl_recipes.train import launch_env, run_record, trainer_command
-    from verl_recipes.worker.rank_rehearsal import ENV_RANK, RankSpec
 
     monkeypatch.chdir(tmp_path)
     job = _job("13b-fsdp", "--rank", "3", "--gpus", "4")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB, RecipeError
+from verl_recipes.layout import RankSpec
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import Layout, default_data_dir, gpu_layout
-from verl_recipes.worker.rank_rehearsal import RankSpec
 from verl_recipes.worker.verl_fixes import FIXES
 from verl_recipes.workload.synth import model_dir
 

@@ -1,4 +1,4 @@
-"""The GPU layout rules of a verl job, in one place.
+"""The GPU layout of a verl job, in one place: its rules, its ranks, its pools.
 
 A job spreads `nodes x GPUs per node` ranks over tensor (TP), pipeline (PP) and context (CP)
 parallel groups and data-parallel (DP) replicas: nodes x GPUs = TP x PP x CP x DP. Each rule
@@ -8,10 +8,19 @@ the verl key). The memory planner (`predict.inputs.check_layout`, which `train`'
 runs) and the Slurm launcher's check (`cluster.settings.check`) both call these, so the two cannot
 drift apart.
 
-Standard library only: the Slurm launcher imports this on a host's bare python3.
+A rank of a job is one `RankSpec` (rank R of a world of N) from the command line to the run's
+record; a rank rehearsed on one GPU runs its share of the job's CPU worker pools (`pool_share`);
+`MegatronLayout` places a rank in Megatron's TP x CP x DP x PP order by the same divide rule.
+
+Standard library only: the Slurm launcher imports this on a host's bare python3, and verl's
+workers read their rank from it before CUDA is set.
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
 
 from verl_recipes import RecipeError
 
@@ -91,3 +100,144 @@ def batch_over_ranks(rows: int, minimal: int, train_batch: int, mini_batch: int)
             f"ppo_mini_batch_size={mini_batch} (verl rejects it); "
             f"lower ppo_mini_batch_size to at most {train_batch}"
         )
+
+
+# ---- ranks and pools ---------------------------------------------------------------------------
+#: set by the launcher for every process of a rehearsed run: ``R/N`` (rank R of a world of N).
+ENV_RANK = "VERL_RECIPES_RANK_REHEARSAL"
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Rank `rank` of a job of `world` GPUs, rehearsed on one local GPU."""
+
+    rank: int
+    world: int
+
+    def __post_init__(self) -> None:
+        if self.world < 1:
+            raise RecipeError(f"a rank rehearsal needs a world of at least 1 GPU, not {self.world}")
+        if not 0 <= self.rank < self.world:
+            raise RecipeError(
+                f"--rank {self.rank} is not a rank of this job's {self.world} GPU(s): use 0 to {self.world - 1}"
+            )
+
+    @property
+    def env_value(self) -> str:
+        return f"{self.rank}/{self.world}"
+
+    @property
+    def label(self) -> str:
+        """How reports, bounds files and tables name such a run."""
+        return f"rank rehearsal ({self.rank} of {self.world})"
+
+    @classmethod
+    def parse(cls, value: str) -> RankSpec:
+        try:
+            rank, world = (int(x) for x in value.split("/"))
+        except ValueError as e:
+            raise RecipeError(f"{ENV_RANK}={value!r}: expected R/N, e.g. 0/2") from e
+        return cls(rank, world)
+
+    @classmethod
+    def from_env(cls) -> RankSpec | None:
+        value = os.environ.get(ENV_RANK)
+        return cls.parse(value) if value else None
+
+
+#: verl's job-level pools of CPU worker processes (Ray actors without a GPU), each sized for the
+#: whole job and spread over its nodes by Ray: a rehearsed rank runs its share of each, so its host
+#: holds what one rank's share of the job holds (a rank of 70b-3d's 32 GPUs ran all eight of each,
+#: 24 GiB of RSS, on one host). `reward_model.num_workers`, when set, overrides `reward.num_workers`
+#: in verl 0.9.1 (`experimental/reward_loop/reward_loop.py`), so it is shared too.
+JOB_POOLS = (
+    "actor_rollout_ref.rollout.agent.num_workers",  # agent-loop workers (verl's default 8)
+    "reward.num_workers",  # reward-loop workers (8)
+    "reward_model.num_workers",  # its legacy name (null unless set)
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units",  # TransferQueue storage units (8)
+)
+
+
+def pool_share(n: int, world: int, ranks: int = 1) -> int:
+    """The workers of a job-level pool of `n` that `ranks` of the job's `world` GPUs hold: their
+    share, at least one."""
+    return max(1, -(-n * ranks // max(world, 1)))
+
+
+# ---- Megatron's layout --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MegatronLayout:
+    """A dense model's Megatron layout over `world` GPUs (expert parallelism 1)."""
+
+    world: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+
+    def __post_init__(self) -> None:  # the divide rule every layout obeys (`data_parallel`)
+        for name, size in (("TP", self.tp), ("PP", self.pp), ("CP", self.cp)):
+            positive(name, size)
+        data_parallel(1, self.world, (self.tp, self.pp, self.cp), "TP x PP x CP", "Megatron refuses it too", "node")
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp * self.cp)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Rank `rank`'s place, in megatron-core's default order ``tp-cp-ep-dp-pp``."""
+        if not 0 <= rank < self.world:
+            raise RecipeError(f"--rank {rank} is not a rank of this job's {self.world} GPU(s)")
+        out = {}
+        for name, size in (("tp", self.tp), ("cp", self.cp), ("dp", self.dp), ("pp", self.pp)):
+            out[name] = rank % size
+            rank //= size
+        return out
+
+    def first_rank(self, stage: int) -> int:
+        """The rank with TP, CP and DP coordinates 0 on pipeline stage `stage`."""
+        return stage * self.world // self.pp
+
+    def describe(self, rank: int) -> str:
+        """One line: where `rank` sits, and which ranks hold the pipeline's two ends."""
+        c = self.coordinates(rank)
+        last = self.pp - 1
+        ends = (
+            f"one stage holds the embedding and the output layer, its first rank is --rank {self.first_rank(0)}"
+            if self.pp == 1
+            else f"the first rank of stage 0 (embedding) is --rank {self.first_rank(0)}, "
+            f"of the last stage {last} (output layer, loss) --rank {self.first_rank(last)}"
+        )
+        return (
+            f"rank {rank} of TP{self.tp} x PP{self.pp} x DP{self.dp}"
+            + (f" x CP{self.cp}" if self.cp > 1 else "")
+            + f" is TP rank {c['tp']}, DP rank {c['dp']}, pipeline stage {c['pp']}; {ends}"
+        )
+
+
+def layout_of(config: Any, world: int) -> MegatronLayout | None:
+    """The Megatron layout of verl's composed job config (None when the actor is not Megatron).
+
+    verl 0.9.1 initialises Megatron's parallel state once per process, from the first engine it
+    builds, so a critic or reference model of another layout is refused here as Megatron's
+    ``initialize_model_parallel`` would leave it wrong there."""
+    actor = config.actor_rollout_ref.actor
+    if actor.get("strategy") != "megatron":
+        return None
+
+    def sizes(section: Any) -> tuple[int, int, int]:
+        m = section.megatron
+        cp = int(m.get("context_parallel_size", 1) or 1)
+        return int(m.tensor_model_parallel_size), int(m.pipeline_model_parallel_size), cp
+
+    mine = sizes(actor)
+    for name, section in (("critic", config.get("critic")), ("reference", config.actor_rollout_ref.get("ref"))):
+        megatron = section is not None and section.get("strategy") == "megatron" and section.get("megatron")
+        if megatron and sizes(section) != mine:
+            raise RecipeError(
+                f"the {name}'s Megatron layout TP/PP/CP {sizes(section)} differs from the actor's {mine}; "
+                "one process holds one Megatron parallel state"
+            )
+    if int(actor.megatron.get("virtual_pipeline_model_parallel_size") or 1) > 1:
+        raise RecipeError("a rank rehearsal runs the plain 1F1B pipeline schedule; drop the virtual pipeline size")
+    tp, pp, cp = mine
+    return MegatronLayout(world, tp, pp, cp)

@@ -30,7 +30,7 @@ from typing import Any
 
 from verl_recipes import GIB, RecipeError
 from verl_recipes.job import Budget, Job
-from verl_recipes.worker.rank_rehearsal import RankSpec
+from verl_recipes.layout import RankSpec, layout_of
 
 __all__ = ["Budget", "check", "fit", "model_config", "preflight", "verl_validate"]
 
@@ -99,7 +99,6 @@ def rank_lines(cfg: Any, rank: RankSpec, arch: dict[str, Any]) -> list[str]:
     """What a rank rehearsal of the composed job is, or the one line why it cannot be: the share
     the driver will run (`rank_rehearsal.localize`, on a copy) and, on Megatron, where the rank
     sits in the layout and which ranks hold the pipeline's two ends."""
-    from verl_recipes.worker.megatron_rehearsal import layout_of
     from verl_recipes.worker.rank_rehearsal import localize
 
     localize(copy.deepcopy(cfg), rank, arch)

@@ -223,7 +223,7 @@ def measured_runs(base: Path) -> list[Path]:
 
 
 #: `rank_rehearsal.pools` in a rank rehearsal's provenance (and its bounds): the rank ran its share
-#: of the job's CPU worker pools (`worker.rank_rehearsal.JOB_POOLS`); a record without it ran them whole
+#: of the job's CPU worker pools (`layout.JOB_POOLS`); a record without it ran them whole
 POOLS_SHARED = "rank share"
 
 
@@ -287,7 +287,7 @@ class Provenance:
     @property
     def rank_pools_shared(self) -> bool:
         """Whether a rank rehearsal ran only its share of the job's CPU worker pools
-        (`rank_rehearsal.JOB_POOLS`); a rehearsal recorded without the key ran them whole."""
+        (`layout.JOB_POOLS`); a rehearsal recorded without the key ran them whole."""
         rank = self.raw.get("rank_rehearsal")
         return bool(isinstance(rank, dict) and rank.get("pools") == POOLS_SHARED)
 

@@ -25,7 +25,7 @@ starts over (the stopped attempt kept in attempt-N/).
 verl runs its trainer loop and FSDP workers as Ray actors, so the launch reaches them through
 Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment
 variables; a rank rehearsal (`--rank R`) is one of those variables
-(`worker.rank_rehearsal.ENV_RANK`).
+(`layout.ENV_RANK`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 
 from verl_recipes import RecipeError, cli_types, procs, rundir
 from verl_recipes.job import Job, decide
-from verl_recipes.worker.rank_rehearsal import ENV_RANK
+from verl_recipes.layout import ENV_RANK
 from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF
 
 CLI = [sys.executable, "-m", "verl_recipes.cli"]

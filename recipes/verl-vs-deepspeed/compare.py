@@ -135,7 +135,7 @@ def cmd_records(a: argparse.Namespace) -> int:
     from ds_ppo.harness import record_rehearsal
     from ds_ppo.records import write_records
     from verl_recipes import RecipeError
-    from verl_recipes.worker.rank_rehearsal import RankSpec
+    from verl_recipes.layout import RankSpec
 
     run_dir = Path(a.run_dir)
     try:

@@ -182,7 +182,7 @@ def _two_sided(what: str, got: float | None, band: list[float] | None) -> list[s
 def host_comparable(run: Path, bounds_doc: dict[str, Any]) -> bool:
     """Whether `run`'s host memory can be held to the bounds' host band: a rank rehearsal that ran
     its share of the job's CPU worker pools holds several GiB less than one that ran them whole
-    (`rank_rehearsal.JOB_POOLS`), so the two are judged only against their own kind."""
+    (`layout.JOB_POOLS`), so the two are judged only against their own kind."""
     prov = read_provenance(run)
     if not (prov.rank_rehearsal and bounds_doc.get("rank_rehearsal")):
         return True

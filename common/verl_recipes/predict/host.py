@@ -64,9 +64,9 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError
+from verl_recipes.layout import pool_share
 from verl_recipes.predict.inputs import Role, Setup
 from verl_recipes.predict.model import Arch
-from verl_recipes.worker.rank_rehearsal import pool_share
 from verl_recipes.worker.verl_fixes import (  # the merge takes no CPU copy
     MEGATRON_OPT_PIN_FIX,
     MEGATRON_PIN_FIX,
@@ -628,7 +628,7 @@ def plan_host(
     when not all of them: a rank rehearsal (`train --rank`) runs one rank's processes, so its host
     holds one rank's share of every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's.
     `pools_shared`: the host also runs only those ranks' share of the job's CPU worker pools
-    (`rank_rehearsal.JOB_POOLS`: a rehearsal whose provenance says `pools: rank share`; one without
+    (`layout.JOB_POOLS`: a rehearsal whose provenance says `pools: rank share`; one without
     it ran them whole)."""
     fixes_off = tuple(fixes_off)
     if s.actor.backend == "megatron" and s.actor.pp > 1 and s.pp_stage is None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from verl_recipes import RecipeError
 from verl_recipes.layout import (
+    MegatronLayout,
     batch_over_ranks,
     data_parallel,
     heads_over_tp,
@@ -157,8 +158,6 @@ class Setup:
         """This Setup as rank `rank` of its job runs it: its pipeline stage (megatron-core's rank
         order, `MegatronLayout.coordinates`); unchanged where the actor is not pipelined."""
         from dataclasses import replace
-
-        from verl_recipes.worker.megatron_rehearsal import MegatronLayout
 
         a = self.actor
         if a.backend != "megatron" or a.pp <= 1:

@@ -51,7 +51,7 @@ def _cap_memory() -> None:
 def setup() -> None:
     """Ray's worker_process_setup_hook: never raises, so a hook problem cannot kill a worker.
 
-    The one exception is a rank rehearsal asked for and not understood (`rank_rehearsal.ENV_RANK`):
+    The one exception is a rank rehearsal asked for and not understood (`layout.ENV_RANK`):
     a worker that went on without it would measure a different job and say nothing.
     """
     from verl_recipes.worker import rank_rehearsal

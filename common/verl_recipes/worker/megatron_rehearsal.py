@@ -16,7 +16,7 @@ is asked for:
 - Only the last stage's first TP rank answers the driver; a rehearsed rank must answer for its
   pipeline whatever its stage (`MegatronEngine`).
 
-Megatron orders ranks ``tp-cp-ep-dp-pp`` (TP fastest, PP slowest); `MegatronLayout` says which
+Megatron orders ranks ``tp-cp-ep-dp-pp`` (TP fastest, PP slowest); `layout.MegatronLayout` says which
 rank holds which coordinates, and which ranks are worth rehearsing: the first of stage 0
 (embedding) and the first of the last stage (output layer, loss, logits).
 """
@@ -24,94 +24,11 @@ rank holds which coordinates, and which ranks are worth rehearsing: the first of
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
 from verl_recipes.worker.import_hooks import after_import, replacing
-
-
-@dataclass(frozen=True)
-class MegatronLayout:
-    """A dense model's Megatron layout over `world` GPUs (expert parallelism 1)."""
-
-    world: int
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-
-    def __post_init__(self) -> None:
-        size = self.tp * self.pp * self.cp
-        if min(self.tp, self.pp, self.cp) < 1 or self.world % size:
-            raise RecipeError(
-                f"TP{self.tp} x PP{self.pp} x CP{self.cp} does not divide the job's {self.world} GPUs: "
-                "Megatron refuses it too"
-            )
-
-    @property
-    def dp(self) -> int:
-        return self.world // (self.tp * self.pp * self.cp)
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """Rank `rank`'s place, in megatron-core's default order ``tp-cp-ep-dp-pp``."""
-        if not 0 <= rank < self.world:
-            raise RecipeError(f"--rank {rank} is not a rank of this job's {self.world} GPU(s)")
-        out = {}
-        for name, size in (("tp", self.tp), ("cp", self.cp), ("dp", self.dp), ("pp", self.pp)):
-            out[name] = rank % size
-            rank //= size
-        return out
-
-    def first_rank(self, stage: int) -> int:
-        """The rank with TP, CP and DP coordinates 0 on pipeline stage `stage`."""
-        return stage * self.world // self.pp
-
-    def describe(self, rank: int) -> str:
-        """One line: where `rank` sits, and which ranks hold the pipeline's two ends."""
-        c = self.coordinates(rank)
-        last = self.pp - 1
-        ends = (
-            f"one stage holds the embedding and the output layer, its first rank is --rank {self.first_rank(0)}"
-            if self.pp == 1
-            else f"the first rank of stage 0 (embedding) is --rank {self.first_rank(0)}, "
-            f"of the last stage {last} (output layer, loss) --rank {self.first_rank(last)}"
-        )
-        return (
-            f"rank {rank} of TP{self.tp} x PP{self.pp} x DP{self.dp}"
-            + (f" x CP{self.cp}" if self.cp > 1 else "")
-            + f" is TP rank {c['tp']}, DP rank {c['dp']}, pipeline stage {c['pp']}; {ends}"
-        )
-
-
-def layout_of(config: Any, world: int) -> MegatronLayout | None:
-    """The Megatron layout of verl's composed job config (None when the actor is not Megatron).
-
-    verl 0.9.1 initialises Megatron's parallel state once per process, from the first engine it
-    builds, so a critic or reference model of another layout is refused here as Megatron's
-    ``initialize_model_parallel`` would leave it wrong there."""
-    actor = config.actor_rollout_ref.actor
-    if actor.get("strategy") != "megatron":
-        return None
-
-    def sizes(section: Any) -> tuple[int, int, int]:
-        m = section.megatron
-        cp = int(m.get("context_parallel_size", 1) or 1)
-        return int(m.tensor_model_parallel_size), int(m.pipeline_model_parallel_size), cp
-
-    mine = sizes(actor)
-    for name, section in (("critic", config.get("critic")), ("reference", config.actor_rollout_ref.get("ref"))):
-        megatron = section is not None and section.get("strategy") == "megatron" and section.get("megatron")
-        if megatron and sizes(section) != mine:
-            raise RecipeError(
-                f"the {name}'s Megatron layout TP/PP/CP {sizes(section)} differs from the actor's {mine}; "
-                "one process holds one Megatron parallel state"
-            )
-    if int(actor.megatron.get("virtual_pipeline_model_parallel_size") or 1) > 1:
-        raise RecipeError("a rank rehearsal runs the plain 1F1B pipeline schedule; drop the virtual pipeline size")
-    tp, pp, cp = mine
-    return MegatronLayout(world, tp, pp, cp)
-
 
 # --- the worker side --------------------------------------------------------------------------
 

@@ -16,55 +16,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from verl_recipes import RecipeError
+from verl_recipes.layout import JOB_POOLS, RankSpec, layout_of, pool_share
 from verl_recipes.worker.import_hooks import after_import, replacing
-
-#: set by the launcher for every process of a rehearsed run: ``R/N`` (rank R of a world of N).
-ENV_RANK = "VERL_RECIPES_RANK_REHEARSAL"
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """Rank `rank` of a job of `world` GPUs, rehearsed on one local GPU."""
-
-    rank: int
-    world: int
-
-    def __post_init__(self) -> None:
-        if self.world < 1:
-            raise RecipeError(f"a rank rehearsal needs a world of at least 1 GPU, not {self.world}")
-        if not 0 <= self.rank < self.world:
-            raise RecipeError(
-                f"--rank {self.rank} is not a rank of this job's {self.world} GPU(s): use 0 to {self.world - 1}"
-            )
-
-    @property
-    def env_value(self) -> str:
-        return f"{self.rank}/{self.world}"
-
-    @property
-    def label(self) -> str:
-        """How reports, bounds files and tables name such a run."""
-        return f"rank rehearsal ({self.rank} of {self.world})"
-
-    @classmethod
-    def parse(cls, value: str) -> RankSpec:
-        try:
-            rank, world = (int(x) for x in value.split("/"))
-        except ValueError as e:
-            raise RecipeError(f"{ENV_RANK}={value!r}: expected R/N, e.g. 0/2") from e
-        return cls(rank, world)
-
-    @classmethod
-    def from_env(cls) -> RankSpec | None:
-        value = os.environ.get(ENV_RANK)
-        return cls.parse(value) if value else None
-
 
 # --- the worker side: the fake process group -------------------------------------------------
 
@@ -183,30 +141,9 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     }
 
 
-#: verl's job-level pools of CPU worker processes (Ray actors without a GPU), each sized for the
-#: whole job and spread over its nodes by Ray: a rehearsed rank runs its share of each, so its host
-#: holds what one rank's share of the job holds (a rank of 70b-3d's 32 GPUs ran all eight of each,
-#: 24 GiB of RSS, on one host). `reward_model.num_workers`, when set, overrides `reward.num_workers`
-#: in verl 0.9.1 (`experimental/reward_loop/reward_loop.py`), so it is shared too.
-JOB_POOLS = (
-    "actor_rollout_ref.rollout.agent.num_workers",  # agent-loop workers (verl's default 8)
-    "reward.num_workers",  # reward-loop workers (8)
-    "reward_model.num_workers",  # its legacy name (null unless set)
-    "transfer_queue.backend.SimpleStorage.num_data_storage_units",  # TransferQueue storage units (8)
-)
-
-
-def pool_share(n: int, world: int, ranks: int = 1) -> int:
-    """The workers of a job-level pool of `n` that `ranks` of the job's `world` GPUs hold: their
-    share, at least one."""
-    return max(1, -(-n * ranks // max(world, 1)))
-
-
 def data_parallel_size(config: Any, world: int) -> int:
     """How many data-parallel ranks the job's `world` GPUs form, each reading 1/DP of a batch:
-    world / (TP x PP x CP) on Megatron (`megatron_rehearsal.layout_of`), world / Ulysses SP on FSDP."""
-    from verl_recipes.worker.megatron_rehearsal import layout_of
-
+    world / (TP x PP x CP) on Megatron (`layout.layout_of`), world / Ulysses SP on FSDP."""
     layout = layout_of(config, world)
     if layout is not None:
         return layout.dp

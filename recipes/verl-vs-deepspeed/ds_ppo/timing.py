@@ -49,7 +49,8 @@ class Dist:
             device = torch.device("cuda", local)
         else:
             device = torch.device("cpu")
-        from verl_recipes.worker.rank_rehearsal import RankSpec, init_fake_group
+        from verl_recipes.layout import RankSpec
+        from verl_recipes.worker.rank_rehearsal import init_fake_group
 
         spec = RankSpec.from_env()
         if spec is not None:
