@@ -44,6 +44,7 @@ RULES: dict[str, tuple[str, str]] = {
     "rundir": (STDLIB, "the phase markers write the run folder from inside Ray workers"),
     "procs": (STDLIB, "the launcher's in-step reap scans /proc on a node's bare python3"),
     "layout": (STDLIB, "the Slurm launcher checks a job's layout on a host's bare python3"),
+    "fixes": (STDLIB, "verl's workers read the fix table in the setup hook, before CUDA is chosen"),
     "workload": (LIGHT, "synth-model and dataset start on a CPU host; torch and pyarrow load when used"),
     "recipe": (LIGHT, "`verl-recipes list` and the recipe schema work without verl"),
     "measure": (LIGHT, "the monitor must start before, and beside, the trainer it watches"),
@@ -121,6 +122,7 @@ BASE = frozenset(
         "verl_recipes.inflight",  # writes renamed into place whole, claims: every wing writes files
         "verl_recipes.cli_types",  # the numeric argument types every wing's command takes
         "verl_recipes.layout",  # the GPU layout rules, ranks and pool shares: launcher, planner, workers
+        "verl_recipes.fixes",  # the verl fixes' table: the workers patch by it, everything else judges by it
     }
 )
 
@@ -265,7 +267,7 @@ def test_the_import_graph_sees_imports_inside_functions() -> None:
     defers its heavy and upward-looking imports there), and `from pkg import module` as the module."""
     assert "verl_recipes.plan.runs" in imports_of("verl_recipes.docs")  # inside _measured_cell
     assert "verl_recipes.worker.markers" in imports_of("verl_recipes.worker.hooks")  # `from ... import markers`
-    assert "verl_recipes.rundir" in imports_of("verl_recipes.worker.verl_fixes")
+    assert "verl_recipes.fixes" in imports_of("verl_recipes.worker.verl_fixes")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from verl_recipes.fixes import FIXES, MEGATRON_OPT_PIN_FIX, MEGATRON_PIN_FIX
 from verl_recipes.worker import verl_fixes
 from verl_recipes.worker.pinned_offload import ddp_buffers, make_offload, make_optimizer_offload, page_locked
 
@@ -118,14 +119,14 @@ def test_the_fix_patches_the_name_verl_calls() -> None:
     once = engine.offload_megatron_model_to_cpu
     verl_fixes._patch_megatron_offload(engine)  # type: ignore[arg-type]
     assert engine.offload_megatron_model_to_cpu is once
-    module, _ = verl_fixes.FIXES[verl_fixes.MEGATRON_PIN_FIX]
+    module = FIXES[MEGATRON_PIN_FIX].module
     assert module == "verl.workers.engine.megatron.transformer_impl"
     engine.offload_megatron_optimizer = _verl_functions("offload_megatron_copy_params", "offload_megatron_optimizer")[
         "offload_megatron_optimizer"
     ]
     verl_fixes._patch_megatron_optimizer_offload(engine)  # type: ignore[arg-type]
     assert engine.offload_megatron_optimizer.__wrapped__ is verl_fixes.ORIGINALS["offload_megatron_optimizer"]
-    assert verl_fixes.FIXES[verl_fixes.MEGATRON_OPT_PIN_FIX][0] == module
+    assert FIXES[MEGATRON_OPT_PIN_FIX].module == module
 
 
 class Adam:

@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
+from verl_recipes.fixes import CRITIC_BATCHING_FIX, MERGE_FIX, REPLAY_POLL_FIX
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.errors import error_rows, main_errors
 from verl_recipes.predict.cost import Offer, compute_cost, load_prices, pick_offer
@@ -30,7 +31,6 @@ from verl_recipes.recipe.compose import merge_strict, parse_sets
 from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_config import compose_run, gpu_layout
 from verl_recipes.rundir import SUMMARY_SCHEMA as SCHEMA
-from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, MERGE_FIX, REPLAY_POLL_FIX
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB = 1024**2
@@ -784,9 +784,7 @@ def test_a_fix_of_the_padding_free_path_concerns_only_runs_that_take_it(tmp_path
     padded run without it ran the same code, and stays evidence for memory and rate; a packed
     run without it did not. A fix of the critic's engine concerns no run without a critic, and a
     Megatron fix no FSDP run."""
-    from verl_recipes.plan.runs import MeasuredRun, lacks, run_kind
-    from verl_recipes.recipe.compose import compose_recipe
-    from verl_recipes.worker.verl_fixes import (
+    from verl_recipes.fixes import (
         FIXES,
         MEGATRON_PIN_FIX,
         PACKED_ATTN_FIX,
@@ -794,6 +792,8 @@ def test_a_fix_of_the_padding_free_path_concerns_only_runs_that_take_it(tmp_path
         RunKind,
         concerns,
     )
+    from verl_recipes.plan.runs import MeasuredRun, lacks, run_kind
+    from verl_recipes.recipe.compose import compose_recipe
 
     recipe = get_recipe("7b-lora")
     arch = Arch.from_file(ARCHS_DIR / recipe.model.arch / "config.json")

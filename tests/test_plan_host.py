@@ -13,6 +13,18 @@ from pathlib import Path
 import psutil
 import pytest
 from verl_recipes import GIB, RecipeError
+from verl_recipes.fixes import (
+    CRITIC_BATCHING_FIX,
+    FIXES,
+    LOGPROBS_FIX,
+    MEGATRON_OPT_PIN_FIX,
+    MEGATRON_PIN_FIX,
+    MERGE_FIX,
+    RAY_START_FIX,
+    REPLAY_POLL_FIX,
+    recorded_off,
+    recorded_on,
+)
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.host_runs import host_rows
 from verl_recipes.plan.runs import read_run, run_setup
@@ -30,18 +42,6 @@ from verl_recipes.predict.inputs import setup_from_config
 from verl_recipes.predict.model import Arch
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.rundir import read_provenance
-from verl_recipes.worker.verl_fixes import (
-    CRITIC_BATCHING_FIX,
-    FIXES,
-    LOGPROBS_FIX,
-    MEGATRON_OPT_PIN_FIX,
-    MEGATRON_PIN_FIX,
-    MERGE_FIX,
-    RAY_START_FIX,
-    REPLAY_POLL_FIX,
-    recorded_off,
-    recorded_on,
-)
 from verl_recipes.workload.arch import ARCHS_DIR
 
 MIB, KIB = 1024**2, 1024

@@ -17,11 +17,11 @@ import pytest
 import yaml
 from verl_recipes import GIB, RecipeError
 from verl_recipes.cli import main
+from verl_recipes.fixes import FIXES
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.layers import _planned_peaks, _with_layers, fit_line, predict
 from verl_recipes.predict.gpus import GPU, parse_gpu
 from verl_recipes.predict.phases import Constants
-from verl_recipes.worker.verl_fixes import FIXES
 from verl_recipes.workload.arch import ARCHS_DIR
 
 H200 = GPU(id="NVIDIA H200", name="NVIDIA H200", memory_bytes=round(140.4 * GIB), visible_bytes=round(140.4 * GIB))

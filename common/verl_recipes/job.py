@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB, RecipeError
+from verl_recipes.fixes import FIXES
 from verl_recipes.layout import RankSpec
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import Layout, default_data_dir, gpu_layout
-from verl_recipes.worker.verl_fixes import FIXES
 from verl_recipes.workload.synth import model_dir
 
 
@@ -92,7 +92,7 @@ class Job:
     steps: int
     # the recipe's tiny smoke model and steps (--smoke)
     smoke: bool
-    # the verl fixes this run goes without (--verl-fix-off), each a name of `verl_fixes.FIXES`
+    # the verl fixes this run goes without (--verl-fix-off), each a name of `fixes.FIXES`
     fixes_off: tuple[str, ...]
     # vLLM's compiled graphs persist between runs (not --no-compile-cache)
     compile_cache: bool
@@ -109,7 +109,7 @@ class Job:
 
     @property
     def fixes(self) -> list[str]:
-        """The verl fixes the run gets (every one of `verl_fixes.FIXES` not turned off), for its
+        """The verl fixes the run gets (every one of `fixes.FIXES` not turned off), for its
         provenance: the planner reads a run by what verl did in it."""
         return [name for name in FIXES if name not in set(self.fixes_off)]
 

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, cli_types, procs, rundir
+from verl_recipes.fixes import ENV_FIXES_OFF
 from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
-from verl_recipes.worker.verl_fixes import ENV_FIXES_OFF
 
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
 #: the trainer's entry point: verl's main_ppo behind the driver-side fixes
@@ -443,7 +443,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="run verl's own code instead of this fix (names: verl_recipes.worker.verl_fixes.FIXES); repeatable",
+        help="run verl's own code instead of this fix (names: verl_recipes.fixes.FIXES); repeatable",
     )
     p.add_argument(
         "--no-compile-cache",

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from verl_recipes import RecipeError, cli_types, inflight
+from verl_recipes.fixes import MERGE_FIX
 from verl_recipes.plan.advice import Advice, calibrated, excess, fitting_variants, judged_gpu, measured, verdict
 from verl_recipes.plan.errors import main_errors
 from verl_recipes.plan.evidence import behind_line
@@ -46,7 +47,6 @@ from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import helpful, path_to_fit
 from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.setup import load_setup
-from verl_recipes.worker.verl_fixes import MERGE_FIX
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]

@@ -4,7 +4,7 @@ Each run's summary.json (the report's `peak.host` and per-phase `host`: the sum 
 processes of RSS, read at 2 Hz, and of PSS, read every 10 s in the first runs and once a minute or
 less since) is compared moment by
 moment with the prediction for the configuration it ran (its verl_config.yaml) and the weight sync
-it ran: the fixes it ran without, from its provenance.json (`verl_fixes.recorded_off`: a run
+it ran: the fixes it ran without, from its provenance.json (`fixes.recorded_off`: a run
 recorded before `verl_fixes_off` existed ran verl's merged sync with its CPU copy). The base is the
 fit of the run's own configuration (`host.host_fit`): `ray-local-start` on where its record lists
 the fix as applied, vLLM's executor from its verl_config.yaml; a record without `verl_fixes_off`
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import GIB
+from verl_recipes.fixes import RAY_START_FIX, recorded_on
 from verl_recipes.plan.runs import MeasuredRun, committed_runs, residual_line, run_setup
 from verl_recipes.predict.host import FIRST_RUNS, FITTED, HostConstants, HostPlan, host_fit, plan_host
 from verl_recipes.predict.inputs import Setup
-from verl_recipes.worker.verl_fixes import RAY_START_FIX, recorded_on
 
 ROWS = ("outside", "train", "update_weights", "peak")
 _NOT_TRAIN = {"outside", "update_weights"}

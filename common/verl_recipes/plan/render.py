@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from verl_recipes import GIB
+from verl_recipes.fixes import MERGE_FIX
 from verl_recipes.plan.advice import Advice, Calibrated, host_bytes, variant_line, verdict_line
 from verl_recipes.predict.host import HostPlan
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
 from verl_recipes.predict.phases import Constants, GPUPlan
-from verl_recipes.worker.verl_fixes import MERGE_FIX
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ and its memory is another framework's: the planner never holds it against verl's
 A run stands for a configuration where it trained that very configuration as a whole job, and for
 one question at a time: its device peaks are the job's (`memory_run`, the measured verdict) unless
 it went without a fix that changes the device's memory, its rate prices the job (`rate_run`) unless
-it went without one that changes the rate (`verl_fixes.concerns`). A run with verl's 2-second
+it went without one that changes the rate (`fixes.concerns`). A run with verl's 2-second
 rollout poll held the recipe's memory at a rate that is not the recipe's.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, rundir
+from verl_recipes.fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
-from verl_recipes.worker.verl_fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
 
 # The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
 # outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
@@ -66,7 +66,7 @@ class MeasuredRun:
 
     @property
     def fixes_off(self) -> tuple[str, ...]:
-        """The verl fixes the run ran without (`verl_fixes.recorded_off`)."""
+        """The verl fixes the run ran without (`fixes.recorded_off`)."""
         return recorded_off(self.provenance)
 
 
@@ -173,7 +173,7 @@ _CRITIC_PADDING_FREE = "critic.model.use_remove_padding"
 
 
 def run_kind(run: MeasuredRun, s: Setup) -> RunKind:
-    """What of verl's code the run executed (`verl_fixes.RunKind`), from `s`, the Setup it
+    """What of verl's code the run executed (`fixes.RunKind`), from `s`, the Setup it
     trained: its engine, its critic, and whether a model took verl's padding-free path, the
     actor's (`Setup.remove_padding`) or the critic's own `use_remove_padding` in its saved
     verl_config.yaml (verl's default, true, where the file leaves it out)."""
@@ -187,7 +187,7 @@ def run_kind(run: MeasuredRun, s: Setup) -> RunKind:
 
 def lacks(run: MeasuredRun, s: Setup, what: Evidence) -> tuple[str, ...]:
     """The fixes the run went without that make it wrong evidence for `what`
-    (`verl_fixes.concerns`): a fix of the start-up leaves its device memory and its rate as good as
+    (`fixes.concerns`): a fix of the start-up leaves its device memory and its rate as good as
     a fixed run's, one of the step's wait leaves its memory, and one of code the run never executes
     (the other engine's, the padding-free path's, a critic's) leaves everything."""
     return concerning(run.fixes_off, what, run_kind(run, s))

@@ -35,7 +35,7 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
   * verl's merged LoRA sync: `merged_lora_context(..., backup_adapters=True)` clones every base
     weight to the CPU (`backup_base_model_weights`) for the whole sync. The recipes' default
     streams `W + scaling * B @ A` out of place instead and takes no CPU copy
-    (`verl_recipes.worker.verl_fixes.MERGE_FIX`, FSDP2 only);
+    (`verl_recipes.fixes.MERGE_FIX`, FSDP2 only);
     `--verl-fix-off lora-merge-out-of-place` restores verl's path.
   * vLLM at sleep level 1 (a LoRA served as an adapter, `model.lora.merge: false`:
     `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
@@ -64,15 +64,15 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError
-from verl_recipes.layout import pool_share
-from verl_recipes.predict.inputs import Role, Setup
-from verl_recipes.predict.model import Arch
-from verl_recipes.worker.verl_fixes import (  # the merge takes no CPU copy
+from verl_recipes.fixes import (  # the merge takes no CPU copy
     MEGATRON_OPT_PIN_FIX,
     MEGATRON_PIN_FIX,
     MERGE_FIX,
     RAY_START_FIX,
 )
+from verl_recipes.layout import pool_share
+from verl_recipes.predict.inputs import Role, Setup
+from verl_recipes.predict.model import Arch
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_recipes import RecipeError
+from verl_recipes.fixes import CRITIC_BATCHING_FIX
 from verl_recipes.layout import (
     MegatronLayout,
     batch_over_ranks,
@@ -36,7 +37,6 @@ from verl_recipes.layout import (
 )
 from verl_recipes.predict.model import LORA_MODULES, Arch
 from verl_recipes.recipe.verl_schema import wants
-from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 # Megatron LoRA module names -> the Hugging Face projections they cover.

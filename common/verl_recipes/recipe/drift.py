@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from verl_recipes.fixes import CRITIC_BATCHING_FIX, recorded_off
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.rundir import CONFIG, read_provenance
-from verl_recipes.worker.verl_fixes import CRITIC_BATCHING_FIX, recorded_off
 
 CAP_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 CRITIC_BATCHING_KEYS = (

@@ -3,6 +3,9 @@
 Each fix replaces one function or method at import time, inside every Ray worker (through the
 hook in `verl_recipes.worker.hooks`), only when the installed verl is the version it was written for.
 Each has a test that shows verl's failure without it and the fix working (tests/test_verl_fixes.py).
+The fixes' names, numbers, the modules they patch and what going without each changes are one
+table, `verl_recipes.fixes`; here is the code of each patch (`PATCHES`), numbered as there (3 in
+that list is a configuration, not a patch).
 
 1. `verl.utils.model.load_valuehead_model` passes ``attn_implementation="flash_attention_2"``
    to ``from_pretrained`` whatever the config says. flash-attn has no PyPI wheel, so the PPO
@@ -14,7 +17,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    ``'LlamaForTokenClassification' object has no attribute 'prepare_inputs_for_generation'``.
    The fix wraps value models as ``TaskType.TOKEN_CLS``, which also keeps the value head
    (``score``) trainable through PEFT's ``modules_to_save``.
-3. `FSDPEngine._merged_lora_per_tensor_param` (the merged LoRA weight sync to vLLM) copies every
+4. `FSDPEngine._merged_lora_per_tensor_param` (the merged LoRA weight sync to vLLM) copies every
    base weight GPU -> pageable CPU as a restore point, merges the adapters into the live FSDP
    parameters, streams them, and copies the backup back (``merged_lora_context(...,
    backup_adapters=True)``). On one H200 with Llama-2-7B that is 12.55 GiB each way and about
@@ -24,7 +27,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    arithmetic as peft's merge (same dtypes, same order), so vLLM receives the same bytes. It
    covers plain LoRA ``Linear`` layers on FSDP2; anything else (DoRA, LoRA bias, FSDP1, LoRA on
    embeddings) goes to verl's own path.
-4. `verl.utils.torch_functional.logprobs_from_logits_v2`, verl's log-probs wherever flash-attn's
+5. `verl.utils.torch_functional.logprobs_from_logits_v2`, verl's log-probs wherever flash-attn's
    cross-entropy is absent (it has no PyPI wheel), loops in Python over the first dimension of the
    logits to bound memory. verl's FSDP engine hands it 2-D ``[tokens, vocab]`` logits, so the loop
    runs once per token: a log_softmax, a gather and their backward for each of the 4470 tokens of
@@ -33,7 +36,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    same tokens. The fix takes the same rows a chunk at a time (at most `LOGPROB_CHUNK_ELEMENTS`
    logits at once, so memory stays bounded): the same per-row arithmetic in the same dtype, a few
    dozen kernels instead of tens of thousands.
-5. verl 0.9.1's engine path never hands the critic's engine the critic's batching keys
+6. verl 0.9.1's engine path never hands the critic's engine the critic's batching keys
    (``critic.use_dynamic_bsz``, ``ppo_micro_batch_size_per_gpu``, ``forward_micro_batch_size_per_gpu``,
    ``ppo_max_token_len_per_gpu``): `trainer/ppo/v1/trainer_base.py` sets only its token budget,
    from ``ppo_infer_max_token_len_per_gpu`` (32768, not a key of verl's YAML), and the engine's
@@ -41,7 +44,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    whatever its configuration says (the 7B profile: one micro-batch of 8 where the config says 2),
    which puts the 70B recipe's critic update over an 80 GB card. The fix copies the critic's own
    keys into its engine config when the critic's config is built.
-6. `verl.trainer.main_ppo.run_ppo` starts the one-host Ray cluster with everything it sets as the
+7. `verl.trainer.main_ppo.run_ppo` starts the one-host Ray cluster with everything it sets as the
    job's runtime_env, so none of the workers Ray prestarts (one per CPU) can serve the job and each
    of the trainer's first actors waits about 2 s for a worker of its own; Ray's dashboard also
    starts, and ``ray.init`` waits for it. The fix (`verl_recipes.worker.ray_start`) puts the
@@ -50,7 +53,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    the driver only (`verl_recipes.worker.driver`, the launcher's entry point), and only where verl
    starts a local cluster; a cluster elsewhere (Slurm, ``RAY_ADDRESS``) keeps verl's runtime_env.
 
-7. verl 0.9.1's padding-free path (``use_remove_padding``) hands the model every real token of a
+8. verl 0.9.1's padding-free path (``use_remove_padding``) hands the model every real token of a
    micro-batch as one row with ``position_ids`` restarting at each sequence, and relies on
    flash-attn's variable-length kernel (transformers' ``flash_attention_2``) to keep the sequences
    apart. flash-attn has no PyPI wheel, and with ``sdpa`` transformers 5.10 attends across the
@@ -60,7 +63,7 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    torch_varlen`` trains on real tokens only; the pre-flight refuses padding removal with ``sdpa``
    or ``eager``.
 
-8. verl 0.9.1's v1 trainer waits for a step's rollout by polling TransferQueue from its
+9. verl 0.9.1's v1 trainer waits for a step's rollout by polling TransferQueue from its
    ``ReplayBuffer``, sleeping ``poll_interval`` between looks, and builds it with the constructor's
    default, 2.0 s, which no config key reaches. So `gen` ends at the first 2-second tick after the
    last answer: on one H200 the 7B PPO step's answers were all in 2.55 s after `gen` began and
@@ -68,37 +71,43 @@ Each has a test that shows verl's failure without it and the fix working (tests/
    recipes/7b-lora/results/h200x1-ppo-4, its `gen_split` records). The fix polls every
    `REPLAY_POLL_S` in the synchronous trainer (one ``kv_list`` call to TransferQueue per look).
 
-9. verl 0.9.1 offloads a Megatron model's weights into one pinned tensor per megatron-core DDP
+10. verl 0.9.1 offloads a Megatron model's weights into one pinned tensor per megatron-core DDP
    buffer, from torch's caching host allocator, which rounds it up to a power of two: 70b-3d's
    16.06 GiB actor buffer holds 32 GiB of the host on every rank, its critic's too on pipeline
    stage 0. The fix (`verl_recipes.worker.pinned_offload`) makes that tensor first, at exact size,
    page-locked in place with ``cudaHostRegister``; verl then copies into it as it does on every
    offload after its first (recipes/70b-3d/README.md, "verl 0.9.1 fixes").
-10. The same rounding takes the Megatron optimizer's states, which verl 0.9.1 moves to the host
+11. The same rounding takes the Megatron optimizer's states, which verl 0.9.1 moves to the host
    with ``.to("cpu", non_blocking=True)`` at every offload (a pinned block per fp32 shard and Adam
    moment). The fix gives each state a page-locked host copy of its own size, made at its first
    offload and reused (`pinned_offload.make_optimizer_offload`).
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
-
-A run records the fixes it applied in its provenance.json, and `recorded_off` reads back the ones it
-went without, turned off or not written yet. Going without a fix makes a run wrong evidence only for
-what the fix changes, in code the run executes (`concerns`: `CHANGES`, `ENGINE_ONLY`,
-`PADDING_FREE_ONLY`, `CRITIC_ONLY`): a run from before replay-buffer-poll still holds the recipe's
-device memory, and its rate prices nothing (`verl_recipes.plan.runs`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any, Literal, get_args
+from typing import Any
 
-from verl_recipes.rundir import Provenance
+from verl_recipes.fixes import (
+    ATTN_FIX,
+    CRITIC_BATCHING_FIX,
+    CRITIC_LORA_FIX,
+    ENV_FIXES_OFF,
+    FIXES,
+    LOGPROBS_FIX,
+    MEGATRON_OPT_PIN_FIX,
+    MEGATRON_PIN_FIX,
+    MERGE_FIX,
+    PACKED_ATTN_FIX,
+    RAY_START_FIX,
+    REPLAY_POLL_FIX,
+)
 from verl_recipes.worker import sync_probe
 from verl_recipes.worker.import_hooks import after_import
 
@@ -450,125 +459,20 @@ def _patch_ray_start(main_ppo: ModuleType) -> None:
         main_ppo.ray = RayLocalStart(main_ppo.ray)  # type: ignore[attr-defined]
 
 
-# The fixes' names, as `--verl-fix-off` takes them and provenance.json records them: every other
-# module names a fix through these. The numbers are the fixes' places in the list of
-# recipes/7b-lora/README.md ("fix 5" there and elsewhere); its 3 is a configuration, not a patch.
-ATTN_FIX = "critic-attn-implementation"  # 1.
-CRITIC_LORA_FIX = "critic-lora-token-cls"  # 2.
-MERGE_FIX = "lora-merge-out-of-place"  # 4.
-LOGPROBS_FIX = "logprobs-chunked"  # 5.
-CRITIC_BATCHING_FIX = "critic-engine-batching"  # 6.
-RAY_START_FIX = "ray-local-start"  # 7.
-PACKED_ATTN_FIX = "packed-attention"  # 8.
-REPLAY_POLL_FIX = "replay-buffer-poll"  # 9.
-MEGATRON_PIN_FIX = "megatron-weights-exact-pinned"  # 10. (Megatron: recipes/70b-3d/README.md)
-MEGATRON_OPT_PIN_FIX = "megatron-optimizer-exact-pinned"  # 11. (Megatron: recipes/70b-3d/README.md)
-
-#: every fix by name: (the verl module it patches, the patch).
-FIXES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
-    ATTN_FIX: ("verl.utils.model", _patch_model_loader),
-    CRITIC_LORA_FIX: ("verl.workers.engine.fsdp.transformer_impl", _patch_critic_lora),
-    MERGE_FIX: ("verl.workers.engine.fsdp.transformer_impl", _patch_merged_sync),
-    LOGPROBS_FIX: ("verl.utils.torch_functional", _patch_logprobs),
-    CRITIC_BATCHING_FIX: ("verl.workers.config.critic", _patch_critic_batching),
-    RAY_START_FIX: ("verl.trainer.main_ppo", _patch_ray_start),
-    PACKED_ATTN_FIX: ("verl.workers.config.model", _patch_packed_attention),
-    REPLAY_POLL_FIX: ("verl.trainer.ppo.v1.replay_buffer", _patch_replay_poll),
-    MEGATRON_PIN_FIX: ("verl.workers.engine.megatron.transformer_impl", _patch_megatron_offload),
-    MEGATRON_OPT_PIN_FIX: ("verl.workers.engine.megatron.transformer_impl", _patch_megatron_optimizer_offload),
+#: the patch of every fix of the table (`verl_recipes.fixes.FIXES`), by name; each is registered
+#: for the verl module the table names
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    ATTN_FIX: _patch_model_loader,
+    CRITIC_LORA_FIX: _patch_critic_lora,
+    MERGE_FIX: _patch_merged_sync,
+    LOGPROBS_FIX: _patch_logprobs,
+    CRITIC_BATCHING_FIX: _patch_critic_batching,
+    RAY_START_FIX: _patch_ray_start,
+    PACKED_ATTN_FIX: _patch_packed_attention,
+    REPLAY_POLL_FIX: _patch_replay_poll,
+    MEGATRON_PIN_FIX: _patch_megatron_offload,
+    MEGATRON_OPT_PIN_FIX: _patch_megatron_optimizer_offload,
 }
-
-#: what a committed run measures, each the evidence for one of the planner's questions: the device's
-#: memory (NVML peaks: whether a job fits), the step rate (verl's perf/throughput: what it costs),
-#: the host's memory (RSS and PSS) and the start-up before the first step
-Evidence = Literal["device memory", "rate", "host memory", "start-up"]
-
-#: everything a run measures: what a fix changes unless `CHANGES` names less
-EVERYTHING: frozenset[Evidence] = frozenset(get_args(Evidence))
-
-#: what a fix changes, where that is less than everything a run measures: a run that went without
-#: it is still evidence for the rest
-CHANGES: dict[str, frozenset[Evidence]] = {
-    # without it the job's actors wait for Ray workers of their own and Ray's dashboard runs: the
-    # start-up and the processes the host holds (`predict.host.host_fit`), nothing inside a step
-    RAY_START_FIX: frozenset({"start-up", "host memory"}),
-    # the trainer notices a step's last answer up to 2 s late: the step's time, no allocation
-    REPLAY_POLL_FIX: frozenset({"rate"}),
-    # page-locked host copies of their own size: the host's memory; the GPU's tensors stay verl's,
-    # and the copies' time is not measured yet, so a run without them prices no run with them
-    MEGATRON_PIN_FIX: frozenset({"host memory", "rate"}),
-    MEGATRON_OPT_PIN_FIX: frozenset({"host memory", "rate"}),
-}
-
-#: fixes that patch one engine's code only (verl's `strategy`): a run on another engine runs the
-#: same code with or without them, so going without one there is not going without a fix.
-#: packed-attention's function is a transformers attention, which only the FSDP engine's models call
-ENGINE_ONLY: dict[str, str] = {
-    MEGATRON_PIN_FIX: "megatron",
-    MEGATRON_OPT_PIN_FIX: "megatron",
-    PACKED_ATTN_FIX: "fsdp",
-}
-
-#: fixes that change only runs whose models take verl's padding-free path (`use_remove_padding`):
-#: packed-attention registers the attention only that path's configuration names (`torch_varlen`),
-#: so a padded run executes the same code with or without it
-PADDING_FREE_ONLY = (PACKED_ATTN_FIX,)
-
-#: fixes that change only runs with a critic: verl builds the critic's config, which
-#: critic-engine-batching patches, only where the job has a critic (`need_critic`)
-CRITIC_ONLY = (CRITIC_BATCHING_FIX,)
-
-
-@dataclass(frozen=True)
-class RunKind:
-    """What of verl's code a run executes, as far as the fixes reach: its engine, whether a model
-    took the padding-free path, whether it trained a critic."""
-
-    backend: str  # verl's engine: "fsdp" | "megatron"
-    padding_free: bool
-    critic: bool
-
-
-def executes(name: str, kind: RunKind) -> bool:
-    """Whether fix NAME changes the code a run of `kind` executes."""
-    return (
-        ENGINE_ONLY.get(name, kind.backend) == kind.backend
-        and (kind.padding_free or name not in PADDING_FREE_ONLY)
-        and (kind.critic or name not in CRITIC_ONLY)
-    )
-
-
-def concerns(name: str, what: Evidence, kind: RunKind) -> bool:
-    """Whether going without fix NAME makes a run of `kind` wrong evidence for `what`: only if the
-    fix changes the code the run executes (`executes`) and that change reaches `what` (`CHANGES`)."""
-    return executes(name, kind) and what in CHANGES.get(name, EVERYTHING)
-
-
-def concerning(off: Iterable[str], what: Evidence, kind: RunKind) -> tuple[str, ...]:
-    """The fixes of `off` (a run's `recorded_off`) that make a run of `kind` wrong evidence for `what`."""
-    return tuple(f for f in off if concerns(f, what, kind))
-
-
-#: the fixes written after the records that list no `verl_fixes` (7b-lora's first runs): each of
-#: those runs predates logprobs-chunked (its commit is older than the fix's) and every fix after it
-LISTED_FROM = tuple(FIXES)[tuple(FIXES).index(LOGPROBS_FIX) :]
-
-
-def recorded_off(prov: Provenance) -> tuple[str, ...]:
-    """The fixes a recorded run ran without, in `FIXES` order after those it names off. A record
-    without `verl_fixes_off` predates the out-of-place merge, so it ran verl's merged sync; one
-    without `verl_fixes` predates the fixes of `LISTED_FROM`; one that lists the fixes it applied
-    ran without every fix it does not name, turned off or not written yet."""
-    off = list(prov.verl_fixes_off) if prov.verl_fixes_off is not None else [MERGE_FIX]
-    missing = LISTED_FROM if prov.verl_fixes is None else tuple(f for f in FIXES if f not in prov.verl_fixes)
-    off += [f for f in missing if f not in off]
-    return tuple(off)
-
-
-def recorded_on(prov: Provenance, name: str) -> bool:
-    """Whether a recorded run ran with fix NAME. Only a record that lists the fixes applied
-    (`verl_fixes`) can say so: a fix it does not list was off or did not exist yet."""
-    return prov.verl_fixes is not None and name in prov.verl_fixes and name not in (prov.verl_fixes_off or ())
 
 
 def _guarded(name: str, patch: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
@@ -583,11 +487,6 @@ def _guarded(name: str, patch: Callable[[ModuleType], None]) -> Callable[[Module
 
 
 _GUARDED: dict[Callable[[ModuleType], None], Callable[[ModuleType], None]] = {}
-
-
-#: comma-separated fix names to leave out (`verl-recipes train --verl-fix-off NAME`): how a run
-#: measures verl's own path beside the fixed one.
-ENV_FIXES_OFF = "VERL_RECIPES_FIXES_OFF"
 
 
 def fixes_off() -> set[str]:
@@ -606,10 +505,11 @@ def apply() -> list[str]:
     if unknown:
         log.warning("verl_recipes: %s names no fix (%s)", ENV_FIXES_OFF, ", ".join(sorted(unknown)))
     applied = []
-    for name, (module, patch) in FIXES.items():
+    for name, fix in FIXES.items():
         if name in off:
             continue
+        patch = PATCHES[name]
         hook = _GUARDED.setdefault(patch, _guarded(name, patch))
-        after_import(module, hook)
+        after_import(fix.module, hook)
         applied.append(name)
     return applied
