@@ -69,6 +69,7 @@ MODEL_IDS: dict[str, str] = {
     "Mistral-7B-v0.1": "mistral-7b-v0.1",
     "Mistral-Nemo-Instruct-2407": "mistral-nemo-instruct-2407",
     "gemma-2-2b-it": "gemma-2-2b-it",
+    "gemma-2-9b-it": "gemma-2-9b-it",
 }
 _BY_NAME = {k.lower(): v for k, v in MODEL_IDS.items()}
 
