@@ -397,7 +397,8 @@ def build_tokenizer(config: PretrainedConfig, seed: int = 0) -> Any:
 
     # Lay the vocabulary out: specials at their ids, trained tokens in the lowest free ids, filler after.
     vocab: dict[str, int] = dict(reserved)
-    free = (i for i in range(vocab_size) if i not in reserved.values())
+    special_ids = set(reserved.values())
+    free = (i for i in range(vocab_size) if i not in special_ids)
     for tok, _ in trained:
         vocab[tok] = next(free)
     for k, i in enumerate(free):
