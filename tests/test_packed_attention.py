@@ -62,6 +62,17 @@ def test_varlen_attn_equals_sdpa_on_cuda() -> None:
     _packed_vs_padded("cuda", torch.bfloat16, 5e-2)
 
 
+def test_a_soft_capped_or_windowed_layer_is_refused_not_miscomputed() -> None:
+    q = torch.zeros(1, 2, 6, 4)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1]])
+    out, _ = packed_attention.varlen_attention_forward(object(), q, q, q, None, position_ids=pos, sliding_window=4)
+    assert out.shape == (1, 6, 2, 4)  # a window as long as the longest sequence masks nothing
+    with pytest.raises(ValueError, match="no sliding window"):
+        packed_attention.varlen_attention_forward(object(), q, q, q, None, position_ids=pos, sliding_window=3)
+    with pytest.raises(ValueError, match="soft-capping"):
+        packed_attention.varlen_attention_forward(object(), q, q, q, None, position_ids=pos, softcap=50.0)
+
+
 def test_sdpa_attends_across_packed_sequences() -> None:
     """Why padding removal needs torch_varlen here: sdpa ignores the restarting position ids."""
     model = _tiny_model("sdpa")

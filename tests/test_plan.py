@@ -313,6 +313,38 @@ def test_tiny_vllm_kv_cache_by_hand() -> None:
     assert p.kv_tokens == kv // (2 * 2 * 2 * 16 * 2)
 
 
+def test_vllm_start_needs_only_the_window_of_a_sliding_layer() -> None:
+    """One max_model_len sequence must fit the KV cache (vLLM's start-up check); Mistral v0.1's
+    windowed layers hold window - 1 + max_num_batched_tokens of it, not all 32,768 tokens."""
+    arch = Arch.from_file(ARCHS_DIR / "mistral-7b-v0.1" / "config.json")
+    sets = [*BASE[:-3], "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
+    sets += ["actor_rollout_ref.rollout.max_num_batched_tokens=4096", "actor_rollout_ref.rollout.max_model_len=32768"]
+    p = plan_gpu(setup_from_config(_cfg(sets), arch), catalogue()["h100-80g"])
+    per_token = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16
+    assert p.kv_needed_bytes == per_token * (4096 - 1 + 4096) < per_token * 32768
+    assert not [x for x in p.problems if "max_model_len" in x]
+
+
+def test_plan_a_deltas_file_with_a_bundled_arch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deltas = tmp_path / "my.yaml"
+    deltas.write_text(
+        yaml.safe_dump(
+            {
+                "algorithm": {"adv_estimator": "grpo"},
+                "data": {"train_batch_size": 8, "max_prompt_length": 256, "max_response_length": 256},
+                "actor_rollout_ref": {
+                    "actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2},
+                    "rollout": {"log_prob_micro_batch_size_per_gpu": 2, "tensor_model_parallel_size": 1},
+                },
+                "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
+            }
+        )
+    )
+    assert main(["plan", str(deltas), "--arch", "qwen3-8b", "--gpu", "h200-141g", "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["params"] == 8_190_735_360  # Qwen3-8B with its q/k norms (tests/test_arch.py)
+
+
 def test_megatron_70b_stage_weights_by_hand() -> None:
     arch = Arch.from_file(ARCHS_DIR / "llama-2-70b" / "config.json")
     sets = [

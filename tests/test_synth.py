@@ -252,3 +252,42 @@ def test_a_weightless_checkpoint_has_the_full_models_config_and_tokenizer_only(t
     assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.intermediate_size) == (8192, 8, 28672)
     assert len(AutoTokenizer.from_pretrained(out)) == info["tokenizer_len"]
     assert model_dir("llama-2-70b", None, "full-width", weights=False) != model_dir("llama-2-70b", None, "full-width")
+
+
+# One tiny checkpoint per model type the bundled archs add beyond Llama and Qwen2, each with what
+# sets it apart: Qwen3 (q/k norms, explicit head_dim, tied embeddings, 151,936 ids), Gemma 2
+# (zero-centred norms, logit soft-capping, tied embeddings, two eos ids, 256,000 ids), Mistral
+# (a sliding window, 32,000 ids).
+@pytest.fixture(scope="module", params=["qwen3-0.6b", "gemma-2-2b-it", "mistral-7b-v0.1"])
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    out = tmp_path_factory.mktemp(request.param) / "ckpt"
+    assert main(["synth-model", "--arch", request.param, "--scale", "tiny", "--out", str(out)]) == 0
+    return request.param, out
+
+
+def test_each_model_type_loads_runs_and_tokenizes(family: tuple[str, Path]) -> None:
+    arch, ckpt = family
+    raw = resolve_arch(arch)
+    model, tok = load_for_check(ckpt, dtype=torch.float32)
+    assert type(model).__name__ == raw["architectures"][0]
+    info = json.loads((ckpt / "synth.json").read_text())
+    assert info["params"] == sum(p.numel() for p in model.parameters()) == count_params(shape_config(raw, None, "tiny"))
+    # norms at their module's own init: the identity scale (Gemma's x * (1 + w) needs w = 0)
+    ident = 0.0 if raw["model_type"] == "gemma2" else 1.0
+    norms = [(n, p) for n, p in model.named_parameters() if "norm" in n]
+    assert norms and all(torch.equal(p, torch.full_like(p, ident)) for _, p in norms)
+    # the tokenizer covers the whole vocabulary and puts the config's special ids where it says
+    assert len(tok) == raw["vocab_size"] == model.config.vocab_size
+    eos = raw["eos_token_id"]
+    assert tok.bos_token_id == raw["bos_token_id"] and tok.eos_token_id == (eos[0] if isinstance(eos, list) else eos)
+    if raw.get("pad_token_id") is not None:
+        assert tok.pad_token_id == raw["pad_token_id"]
+    msgs = [{"role": "user", "content": "What is 2 + 3? Put the final answer after ####."}]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert enc["input_ids"][0, 0] == tok.convert_tokens_to_ids(IM_START)
+    with torch.no_grad():
+        logits = model(**enc).logits
+    assert logits.shape[-1] == raw["vocab_size"] and torch.isfinite(logits).all() and logits.std() > 0
+    if raw.get("final_logit_softcapping"):
+        assert logits.abs().max() <= raw["final_logit_softcapping"]
+    assert isinstance(tok.decode([int(logits[0, -1].argmax())]), str)  # the greedy next token decodes

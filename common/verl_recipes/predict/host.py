@@ -288,7 +288,7 @@ def base_tensors(a: Arch, critic: bool = False) -> list[tuple[int, int]]:
     """(dim 0, elements per row) of every stored tensor of the Hugging Face model (or verl's
     value model: the LM body plus a Linear(h, 1) score head with a bias)."""
     h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
-    layer = [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f), (h, 1), (h, 1)]
+    layer = [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f), *[(w, 1) for w in a.norm_widths()]]
     if a.qkv_bias:
         layer += [(q, 1), (kv, 1), (kv, 1)]
     if a.o_bias:
@@ -338,9 +338,10 @@ def _exact(shapes: list[tuple[int, int]], nbytes: int, n: int) -> int:
 
 def _fused_layer(a: Arch, tp: int) -> list[tuple[int, int]]:
     """One decoder layer on one TP rank as vLLM and megatron-core hold it: qkv and gate_up fused and
-    split on dim 0 (column-parallel), o and down split on their input (row-parallel), two norms."""
+    split on dim 0 (column-parallel), o and down split on their input (row-parallel), the norms whole."""
     h, f, q, kv = a.hidden, a.intermediate, a.q_dim, a.kv_dim
-    return [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), (h, 1), (h, 1)]
+    norms = [(w, 1) for w in a.norm_widths()]
+    return [(-(-(q + 2 * kv) // tp), h), (h, -(-q // tp)), (-(-2 * f // tp), h), (h, -(-f // tp)), *norms]
 
 
 def _megatron_stage_tensors(a: Arch, critic: bool, tp: int, pp: int, stage: int = 0) -> list[tuple[int, int]]:

@@ -47,7 +47,8 @@ Terms and where each comes from:
     layers plus one recomputed layer. Megatron divides by TP with sequence parallelism, and the
     first pipeline stage keeps min(PP, micro-batches) micro-batches in flight (1F1B).
   * logits: tokens x vocab x `logits_*_bytes` (the bf16 lm_head output and the fp32 copies
-    autocast makes for softmax, logsumexp and log_softmax; the update adds its fp32 gradient);
+    autocast makes for softmax, logsumexp and log_softmax; the update adds its fp32 gradient;
+    a soft-capped output layer, Gemma 2's, one more bf16 copy: `Arch.logits_softcap_bytes`);
     vocab-split by Megatron TP. Tokens are a micro-batch's rows at the configuration's full
     length, or at a measured run's longest logged sequence (`Setup.train_seq_len`).
   * vLLM (vllm/v1/worker/gpu_worker.py, `Worker.init_device` and `determine_available_memory`):
@@ -344,7 +345,7 @@ def _fsdp_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) ->
             Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token(), "trainer")
         )
     if not critic:
-        per = c.logits_train_bytes if train else c.logits_fwd_bytes
+        per = (c.logits_train_bytes if train else c.logits_fwd_bytes) + a.logits_softcap_bytes
         terms.append(Term(f"{who} logits ({t} x {a.vocab} x {per} B)", t * a.vocab * per, "trainer"))
     return terms
 
@@ -389,7 +390,7 @@ def _mcore_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) -
             )
         )
     if not critic:
-        per = c.logits_train_bytes if train else c.logits_fwd_bytes
+        per = (c.logits_train_bytes if train else c.logits_fwd_bytes) + a.logits_softcap_bytes
         terms.append(Term(f"{who} logits ({t} x {a.vocab}/{tp} x {per} B)", t * a.vocab // tp * per, "trainer"))
     return terms
 
@@ -776,13 +777,14 @@ class _VllmStart:
     kv: int  # the budget less weights, activations, NCCL and non-torch memory (may be negative)
     kv_tokens: int
     per_token: int
+    needed: int  # one max_model_len sequence's KV bytes (sliding-window layers hold only the window)
 
 
 def _vllm_start(s: Setup, total: int, budget: int, used: int, c: Constants) -> _VllmStart:
     r = s.rollout
     kv = budget - vllm_weights(s) - vllm_activation_peak(s) - _nccl_vllm(s, c) - c.vllm_nontorch_bytes
     per_tok = s.arch.kv_bytes_per_token(r.tp, r.dtype_bytes)
-    return _VllmStart(total - used, kv, max(0, kv) // per_tok, per_tok)
+    return _VllmStart(total - used, kv, max(0, kv) // per_tok, per_tok, kv_bytes_needed(s, s.max_model_len))
 
 
 def _problems(s: Setup, phases: list[PhasePlan], total: int, budget: int, v: _VllmStart) -> list[str]:
@@ -804,7 +806,7 @@ def _problems(s: Setup, phases: list[PhasePlan], total: int, budget: int, v: _Vl
         )
     if v.kv <= 0:
         problems.append(f"vLLM has no KV cache: its weights and activations exceed its {budget / GIB:.1f} GiB budget")
-    elif v.kv_tokens < s.max_model_len:
+    elif v.kv < v.needed:
         problems.append(
             f"vLLM KV cache holds {v.kv_tokens} tokens, less than one max_model_len={s.max_model_len} sequence"
         )
@@ -831,7 +833,7 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
         vllm_start_free=v.free,
         kv_bytes=max(0, v.kv),
         kv_tokens=v.kv_tokens,
-        kv_needed_bytes=s.max_model_len * v.per_token,
+        kv_needed_bytes=v.needed,
         max_model_len=s.max_model_len,
         batch_seqs_per_replica=-(-s.train_batch_size * r.n // replicas),
         problems=_problems(s, phases, total, budget, v),
@@ -839,7 +841,9 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
 
 
 def kv_bytes_needed(s: Setup, tokens: int) -> int:
-    return tokens * s.arch.kv_bytes_per_token(s.rollout.tp, s.rollout.dtype_bytes)
+    """vLLM's KV bytes for one sequence of `tokens` (sliding-window layers hold only the window)."""
+    r = s.rollout
+    return s.arch.kv_bytes_for_sequence(tokens, r.tp, r.dtype_bytes, r.max_num_batched_tokens)
 
 
 def min_utilization(s: Setup, gpu: GPU, c: Constants | None = None) -> float:

@@ -8,6 +8,10 @@ position ids and calls ``torch.nn.attention.varlen.varlen_attn`` (causal via
 NotImplementedError for ``aten::_flash_attention_forward``), so the same segments go through
 per-sequence causal SDPA instead: the CPU tests exercise the real segmentation.
 
+Neither kernel soft-caps attention logits (Gemma 2's `attn_logit_softcapping`) or masks a sliding
+window, so a layer that asks for either is refused by name rather than computed wrongly; a window
+longer than every packed sequence changes nothing and passes.
+
 Runs inside verl's Ray workers; imports torch and transformers only when called.
 """
 
@@ -61,6 +65,17 @@ def varlen_attention_forward(
     if query.shape[0] != 1:
         raise ValueError(f"{NAME} takes packed sequences (batch 1), got batch {query.shape[0]}")
     cu, max_len = cu_seqlens(position_ids.to(query.device))
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            f"{NAME} has no attention-logit soft-capping ({type(module).__name__} asks for "
+            f"{kwargs['softcap']}); use flash_attention_2 or actor_rollout_ref.model.use_remove_padding=False"
+        )
+    window = kwargs.get("sliding_window")
+    if window is not None and max_len > int(window):
+        raise ValueError(
+            f"{NAME} has no sliding window ({type(module).__name__} asks for {window} tokens, a packed "
+            f"sequence has {max_len}); use flash_attention_2 or shorter sequences"
+        )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, dim]
     if query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn

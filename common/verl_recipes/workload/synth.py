@@ -150,7 +150,7 @@ def count_params(cfg: dict[str, Any]) -> int:
 class _Tensor:
     name: str
     shape: tuple[int, ...]
-    fill: str  # "normal" or "ones"
+    fill: str  # "normal", "ones" or "zeros"
 
     @property
     def numel(self) -> int:
@@ -160,17 +160,41 @@ class _Tensor:
         return n
 
 
+def _norm_fill(norm: Any) -> str:
+    """A norm weight as its own module initialises it: ones for Llama-style RMSNorm (x * w), zeros
+    for Gemma's (x * (1 + w)), so every family's synthetic norm is the identity scale."""
+    import torch
+
+    with torch.device("cpu"):
+        w = type(norm)(int(norm.weight.shape[0])).weight
+    value = float(w.detach()[0])
+    if value not in (0.0, 1.0):  # pragma: no cover - a norm class with another init
+        raise RecipeError(f"{type(norm).__name__} initialises its weight to {value}; synth-model knows 0 and 1")
+    return "ones" if value == 1.0 else "zeros"
+
+
 def tensor_plan(model: PreTrainedModel) -> list[_Tensor]:
-    """What the checkpoint holds: each unique parameter, norms as ones (HF's init), the rest normal."""
+    """What the checkpoint holds: each unique parameter, norms as their module initialises them
+    (`_norm_fill`), the rest normal."""
     persistent = set(model.state_dict()) - {n for n, _ in model.named_parameters(remove_duplicate=False)}
     if persistent:
         raise RecipeError(
             f"{type(model).__name__} has persistent buffers ({sorted(persistent)[0]}, ...); use another arch"
         )
     plan = []
+    fills: dict[type, str] = {}
     for name, p in model.named_parameters():  # deduplicated: a tied lm_head is not written, as HF does
-        ones = p.dim() == 1 and "norm" in "".join(name.split(".")[-2:-1])  # e.g. input_layernorm.weight
-        plan.append(_Tensor(name, tuple(p.shape), "ones" if ones else "normal"))
+        owner, leaf = name.rsplit(".", 1)
+        fill = "normal"
+        if p.dim() == 1 and "norm" in owner.rsplit(".", 1)[-1]:  # e.g. input_layernorm.weight, q_norm.weight
+            norm = model.get_submodule(owner)
+            if leaf == "bias":
+                fill = "zeros"
+            else:
+                if type(norm) not in fills:
+                    fills[type(norm)] = _norm_fill(norm)
+                fill = fills[type(norm)]
+        plan.append(_Tensor(name, tuple(p.shape), fill))
     return plan
 
 
@@ -207,8 +231,8 @@ def _draw(plan: list[_Tensor], dtype: torch.dtype, device: str, seed: int) -> It
 
     gen = torch.Generator(device=device).manual_seed(seed)
     for t in plan:
-        if t.fill == "ones":
-            x = torch.ones(t.shape, dtype=dtype, device=device)
+        if t.fill in ("ones", "zeros"):
+            x = (torch.ones if t.fill == "ones" else torch.zeros)(t.shape, dtype=dtype, device=device)
         else:
             x = torch.empty(t.shape, dtype=dtype, device=device).normal_(0.0, INIT_STD, generator=gen)
         yield x.cpu()
@@ -373,7 +397,8 @@ def build_tokenizer(config: PretrainedConfig, seed: int = 0) -> Any:
 
     # Lay the vocabulary out: specials at their ids, trained tokens in the lowest free ids, filler after.
     vocab: dict[str, int] = dict(reserved)
-    free = (i for i in range(vocab_size) if i not in reserved.values())
+    special_ids = set(reserved.values())
+    free = (i for i in range(vocab_size) if i not in special_ids)
     for tok, _ in trained:
         vocab[tok] = next(free)
     for k, i in enumerate(free):
