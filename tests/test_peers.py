@@ -339,3 +339,22 @@ def test_the_workload_refuses_a_batch_it_does_not_have() -> None:
         workload("16x16")
     ks = yaml.safe_load((ROOT / "recipes" / "7b-lora" / "comparisons" / "peers.yaml").read_text())
     assert set(ks["batches"]) == set(BATCHES)
+
+
+def test_verl_vs_deepspeed_gives_openrlhf_its_workload(openrlhf_package: Path, tmp_path: Path) -> None:
+    """compare.py openrlhf-args: recipe verl-vs-deepspeed's PPO workload with verl's constants, as
+    OpenRLHF's own parser takes it (a critic, every weight trained, one answer a prompt)."""
+    out = tmp_path / "args.json"
+    cmd = [sys.executable, str(ROOT / "recipes" / "verl-vs-deepspeed" / "compare.py"), "openrlhf-args"]
+    cmd += ["--model", "/m", "--data", "/d.parquet", "--batch", "32", "--mini-batch", "8", "--gpus", "1"]
+    cmd += ["--run-dir", str(tmp_path / "run"), "--out", str(out)]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "common"), "PATH": "/usr/bin:/bin"}
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    ns = openrlhf.parse_args(openrlhf_package, doc["argv"])
+    assert ns.critic.model_name_or_path == "/m" and ns.algo.advantage.estimator == "gae" and ns.ds.lora.rank == 0
+    assert (ns.rollout.batch_size, ns.train.batch_size, ns.rollout.n_samples_per_prompt) == (32, 8, 1)
+    assert ns.data.prompt_dataset == str(tmp_path / "run" / "data" / "train.jsonl")
+    assert doc["names"] == {"recipe": "verl-vs-deepspeed", "adv_estimator": "gae", "variants": [], "steps": 7}

@@ -28,6 +28,10 @@ its first weight sync (OpenRLHF/OpenRLHF#1349, open, on 0.11.0 and 0.11.3). The 
 every weight instead (no `--ds.lora.*`), with the Adam state on the CPU (`--ds.adam_offload`: a
 7B model's fp32 master weights and moments are 75 GiB), everything else as `docs`: its generation
 and its memory per phase compare with verl's; its update does not (all weights, not LoRA).
+
+`ppo_argv` composes recipe verl-vs-deepspeed's workload (PPO with a critic, every weight trained)
+for OpenRLHF: there it is the maintained DeepSpeed-based trainer beside the recipe's own ZeRO-3
+loop (`recipes/verl-vs-deepspeed/compare.py openrlhf-args`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import io
 import os
 import sys
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 from verl_recipes import RecipeError
@@ -257,3 +262,90 @@ def parse_args(package: Path, argv: list[str]) -> types.SimpleNamespace:
     if not got:
         raise RecipeError("train_ppo_ray.py's main block ended without calling train(args)")
     return got[0]
+
+
+# --- recipe verl-vs-deepspeed's PPO workload ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PPOJob:
+    """Recipe verl-vs-deepspeed's workload (its `compare.py` Workload and verl's PPO constants):
+    PPO with a critic and a reference, every weight trained, prompts of exactly `prompt_len`
+    tokens; sizes are global, micro-batches per GPU."""
+
+    prompt_len: int
+    response_len: int
+    batch: int  # prompts a step
+    mini_batch: int  # prompts an optimizer step
+    train_micro: int
+    infer_micro: int
+    steps: int
+    use_ref: bool
+    seed: int
+    gpus: int
+    kl_coef: float
+    gamma: float
+    lam: float
+    clip: float
+    value_clip: float
+    actor_lr: float
+    critic_lr: float
+    grad_clip: float
+
+
+def ppo_knobs(job: PPOJob, model: str, p: Paths, reward_file: str) -> list[Knob]:
+    """The DeepSpeed-based peer on recipe verl-vs-deepspeed's workload, as OpenRLHF's README
+    recommends (the Hybrid Engine of the `docs` row); where OpenRLHF has no such setting, it says
+    so: EOS cannot be ignored (answers end where a random model samples its stop token, rarely),
+    and its data loader shuffles the (equal-length) prompts."""
+    wl = "recipe verl-vs-deepspeed's workload"
+    n = str(job.gpus)
+    return [
+        *(Knob(f"--{role}.num_nodes", "1", "one node") for role in ("actor", "ref", "critic", "reward")),
+        *(Knob(f"--{role}.num_gpus_per_node", n, f"{n} GPU(s)") for role in ("actor", "ref", "critic", "reward")),
+        Knob("--vllm.num_engines", n, "one vLLM engine a GPU (colocated)"),
+        Knob("--vllm.tensor_parallel_size", "1", "each engine on one GPU"),
+        Knob("--actor.model_name_or_path", model, f"{wl}: the synthetic checkpoint"),
+        Knob("--critic.model_name_or_path", model, f"{wl}: the critic from the same checkpoint"),
+        Knob("--data.prompt_dataset", p.data, f"{wl}: its prompts of exactly {job.prompt_len} tokens"),
+        Knob("--data.input_key", INPUT_KEY, f"{wl}: the prompt as the checkpoint's template renders it"),
+        Knob("--data.label_key", LABEL_KEY, f"{wl}: the answer the reward checks"),
+        Knob("--data.max_samples", str(job.batch * job.steps), f"{wl}: {job.steps} steps of {job.batch} prompts"),
+        Knob("--reward.remote_url", reward_file, f"{wl}: the rule reward, as OpenRLHF's reward_func file"),
+        Knob("--ckpt.output_dir", p.out, "where OpenRLHF saves the final model"),
+        Knob("--ckpt.path", str(Path(p.out) / "ckpt"), "OpenRLHF's checkpoint folder (no checkpoints are saved)"),
+        Knob("--train.num_episodes", "1", f"{wl}: one pass over the prompts"),
+        Knob("--rollout.batch_size", str(job.batch), f"{wl}: {job.batch} prompts a step"),
+        Knob("--rollout.n_samples_per_prompt", "1", f"{wl}: one answer a prompt"),
+        Knob("--train.batch_size", str(job.mini_batch), f"{wl}: {job.mini_batch} sequences an optimizer step"),
+        Knob("--train.micro_batch_size", str(job.train_micro), f"{wl}: update micro-batches per GPU"),
+        Knob("--rollout.micro_batch_size", str(job.infer_micro), f"{wl}: log-prob and value micro-batches per GPU"),
+        Knob("--train.max_epochs", "1", f"{wl}: one pass over each batch"),
+        Knob("--rollout.max_new_tokens", str(job.response_len), f"{wl}: answers of up to {job.response_len} tokens"),
+        Knob("--data.max_len", str(job.prompt_len + job.response_len), f"{wl}: prompt plus answer"),
+        Knob("--rollout.temperature", "1.0", f"{wl}: sampling"),
+        Knob("--rollout.top_p", "1.0", f"{wl}: sampling"),
+        Knob("--algo.advantage.estimator", "gae", f"{wl}: PPO's GAE with a critic"),
+        Knob("--algo.advantage.gamma", str(job.gamma), f"{wl}: verl's gamma"),
+        Knob("--algo.advantage.lambd", str(job.lam), f"{wl}: verl's lambda"),
+        Knob("--algo.kl.init_coef", str(job.kl_coef if job.use_ref else 0.0), f"{wl}: the KL penalty in the reward"),
+        Knob("--algo.kl.estimator", "k1", f"{wl}: verl's `kl` penalty (k1)"),
+        Knob("--actor.eps_clip", str(job.clip), f"{wl}: the PPO clip"),
+        Knob("--critic.value_clip", str(job.value_clip), f"{wl}: the value clip"),
+        Knob("--actor.adam.lr", str(job.actor_lr), f"{wl}: verl's actor rate"),
+        Knob("--critic.adam.lr", str(job.critic_lr), f"{wl}: verl's critic rate"),
+        *(Knob(f"--{m}.lr_scheduler", "constant", f"{wl}: a constant rate") for m in ("actor", "critic")),
+        *(Knob(f"--{m}.max_norm", str(job.grad_clip), f"{wl}: the gradient clip") for m in ("actor", "critic")),
+        Knob("--ds.attn_implementation", "sdpa", "flash-attn has no wheel (images/peers/openrlhf.toml)"),
+        Knob("--actor.gradient_checkpointing_enable", None, f"{wl} (and the README's example)"),
+        Knob("--train.seed", str(job.seed), f"{wl}: the seed"),
+        Knob("--logger.logging_steps", "1", "a log line every step"),
+        *docs_knobs(),
+    ]
+
+
+def ppo_argv(job: PPOJob, model: str, p: Paths, reward_file: str) -> list[str]:
+    """`python -m openrlhf.cli.train_ppo_ray ARGV` for recipe verl-vs-deepspeed's workload."""
+    if job.batch % job.mini_batch or job.mini_batch % job.gpus:
+        raise RecipeError(f"batch {job.batch}, mini-batch {job.mini_batch}, {job.gpus} GPUs do not divide")
+    return argv_of(ppo_knobs(job, model, p, reward_file))

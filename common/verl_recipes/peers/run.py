@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     if peer == "openrlhf":
         paths = Paths(paths.model, str(run_dir / "data" / "train.jsonl"), paths.out)
     argv, names = composed(peer, args.batch, args.row, paths, Path(args.args_from) if args.args_from else None)
-    spec = Spec(peer, args.row, args.batch, argv, str(model), str(parquet), str(run_dir / "data"), args.gpus)
+    batch = "given" if args.args_from else args.batch  # a command line given whole is no batch of ours
+    spec = Spec(peer, args.row, batch, argv, str(model), str(parquet), str(run_dir / "data"), args.gpus)
     launcher = [sys.executable, "-m", f"verl_recipes.peers.run_{peer}", str(run_dir)]
     monitor = [sys.executable, "-m", "verl_recipes.cli", "monitor", "--out", str(run_dir), "--"]
     # the monitor runs in our environment; `env` gives the launcher the peer's, and sh its log
