@@ -28,6 +28,8 @@ import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
+from verl_recipes.peers import compose as peers_compose
+from verl_recipes.peers import table as peers_table
 from verl_recipes.plan.evidence import behind, sets_words
 from verl_recipes.recipe.metadata import Recipe, discover
 from verl_recipes.rundir import Provenance, read_provenance
@@ -371,9 +373,6 @@ def render(text: str, blocks: dict[str, str], where: str = "README.md") -> str:
 def generated(root: Path | None = None) -> dict[Path, str]:
     """Each file with generated tables, as `docs --write` would write it: the front README's GPU
     table, and recipes/README.md's recipe, measured-results and predicted-fit tables."""
-    from verl_recipes.peers import compose as peers_compose
-    from verl_recipes.peers import table as peers_table
-
     root = root or repo_root()
     rows = plan_rows()
     front, detail = root / "README.md", root / "recipes" / "README.md"

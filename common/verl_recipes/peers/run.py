@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, has_gpu, inflight
+from verl_recipes.measure.provenance import record
+from verl_recipes.measure.report import write_report
 from verl_recipes.paths import cache_dir, repo_root
 from verl_recipes.peers import openrlhf, trl
 from verl_recipes.peers.spec import ENVIRONMENT, KEY_PACKAGES, Spec
 from verl_recipes.peers.workload import BATCHES, RECIPE, ROWS, VERL_VARIANTS, Paths, workload
+from verl_recipes.recipe.run_config import default_data_dir
 from verl_recipes.rundir import EXIT_CODE, LOG, write_provenance
+from verl_recipes.workload import dataset
+from verl_recipes.workload.synth import model_dir
 
 PEERS = {"trl": trl, "openrlhf": openrlhf}
 #: where `gpu/offline-host.sh install` puts a peer's wheelhouse when SITE=/tmp/site-<peer>
@@ -84,8 +89,6 @@ def child_env(peer: str, site: Path) -> dict[str, str]:
 
 
 def _ensure_model(arch: str) -> Path:
-    from verl_recipes.workload.synth import model_dir
-
     path = model_dir(arch, None, "full-width")
     if (path / "synth.json").is_file():
         return path
@@ -98,9 +101,6 @@ def _ensure_model(arch: str) -> Path:
 
 
 def _ensure_data() -> Path:
-    from verl_recipes.recipe.run_config import default_data_dir
-    from verl_recipes.workload import dataset
-
     out = default_data_dir()
     if not dataset.complete(out):
         dataset.write(out, 4096, 256)
@@ -110,8 +110,6 @@ def _ensure_data() -> Path:
 def provenance(run_dir: Path, peer: str, spec: Spec, names: dict[str, Any], command: list[str]) -> Path:
     """provenance.json: the record every run has, with the peer's own packages (environment.json)
     in place of ours, and the fields that name the run (`recipe.run_names`)."""
-    from verl_recipes.measure.provenance import record
-
     env: dict[str, Any] = {}
     if (run_dir / ENVIRONMENT).is_file():
         env = json.loads((run_dir / ENVIRONMENT).read_text())
@@ -149,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError(f"--run-dir {run_dir} is not empty; give a new folder (a run folder is never rewritten)")
     if args.row not in (openrlhf.ROWS if peer == "openrlhf" else ROWS):
         raise RecipeError(f"{peer} has no row {args.row!r}")
+    if peer == "trl" and args.gpus != 1:
+        raise RecipeError("TRL runs here on one GPU (its colocated vLLM); more GPUs need `accelerate launch`")
     site = Path(args.site) if args.site else default_site(peer)
     model = Path(args.model) if args.model else None
     parquet = Path(args.data) if args.data else None
@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
         check_site(peer, site)
         model = model or _ensure_model(workload(args.batch).arch)
         parquet = parquet or _ensure_data()
-    model = model or cache_dir() / "models" / "llama-2-7b-full-width-Lall"
-    parquet = parquet or cache_dir() / "data" / "arith" / "train.parquet"
+    model = model or model_dir(workload(args.batch).arch, None, "full-width")
+    parquet = parquet or default_data_dir() / "train.parquet"
     paths = Paths(model=str(model), data=str(run_dir / "data"), out=str(run_dir / f"{peer}-output"))
     if peer == "openrlhf":
         paths = Paths(paths.model, str(run_dir / "data" / "train.jsonl"), paths.out)
@@ -181,8 +181,6 @@ def run(args: argparse.Namespace) -> int:
     rc = subprocess.run(command).returncode
     inflight.write_text(run_dir / EXIT_CODE, f"{rc}\n", "the exit code")
     provenance(run_dir, peer, spec, names, command)
-    from verl_recipes.measure.report import write_report
-
     write_report(run_dir)
     print(f"{peer}: exit {rc}; {run_dir / 'report.md'}", flush=True)
     return rc
