@@ -167,6 +167,20 @@ def test_openrlhf_0_11_2s_own_parser_takes_every_row(openrlhf_package: Path) -> 
             assert ns.ds.attn_implementation == "sdpa" and not ns.ds.packing_samples
     with pytest.raises(RecipeError, match=r"unrecognized arguments: --ds\.zero_stagex"):
         openrlhf.parse_args(openrlhf_package, ["--ds.zero_stagex", "3"])
+    # what the launcher wraps is in this OpenRLHF (its modules import Ray and vLLM: read, not imported)
+    import ast
+
+    wrapped = {
+        "trainer/ppo_utils/samples_generator.py": ("SamplesGenerator", "generate_samples"),
+        "trainer/ppo_utils/experience_maker.py": ("RemoteExperienceMaker", "make_experience_batch"),
+        "trainer/ppo_trainer.py": ("BasePPOTrainer", "train_step", "ppo_train", "broadcast_to_vllm"),
+        "utils/deepspeed/deepspeed.py": ("DeepspeedStrategy", "get_ds_train_config"),
+    }
+    for path, (cls, *methods) in wrapped.items():
+        tree = ast.parse((openrlhf_package / path).read_text())
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        have = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+        assert set(methods) <= have, f"{path}: {cls} lacks {set(methods) - have}"
 
 
 def test_openrlhf_imports_its_flash_attn_names_from_the_stand_in(openrlhf_package: Path) -> None:
