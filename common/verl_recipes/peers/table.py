@@ -42,8 +42,16 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
     "sync": {"verl": ("update_weights",), "peer": ("update_weights",)},
 }
 INDEX = Path("recipes") / "7b-lora" / "comparisons" / "peers.yaml"
-#: each side as the tables name it, with the version its environment pins
-SIDES = {"verl": f"verl {gpu_pins()['verl']}", "trl": f"TRL {trl.VERSION}", "openrlhf": f"OpenRLHF {openrlhf.VERSION}"}
+
+
+def side_label(peer: str) -> str:
+    """Each side as the tables name it, with the version its environment pins (verl's from
+    images/versions.toml, read when a table is made: an installed package has no checkout)."""
+    return {"trl": f"TRL {trl.VERSION}", "openrlhf": f"OpenRLHF {openrlhf.VERSION}"}.get(peer) or (
+        f"verl {gpu_pins()['verl']}"
+    )
+
+
 NOT_MEASURED = "not yet measured"
 
 
@@ -142,7 +150,7 @@ def tables(prefix: str = "", root: Path | None = None) -> str:
         for r in spec["rows"]:
             run = r.get("run")
             f = figures(root / INDEX.parent.parent / "results" / run) if run else None
-            label = SIDES[r["peer"]]
+            label = side_label(r["peer"])
             out.append(row(label, r["setting"], f, f"{prefix}results/{run}/report.md" if run else ""))
         out.append("")
     out.append(
