@@ -908,5 +908,13 @@ def test_run_both_refuses_a_bad_rank_before_doing_anything(root: Path, tmp_path:
 @pytest.mark.parametrize("side", [["--side", "both-ish"], ["--side"]], ids=["word", "missing"])
 def test_run_both_refuses_a_bad_side_before_doing_anything(root: Path, tmp_path: Path, side: list[str]) -> None:
     r = _run_both(root, tmp_path / "out", "2", "--rank", "0", *side)
-    assert r.returncode == 2 and "--side takes ds or verl" in r.stderr
+    assert r.returncode == 2 and "--side takes ds, verl or openrlhf" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_run_both_runs_openrlhf_as_the_job_itself_not_as_a_rank(root: Path, tmp_path: Path) -> None:
+    """OpenRLHF is the DeepSpeed-based peer on the whole job: a rank rehearsal is verl's and the
+    loop's, refused in one line before anything is made."""
+    r = _run_both(root, tmp_path / "out", "2", "--rank", "0", "--side", "openrlhf")
+    assert r.returncode == 2 and "--side openrlhf runs the job itself" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

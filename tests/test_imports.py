@@ -51,6 +51,7 @@ RULES: dict[str, tuple[str, str]] = {
     "predict": (LIGHT, "the memory model answers before a GPU is rented, on any laptop"),
     "plan": (LIGHT, "the planner answers before a GPU is rented, on any laptop"),
     "stack": (LIGHT, "`verify` reports a half-installed stack instead of failing to import"),
+    "peers": (LIGHT, "the peers' launchers run in another trainer's environment, where our stack is absent"),
     "root": (LIGHT, "`verl-recipes --help` works on a bare CPU machine"),
 }
 
@@ -112,7 +113,7 @@ def test_wing_import_rule(wing: str) -> None:
 # own wing and the wings before it here. `base` is the root modules every wing may use (the package,
 # where the checkout is, the run folder, a run's processes); `commands` is every other root module:
 # the orchestrators that compose the wings (cli, train, preflight, docs).
-LAYERS = ("base", "workload", "worker", "recipe", "predict", "measure", "plan", "stack", "cluster", "commands")
+LAYERS = ("base", "workload", "worker", "recipe", "predict", "measure", "plan", "stack", "peers", "cluster", "commands")
 BASE = frozenset(
     {
         "verl_recipes",

@@ -87,7 +87,7 @@ def _configuration(name: RunName) -> tuple:
 
 
 #: labels the records give (a loop other than verl's): a name carries one exactly when its records say so
-RECORDED_LABELS = {"deepspeed"}
+RECORDED_LABELS = {"deepspeed", "trl", "openrlhf"}
 
 
 @pytest.mark.parametrize(("rid", "run"), run_folders(), ids=lambda x: x if isinstance(x, str) else x.name)

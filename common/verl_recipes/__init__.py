@@ -13,6 +13,7 @@ wing and the wings before it; tests/test_imports.py holds the order, as `LAYERS`
 - `measure`: the monitor, the report, bounds, run comparisons, provenance;
 - `plan`: the memory planner, and the one reader of committed runs (`plan.runs`);
 - `stack`: the pins, the lock, the images, `verify` and the offline wheelhouse;
+- `peers`: the trainers a user would pick instead (TRL, OpenRLHF) on the 7b-lora workload;
 - `cluster`: Ray on a Slurm allocation;
 - the commands at the root: `cli`, `train`, `preflight`, `docs` (the README's generated tables).
 

@@ -49,6 +49,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "verl_recipes.stack.wheelhouse.build",
         "build an offline wheelhouse of the pinned stack for a target",
     ),
+    "peers": ("verl_recipes.peers.cli", "TRL and OpenRLHF on the 7b-lora workload: compose, run, compare"),
 }
 
 

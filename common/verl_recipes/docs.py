@@ -28,6 +28,8 @@ import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
+from verl_recipes.peers import compose as peers_compose
+from verl_recipes.peers import table as peers_table
 from verl_recipes.plan.evidence import behind, sets_words
 from verl_recipes.recipe.metadata import Recipe, discover
 from verl_recipes.rundir import Provenance, read_provenance
@@ -374,13 +376,17 @@ def generated(root: Path | None = None) -> dict[Path, str]:
     root = root or repo_root()
     rows = plan_rows()
     front, detail = root / "README.md", root / "recipes" / "README.md"
+    lora = root / "recipes" / "7b-lora" / "README.md"
     # the tables link from the checkout's root; recipes/README.md sits in recipes/
     tables = {"recipes": recipe_table(), "results": results_table(), "plans": plans_table(rows=rows)}
+    front_blocks = {"gpus": gpus_table(rows=rows), "peers": peers_table.tables("recipes/7b-lora/", root)}
     return {
-        front: render(front.read_text(), {"gpus": gpus_table(rows=rows)}, "README.md"),
+        front: render(front.read_text(), front_blocks, "README.md"),
         detail: render(
             detail.read_text(), {k: v.replace("](recipes/", "](") for k, v in tables.items()}, "recipes/README.md"
         ),
+        lora: render(lora.read_text(), {"peers": peers_table.tables("", root)}, "recipes/7b-lora/README.md"),
+        root / peers_table.INDEX.with_name("peers.md"): peers_compose.markdown(),
         root / INDEX: recipe_index(),
     }
 

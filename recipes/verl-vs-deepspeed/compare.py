@@ -4,6 +4,8 @@ Subcommands:
   prep-data       write a parquet whose prompts are exactly --prompt-len tokens (both sides read it)
   ds              run the DeepSpeed baseline (launch with torchrun or the deepspeed launcher)
   verl-overrides  print the Hydra overrides that give verl's trainer the same workload
+  openrlhf-args   write the command line that gives OpenRLHF (the DeepSpeed-based peer) the same
+                  workload, for `verl-recipes peers run openrlhf --args-from`
   report          results.json, table.md and plot.png from a DeepSpeed run dir and a verl metrics JSONL
   records         phases.jsonl, metrics.jsonl, provenance.json of a DeepSpeed run dir (`ds` writes them
                   too), so `verl-recipes report RUN_DIR` and check-bounds read it as a monitored run
@@ -121,6 +123,47 @@ def cmd_overrides(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_openrlhf(a: argparse.Namespace) -> int:
+    """OpenRLHF's `train_ppo_ray` command line for this workload, with verl's PPO constants (the
+    DeepSpeed loop's too), as JSON for `verl-recipes peers run openrlhf --args-from`: the argv and
+    what names the run (recipe, estimator, steps)."""
+    import json
+
+    from ds_ppo.losses import PPOHyper
+    from verl_recipes.peers import openrlhf
+    from verl_recipes.peers.workload import Paths
+
+    w, hp = _workload(a), PPOHyper.from_verl_defaults()
+    job = openrlhf.PPOJob(
+        prompt_len=w.prompt_len,
+        response_len=w.response_len,
+        batch=w.batch,
+        mini_batch=w.mini_batch,
+        train_micro=w.train_micro_per_gpu,
+        infer_micro=w.infer_micro_per_gpu,
+        steps=w.steps,
+        use_ref=w.use_ref,
+        seed=w.seed,
+        gpus=a.gpus,
+        kl_coef=hp.kl_coef,
+        gamma=hp.gamma,
+        lam=hp.lam,
+        clip=hp.clip_ratio,
+        value_clip=hp.cliprange_value,
+        actor_lr=hp.actor_lr,
+        critic_lr=hp.critic_lr,
+        grad_clip=hp.grad_clip,
+    )
+    run = Path(a.run_dir).resolve()
+    reward = Path(openrlhf.__file__).with_name("rewards.py")
+    paths = Paths(model=w.model, data=str(run / "data" / "train.jsonl"), out=str(run / "openrlhf-output"))
+    names = {"recipe": "verl-vs-deepspeed", "adv_estimator": "gae", "variants": [], "steps": w.steps}
+    doc = {"argv": openrlhf.ppo_argv(job, w.model, paths, str(reward)), "names": names}
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{a.out}: OpenRLHF {openrlhf.VERSION}'s command line for {run}")
+    return 0
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from ds_ppo.harness import load_ds_dir, read_verl_metrics, write_report
 
@@ -203,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     _workload_args(ov)
     ov.add_argument("--gpus", type=int, required=True)
     ov.set_defaults(func=cmd_overrides)
+
+    orl = sub.add_parser("openrlhf-args", help="OpenRLHF's command line for this workload, as JSON")
+    _workload_args(orl)
+    orl.add_argument("--gpus", type=int, required=True)
+    orl.add_argument("--run-dir", required=True, help="the OpenRLHF run folder `verl-recipes peers run` will write")
+    orl.add_argument("--out", required=True, help="the JSON file to write")
+    orl.set_defaults(func=cmd_openrlhf)
 
     rep = sub.add_parser("report", help="table and plot of a DeepSpeed run and a verl run")
     rep.add_argument("--ds", help="the `ds` output dir")

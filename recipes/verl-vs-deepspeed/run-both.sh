@@ -4,14 +4,17 @@
 # (compare.py report). Both sides read the same model, the same fixed-length prompts and the same
 # batch; every number comes from this one invocation.
 #
-# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [--rank R] [--side ds|verl] [compare.py workload options...]
+# usage: recipes/verl-vs-deepspeed/run-both.sh OUT_DIR [NPROC] [--rank R] [--side ds|verl|openrlhf] [compare.py workload options...]
 #   NPROC      GPUs for both sides (default 2)
 #   --rank R   a rank rehearsal: one local GPU runs rank R of NPROC on both sides (PyTorch's fake
 #              process group, VERL_RECIPES_RANK_REHEARSAL=R/NPROC; `verl-recipes train --rank`),
 #              full depth; each side's per-rank memory, no speed comparison (one rank's compute is
 #              not the job's speed), so no table
 #   --side S   run one side only (ds or verl), e.g. the DeepSpeed side of a rank whose verl side is
-#              already measured; no table either (the table compares two sides of one invocation)
+#              already measured; no table either (the table compares two sides of one invocation);
+#              or `openrlhf`: OpenRLHF 0.11.2, the maintained DeepSpeed-based trainer, on the same
+#              workload in its own environment (its wheelhouse installed: gpu/README.md, "The
+#              peers"), under the monitor (`verl-recipes peers run`); not with --rank
 #   options    e.g. --batch 64 --warmup-steps 2 --measured-steps 5 (compare.py ds --help)
 #   LAYERS     env: truncate the synthetic Qwen2-7B (full width) to this many layers; default: all
 #              layers on 2+ GPUs, 8 on one (ZeRO-3 states of the full model need two H200s)
@@ -38,7 +41,8 @@ command -v verl-recipes >/dev/null || { echo "run-both.sh: verl-recipes is not i
 if [[ -n "$rank" ]]; then
   [[ "$rank" =~ ^[0-9]+$ && "$rank" -lt "$nproc" ]] || { echo "run-both.sh: --rank needs a rank below NPROC ($nproc), got '$rank'" >&2; exit 2; }
 fi
-[[ "$side" == both || "$side" == ds || "$side" == verl ]] || { echo "run-both.sh: --side takes ds or verl, got '$side'" >&2; exit 2; }
+[[ "$side" == both || "$side" == ds || "$side" == verl || "$side" == openrlhf ]] || { echo "run-both.sh: --side takes ds, verl or openrlhf, got '$side'" >&2; exit 2; }
+[[ "$side" != openrlhf || -z "$rank" ]] || { echo "run-both.sh: --side openrlhf runs the job itself; a rank rehearsal (--rank) is verl's and the DeepSpeed loop's" >&2; exit 2; }
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} PYTHONUNBUFFERED=1
 
@@ -61,6 +65,16 @@ src="$cache/data/arith"
 mkdir -p "$out/data"
 python3 "$compare" prep-data --model "$model" --data "$src/train.parquet" --out "$out/data/train.parquet"
 cp "$out/data/train.parquet" "$out/data/test.parquet"
+
+if [[ "$side" == openrlhf ]]; then
+  echo "== OpenRLHF PPO (every weight trained, ZeRO-3, vLLM) on $nproc GPU(s), same workload"
+  python3 "$compare" openrlhf-args --model "$model" --data "$out/data/train.parquet" --gpus "$nproc" \
+    --run-dir "$out/openrlhf" --out "$out/openrlhf-args.json" "${workload[@]}"
+  verl-recipes peers run openrlhf --args-from "$out/openrlhf-args.json" --model "$model" \
+    --data "$out/data/train.parquet" --gpus "$nproc" --run-dir "$out/openrlhf"
+  echo "== results: $out/openrlhf/report.md (OpenRLHF); the DeepSpeed loop and verl: --side ds, --side verl"
+  exit 0
+fi
 
 if [[ "$side" != verl ]]; then
   echo "== 1/3 DeepSpeed ZeRO-3 PPO on $nproc GPU(s)${rank:+ (rank rehearsal: rank $rank of $nproc on one GPU)}"

@@ -23,6 +23,7 @@ from typing import Any
 from verl_recipes import RecipeError, __version__, cli_types, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.stack.lock import Pin, Target, canonical, compile_lock, parse_freeze, parse_lock, stack_requirements
+from verl_recipes.stack.peer_pins import PeerPins, load_peer_pins
 from verl_recipes.stack.pins import load_pins
 from verl_recipes.stack.wheelhouse.fetch import (
     build_project_wheel,
@@ -141,8 +142,13 @@ def build(
     with_groups: list[str] | None = None,
     local_wheels: list[Path] | None = None,
     versions_file: Path | None = None,
+    peer: Path | None = None,
 ) -> dict[str, Any]:
-    """Build the wheelhouse in `out`; returns the manifest (also written to out/manifest.json)."""
+    """Build the wheelhouse in `out`; returns the manifest (also written to out/manifest.json).
+
+    With `peer` (images/peers/<name>.toml) the lock is the peer's own (stack.peer_pins), resolved
+    against the target's packages, and the wheelhouse carries what the peer's environment lacks
+    there; this checkout travels as the tree, not as a wheel."""
     root = root or repo_root()
     if chunk_mib <= 0 or chunk_mib > 64:
         raise RecipeError(f"--chunk-mib {chunk_mib}: give more than 0 and at most 64 (one transfer's limit)")
@@ -153,11 +159,22 @@ def build(
     if local_wheels and not groups:
         raise RecipeError("--local-wheels is only read for --with groups; add --with GROUP or drop it")
     local = {q.name: pick_local_wheel(q, local_files, target) for q in groups if q.local_build}
+    pins: PeerPins | None = load_peer_pins(peer) if peer else None
+    if pins and groups:
+        raise RecipeError("--with adds to our stack; a --peer wheelhouse carries the peer's own pins alone")
 
     have = parse_freeze(have_file)
-    lock_file = lock_file or target.default_lock(root)
-    if relock or not lock_file.is_file():
-        compile_lock(target, lock_file, stack_requirements(root), seed=have_file)
+    if pins:
+        lock_file = lock_file or pins.default_lock(target)
+        if relock or not lock_file.is_file():
+            what = f"the pins {pins.name} {pins.version} declares ({_rel(pins.path, root)})"
+            made_by = f"`verl-recipes wheelhouse --peer {_rel(pins.path, root)} --relock`"
+            reqs, over = pins.requirements(have), pins.override_lines()
+            compile_lock(target, lock_file, reqs, seed=have_file, overrides=over, what=what, made_by=made_by)
+    else:
+        lock_file = lock_file or target.default_lock(root)
+        if relock or not lock_file.is_file():
+            compile_lock(target, lock_file, stack_requirements(root), seed=have_file)
     lock = parse_lock(lock_file)
     for q in groups:
         if q.name in lock:
@@ -207,7 +224,7 @@ def build(
             path = build_sdist(path, f["hashes"]["sha256"], f.get("hint", ""))
         path, stripped = _stage_wheel(path, pin.name, stage / "wheels", excludes, stored, strips_done)
         entries.append({**entry, **stripped, "file": path.name})
-    if only_c is None or PROJECT in only_c:
+    if pins is None and (only_c is None or PROJECT in only_c):
         with tempfile.TemporaryDirectory() as tmp:
             built = build_project_wheel(root, Path(tmp))
             wheel = (
@@ -268,6 +285,7 @@ def build(
         "have": {"file": _rel(have_file, root), "sha256": sha256_file(have_file)},
         "only": sorted(only_c) if only_c else None,
         "with": group_rows,
+        "peer": _peer_row(pins, root),
         "total_wheel_bytes": sum(e["size"] for e in entries),
         "total_chunk_bytes": sum(c["size"] for c in chunks),
         "compression": f"xz -{xz_level} of wheels repacked uncompressed"
@@ -289,6 +307,22 @@ def build(
     return manifest
 
 
+def _peer_row(pins: PeerPins | None, root: Path) -> dict[str, Any] | None:
+    """The manifest's record of a peer wheelhouse: whose pins, and what stands in for which of them."""
+    if pins is None:
+        return None
+    return {
+        "name": pins.name,
+        "version": pins.version,
+        "pins": _rel(pins.path, root),
+        "requires": list(pins.requires),
+        "fixed": list(pins.fixed),
+        "overrides": [
+            {"requirement": o.requirement, "replaces": o.replaces, "reason": o.reason} for o in pins.overrides
+        ],
+    }
+
+
 def _rel(path: Path, root: Path) -> str:
     try:
         return str(path.resolve().relative_to(root))
@@ -307,7 +341,10 @@ def ready_text(m: dict[str, Any]) -> str:
     def local_builds(group: str) -> list[str]:
         return [e["file"] for e in m["wheels"] if e.get("group") == group and e.get("origin") == "local build"]
 
+    peer = m.get("peer") or {}
     lines = [
+        *([f"peer: {peer['name']} {peer['version']} from {peer['pins']} (its own environment)"] if peer else []),
+        *(f"  override: {o['requirement']} for {o['replaces']}: {o['reason']}" for o in peer.get("overrides", [])),
         f"target: Python {m['target']['python']} {m['target']['platform']}",
         f"wheels: {len(m['wheels'])} ({_mib(m['total_wheel_bytes'])}); "
         f"on target already: {len(m['on_target'])}; left out: {len(m['excluded'])}",
@@ -333,16 +370,19 @@ def ready_text(m: dict[str, Any]) -> str:
 def _run(args: argparse.Namespace) -> int:
     target = Target(python=args.python, platform=args.platform)
     root = repo_root()
-    out = Path(args.out) if args.out else root / "wheelhouse" / f"py{target.py_nodot}-{target.platform}"
+    name = f"peer-{load_peer_pins(Path(args.peer)).name}-" if args.peer else ""
+    out = Path(args.out) if args.out else root / "wheelhouse" / f"{name}py{target.py_nodot}-{target.platform}"
     only = {n.strip() for n in args.only.split(",") if n.strip()} if args.only else None
     lock = Path(args.lock) if args.lock else None
     xz_level = None if args.no_xz else args.xz_level
     groups = [g.strip() for arg in args.with_groups or [] for g in arg.split(",") if g.strip()]
     local = [Path(x).expanduser() for x in args.local_wheels or []]
     versions = Path(args.versions) if args.versions else None
+    peer = Path(args.peer) if args.peer else None
     m = build(
-        target, Path(args.have), out, args.chunk_mib, only, lock, args.relock, root, xz_level, groups, local, versions
-    )
+        target, Path(args.have), out, args.chunk_mib, only, lock, args.relock, root, xz_level, groups, local, versions,
+        peer,
+    )  # fmt: skip
     extra = "".join(f"; --with {g['group']}: {len(g['wheels'])} wheels, {_mib(g['bytes'])}" for g in m["with"])
     print(
         f"wheelhouse: {len(m['wheels'])} wheels, {len(m['chunks'])} chunks, "
@@ -383,6 +423,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "no wheel of; each must fit the target's Python and platform (linux_<arch> accepted here only)",
     )
     p.add_argument("--versions", help="versions.toml to read the --with groups from (default images/versions.toml)")
+    p.add_argument(
+        "--peer",
+        metavar="FILE",
+        help="a peer's pins (images/peers/<name>.toml): carry its own environment, resolved into "
+        "images/peers/<name>-py<XY>.txt, instead of our stack",
+    )
     p.add_argument("--xz-level", type=int, default=6, choices=range(10), metavar="0-9", help="xz preset (default 6)")
     p.add_argument(
         "--no-xz",
