@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes.measure import throughput as throughput_table
 from verl_recipes.paths import repo_root
 from verl_recipes.peers import compose as peers_compose
 from verl_recipes.peers import table as peers_table
@@ -379,13 +380,21 @@ def generated(root: Path | None = None) -> dict[Path, str]:
     lora = root / "recipes" / "7b-lora" / "README.md"
     # the tables link from the checkout's root; recipes/README.md sits in recipes/
     tables = {"recipes": recipe_table(), "results": results_table(), "plans": plans_table(rows=rows)}
-    front_blocks = {"gpus": gpus_table(rows=rows), "peers": peers_table.tables("recipes/7b-lora/", root)}
+    front_blocks = {
+        "gpus": gpus_table(rows=rows),
+        "peers": peers_table.tables("recipes/7b-lora/", root),
+        "throughput": throughput_table.table("recipes/7b-lora/", root),
+    }
     return {
         front: render(front.read_text(), front_blocks, "README.md"),
         detail: render(
             detail.read_text(), {k: v.replace("](recipes/", "](") for k, v in tables.items()}, "recipes/README.md"
         ),
-        lora: render(lora.read_text(), {"peers": peers_table.tables("", root)}, "recipes/7b-lora/README.md"),
+        lora: render(
+            lora.read_text(),
+            {"peers": peers_table.tables("", root), "throughput": throughput_table.table("", root)},
+            "recipes/7b-lora/README.md",
+        ),
         root / peers_table.INDEX.with_name("peers.md"): peers_compose.markdown(),
         root / INDEX: recipe_index(),
     }
