@@ -98,7 +98,7 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
             buf += line + "\n"
             continue
         if line.endswith("\\") and not line.endswith("\\\\"):
-            buf += line[:-1] + " "
+            buf += line[:-1] + f" {_MARK}{no + 1}{_MARK} "  # the words after it are on the next line
             continue
         buf += line
         if buf.strip():
@@ -134,11 +134,14 @@ def _strip_comment(line: str, quote: str) -> tuple[str, str]:
 
 
 _OPERATORS = ("&&", "||", ";;", ";", "&", "|")
+#: marks, in a logical line, where the next physical line starts (`\x00<line number>\x00`)
+_MARK = "\x00"
 
 
-def _split_words(line: str, no: int) -> list[str]:
-    """Raw words (quotes kept, to expand later) and control operators of one logical line."""
-    words: list[str] = []
+def _split_words(line: str, no: int) -> list[tuple[str, int]]:
+    """Raw words (quotes kept, to expand later) and control operators of one logical line, each
+    with the script line it is on."""
+    words: list[tuple[str, int]] = []
     cur, i, n = "", 0, len(line)
     quote = ""
     depth = 0  # inside ${...} or $(...)
@@ -169,25 +172,45 @@ def _split_words(line: str, no: int) -> list[str]:
         elif depth:
             depth += 1 if c in "({" else -1 if c in ")}" else 0
             cur += c
+        elif c == _MARK:
+            end = line.index(_MARK, i + 1)
+            if cur:
+                words.append((cur, no))
+                cur = ""
+            no = int(line[i + 1 : end])
+            i = end + 1
+            continue
         elif c in " \t\n":
             if cur:
-                words.append(cur)
+                words.append((cur, no))
                 cur = ""
-        elif c in ";&|<>()" and not depth:
-            if c in "<>":
-                raise RecipeError(f"line {no}: a redirection ({c}) is not read here; remove it from the trainer's line")
+        elif c == ">" or (c == "&" and line.startswith("&>", i)):
+            # output redirection (`> log`, `2>&1`, `&> log`): where the output goes, not the job
+            if cur.isdigit():
+                cur = ""
+            i += 2 if line.startswith((">>", ">&", "&>"), i) else 1
+            while i < n and line[i] in " \t":
+                i += 1
+            while i < n and line[i] not in " \t;&|":
+                i += 1
+            continue
+        elif c in ";&|<()" and not depth:
+            if c == "<":
+                raise RecipeError(
+                    f"line {no}: an input redirection or here-document (<) is not read here; write it out"
+                )
             if cur:
-                words.append(cur)
+                words.append((cur, no))
                 cur = ""
             op = next(o for o in (*_OPERATORS, "(", ")") if line.startswith(o, i))
-            words.append(op)
+            words.append((op, no))
             i += len(op)
             continue
         else:
             cur += c
         i += 1
     if cur:
-        words.append(cur)
+        words.append((cur, no))
     return words
 
 
@@ -387,6 +410,10 @@ def _matching(s: str, start: int, open_: str, close: str, no: int) -> int:
 class _Cmd:
     no: int
     words: tuple[str, ...]  # raw words
+    lines: tuple[int, ...] = ()  # the script line of each word
+
+    def line_of(self, k: int) -> int:
+        return self.lines[k] if k < len(self.lines) else self.no
 
 
 def _statements(text: str) -> list[_Cmd]:
@@ -394,22 +421,32 @@ def _statements(text: str) -> list[_Cmd]:
     out: list[_Cmd] = []
     for no, line in _logical_lines(text):
         cur: list[str] = []
-        for w in _split_words(line, no):
+        at: list[int] = []
+        piped = False
+        for w, wl in _split_words(line, no):
+            if piped and not cur and w != "tee":
+                raise RecipeError(f"line {no}: a pipe into `{w}` is not read here (only `| tee FILE`); remove it")
             if w in (";", "&&", "&", "||", "|", ";;", "(", ")"):
-                if w in ("||", "|"):
+                if w == "|" and cur:
+                    # `trainer ... | tee log`: the log's copy, not the job
+                    out.append(_Cmd(at[0], tuple(cur), tuple(at)))
+                    cur, at, piped = [], [], True
+                    continue
+                if w == "||":
                     raise RecipeError(
                         f"line {no}: `{w}` is not read here (its effect depends on a command's result); "
                         "split it into plain commands"
                     )
                 if w in ("(", ")", ";;"):
                     raise RecipeError(f"line {no}: `{w}` (a subshell, function or case) is not read here; write it out")
-                if cur:
-                    out.append(_Cmd(no, tuple(cur)))
-                cur = []
+                if cur and not piped:
+                    out.append(_Cmd(at[0], tuple(cur), tuple(at)))
+                cur, at, piped = [], [], False
                 continue
             cur.append(w)
-        if cur:
-            out.append(_Cmd(no, tuple(cur)))
+            at.append(wl)
+        if cur and not piped:
+            out.append(_Cmd(at[0], tuple(cur), tuple(at)))
     return out
 
 
@@ -443,10 +480,13 @@ def _test_value(shell: _Shell, words: Sequence[str], no: int) -> bool:
     )
 
 
-def _run(shell: _Shell, cmds: list[_Cmd], source: str) -> tuple[list[tuple[_Cmd, list[str | _Unknown]]], list[str]]:
+_Found = tuple[_Cmd, list[str | _Unknown], list[int]]
+
+
+def _run(shell: _Shell, cmds: list[_Cmd], source: str) -> tuple[list[_Found], list[str]]:
     """Walk the statements as bash would: assignments, `if` on known values; return the commands
     left to run (expanded) and the lines that only prepare the host."""
-    found: list[tuple[_Cmd, list[str | _Unknown]]] = []
+    found: list[_Found] = []
     skipped: list[str] = []
     # stack of (branch taken so far, this branch active)
     stack: list[tuple[bool, bool]] = []
@@ -507,6 +547,7 @@ def _run(shell: _Shell, cmds: list[_Cmd], source: str) -> tuple[list[tuple[_Cmd,
         if not active:
             continue
         words = list(cmd.words)
+        lines = [cmd.line_of(j) for j in range(len(words))]
         if head in ("export", "declare", "local", "readonly"):
             words = words[1:]
             if words and words[0].startswith("-"):
@@ -517,6 +558,7 @@ def _run(shell: _Shell, cmds: list[_Cmd], source: str) -> tuple[list[tuple[_Cmd,
             continue
         prefix: dict[str, str | _Unknown] = {}
         while words and _ASSIGN.match(words[0]):
+            lines.pop(0)
             name, _, raw = words.pop(0).partition("=")
             prefix[name] = _assign_value(shell, raw, cmd.no)
         if not words:
@@ -530,9 +572,12 @@ def _run(shell: _Shell, cmds: list[_Cmd], source: str) -> tuple[list[tuple[_Cmd,
                 )
             continue
         expanded: list[str | _Unknown] = []
-        for w in words:
-            expanded.extend(shell.expand(w, cmd.no))
-        found.append((cmd, expanded))
+        at: list[int] = []
+        for w, wl in zip(words, lines, strict=True):
+            got = shell.expand(w, wl)
+            expanded.extend(got)
+            at.extend([wl] * len(got))
+        found.append((cmd, expanded, at))
     if stack:
         raise RecipeError(f"{source}: an `if` is not closed with `fi`")
     return found, skipped
@@ -557,15 +602,16 @@ def _assign_value(shell: _Shell, raw: str, no: int) -> str | _Unknown:
 # the trainer's command and Hydra's overrides
 
 
-def _trainer_args(words: list[str | _Unknown]) -> tuple[str, list[str | _Unknown]] | None:
-    """(launcher, the trainer's own arguments) where `words` starts verl's trainer, else None."""
+def _trainer_args(words: Sequence[str | _Unknown]) -> tuple[str, int] | None:
+    """(launcher, index of the trainer's first own argument) where `words` starts verl's
+    trainer, else None."""
     plain = [w if isinstance(w, str) else "" for w in words]
-    launcher = "python3 -m"
+    launcher, cut = "python3 -m", 0
     if plain[:3] == ["ray", "job", "submit"]:
         if "--" not in plain:
             return None
-        cut = plain.index("--")
-        words, plain, launcher = words[cut + 1 :], plain[cut + 1 :], "ray job submit"
+        cut = plain.index("--") + 1
+        plain, launcher = plain[cut:], "ray job submit"
     k = 0
     if plain and (plain[0] == "torchrun" or plain[0].endswith("/torchrun")):
         launcher = "torchrun"
@@ -574,17 +620,17 @@ def _trainer_args(words: list[str | _Unknown]) -> tuple[str, list[str | _Unknown
             k += 1
         if k < len(plain) and plain[k] == "-m":
             k += 1
-            return (launcher, words[k + 1 :]) if k < len(plain) and plain[k] == TRAINER else None
+            return (launcher, cut + k + 1) if k < len(plain) and plain[k] == TRAINER else None
         return None
     if plain and _PYTHONS.match(plain[0]):
         k = 1
         while k < len(plain) and (plain[k] in ("-u", "-O", "-B", "-X") or plain[k][:2] == "-X"):
             k += 2 if plain[k] == "-X" else 1
         if k + 1 < len(plain) and plain[k] == "-m" and plain[k + 1] == TRAINER:
-            return launcher, words[k + 2 :]
+            return launcher, cut + k + 2
         return None
     if plain and plain[0] == TRAINER:
-        return "verl.trainer.main_ppo", words[1:]
+        return "verl.trainer.main_ppo", cut + 1
     return None
 
 
@@ -623,14 +669,14 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _overrides(args: list[str | _Unknown], no: int, source: str, extra_line: int) -> tuple[str | None, list[Override]]:
+def _overrides(args: list[str | _Unknown], lines: list[int], source: str) -> tuple[str | None, list[Override]]:
     config_name: str | None = None
     out: list[Override] = []
     k = 0
     while k < len(args):
         a = args[k]
+        no = line = lines[k]
         k += 1
-        line = no
         if isinstance(a, _Unknown):
             raise RecipeError(
                 f"{source}: line {no}: an argument of the trainer comes from {a.text} (line {a.line}), "
@@ -651,6 +697,7 @@ def _overrides(args: list[str | _Unknown], no: int, source: str, extra_line: int
             continue
         if a.startswith(("--config-name=", "--config-path=")):
             args[k - 1 : k] = a.split("=", 1)
+            lines.insert(k, line)
             k -= 1
             continue
         if a.startswith("-"):
@@ -675,10 +722,10 @@ def read_text(
         msg = str(e)
         raise RecipeError(msg if msg.startswith(source) else f"{source}: {msg}") from None
     calls = []
-    for cmd, words in found:
+    for cmd, words, at in found:
         got = _trainer_args(words)
         if got is not None:
-            calls.append((cmd, got))
+            calls.append((cmd, got[0], words[got[1] :], at[got[1] :]))
         elif _mentions_trainer(words):
             raise RecipeError(
                 f"{source}: line {cmd.no}: verl's trainer is started in a way not read here; "
@@ -689,10 +736,10 @@ def read_text(
     if not calls:
         raise RecipeError(f"{source}: does not call verl's trainer (python3 -m {TRAINER} ...)")
     if len(calls) > 1:
-        lines = ", ".join(str(c.no) for c, _ in calls)
+        lines = ", ".join(str(c[0].no) for c in calls)
         raise RecipeError(f"{source}: calls verl's trainer more than once (lines {lines}); keep one call")
-    cmd, (launcher, targs) = calls[0]
-    config_name, overrides = _overrides(targs, cmd.no, source, 0)
+    cmd, launcher, targs, tlines = calls[0]
+    config_name, overrides = _overrides(list(targs), list(tlines), source)
     return VerlCommand(source, cmd.no, launcher, config_name, tuple(overrides), tuple(skipped))
 
 
@@ -715,6 +762,6 @@ def read_argv(argv: Sequence[str]) -> VerlCommand:
             f"`{' '.join(argv[:4])}{' ...' if len(argv) > 4 else ''}` does not call verl's trainer: "
             f"give `-- python3 -m {TRAINER} key=value ...`"
         )
-    launcher, targs = got
-    config_name, overrides = _overrides(targs, 0, "the command line", 0)
+    launcher, start = got
+    config_name, overrides = _overrides(list(argv[start:]), [0] * (len(argv) - start), "the command line")
     return VerlCommand("the command line", 0, launcher, config_name, tuple(overrides))
