@@ -32,7 +32,7 @@ from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import GPUSpec, ModelSpec, Recipe, SmokeSpec
 from verl_recipes.recipe.run_config import Layout
 from verl_recipes.recipe.verl_command import Override, VerlCommand
-from verl_recipes.workload.arch import arch_for_model_id, resolve_arch
+from verl_recipes.workload.arch import arch_for_model_id, bundled_archs, resolve_arch
 
 #: the GPU a verl example is written for (8 x 80 GB, A100 or H100): a rehearsal's default budget
 EXAMPLE_GPU_GIB = 80.0
@@ -145,6 +145,8 @@ def verl_job(
             f"{source}: --config-name {cmd.config_name}: verl's ppo_trainer and ppo_megatron_trainer are read"
         )
     _refuse_unrunnable(keys, source)
+    if arch is not None and arch not in bundled_archs():
+        raise RecipeError(f"--arch {arch}: a verl job takes a bundled architecture ({', '.join(bundled_archs())})")
     mapped: list[str] = []
     model = keys.get(_MODEL)
     if arch is None:
@@ -179,7 +181,10 @@ def verl_job(
             + (f"; {what} is not started, and its GPU memory is not in the plan" if what else "")
         )
     if "trainer.logger" in keys:
-        mapped.append(f"trainer.logger={_value(keys['trainer.logger'])} -> {LOGGERS} (TensorBoard in the run folder)")
+        mapped.append(
+            f"trainer.logger={json.dumps(_value(keys['trainer.logger']))} -> {json.dumps(LOGGERS)} "
+            "(TensorBoard in the run folder)"
+        )
     nodes, per_node = keys.get("trainer.nnodes"), keys.get("trainer.n_gpus_per_node")
     layout = Layout(_int(per_node, 8), _int(nodes, 1))
     mapped.append(
@@ -234,3 +239,39 @@ def _is_reward(key: str) -> bool:
 def _short(v: Any) -> str:
     s = json.dumps(v) if not isinstance(v, str) else v
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+def load_job(
+    target: str | None,
+    rest: Sequence[str],
+    script: Path | None = None,
+    example: str | None = None,
+    sets: Sequence[str] = (),
+    arch: str | None = None,
+) -> VerlJob | None:
+    """The verl job a command line names, or None for a recipe or a deltas file.
+
+    `plan`/`train` take a script (`--verl-script PATH`, or a positional path ending in .sh), a
+    suite entry (`--verl-example NAME`) or a command line after `--`; argparse hands the words
+    after `--` to the positionals (`target`, then `rest`). With a script, those words are the
+    script's `$@`; without one, they are the command line itself.
+    """
+    from verl_recipes.recipe.verl_command import read_argv, read_script
+    from verl_recipes.recipe.verl_suite import entry
+
+    words = [target, *rest] if target is not None else list(rest)
+    if script is None and example is None and target is not None and target.endswith(".sh"):
+        script, words = Path(target), list(rest)
+    if script is not None and example is not None:
+        raise RecipeError("give --verl-script or --verl-example, not both")
+    if script is not None:
+        cmd = read_script(script, args=words)
+        return verl_job(cmd, script.name.removesuffix(".sh"), sets, arch)
+    if example is not None:
+        if words:
+            raise RecipeError(f"--verl-example {example}: extra arguments {' '.join(words)}; use --set KEY=VALUE")
+        e = entry(example)
+        return verl_job(e.command(), e.name, sets, arch)
+    if len(words) > 1:  # `-- python3 -m verl.trainer.main_ppo ...`
+        return verl_job(read_argv(words), "command-line", sets, arch)
+    return None
