@@ -60,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     )
     p.add_argument("--verl-script", type=Path, metavar="PATH", help="a verl job's bash script, as its users write it")
     p.add_argument("--verl-example", metavar="NAME", help="a verl example of validation/verl-examples/suite.yaml")
+    p.add_argument(
+        "--verl-examples",
+        action="store_true",
+        help="the table of every verl example of the suite (with --write: validation/verl-examples/table.md)",
+    )
     p.add_argument("--variant", action="append", default=[], help="a recipe variant (repeatable)")
     p.add_argument(
         "--gpu",
@@ -177,6 +182,16 @@ def run(args: argparse.Namespace) -> int:
         print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
     if args.errors or args.errors_old_name:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
+    if args.verl_examples:
+        from verl_recipes.plan.verl_script import suite_table
+
+        table = suite_table()
+        if args.write:
+            inflight.write_text(args.write, table, "the table")
+            print(f"wrote {args.write}")
+        else:
+            print(table, end="")
+        return 0
     from verl_recipes.recipe.verl_job import load_job
 
     vjob = load_job(args.target, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)

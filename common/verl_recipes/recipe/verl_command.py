@@ -614,14 +614,12 @@ def _trainer_args(words: Sequence[str | _Unknown]) -> tuple[str, int] | None:
         plain, launcher = plain[cut:], "ray job submit"
     k = 0
     if plain and (plain[0] == "torchrun" or plain[0].endswith("/torchrun")):
+        # torchrun's own options (`--nproc_per_node 8`, `--standalone`) come before `-m MODULE`
         launcher = "torchrun"
-        k = 1
-        while k < len(plain) and plain[k] != "-m" and plain[k].startswith("-"):
-            k += 1
-        if k < len(plain) and plain[k] == "-m":
-            k += 1
-            return (launcher, cut + k + 1) if k < len(plain) and plain[k] == TRAINER else None
-        return None
+        if "-m" not in plain:
+            return None
+        k = plain.index("-m") + 1
+        return (launcher, cut + k + 1) if k < len(plain) and plain[k] == TRAINER else None
     if plain and _PYTHONS.match(plain[0]):
         k = 1
         while k < len(plain) and (plain[k] in ("-u", "-O", "-B", "-X") or plain[k][:2] == "-X"):
@@ -680,7 +678,7 @@ def _overrides(args: list[str | _Unknown], lines: list[int], source: str) -> tup
         if isinstance(a, _Unknown):
             raise RecipeError(
                 f"{source}: line {no}: an argument of the trainer comes from {a.text} (line {a.line}), "
-                "known only when the script runs; write its value out, or pass the key with --set"
+                "known only when the script runs; write its value into the script, or give the command after --"
             )
         if a in ("--config-name", "--config-path", "-cn", "-cp"):
             if k >= len(args) or isinstance(args[k], _Unknown):

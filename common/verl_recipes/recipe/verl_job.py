@@ -185,7 +185,10 @@ def verl_job(
             f"trainer.logger={json.dumps(_value(keys['trainer.logger']))} -> {json.dumps(LOGGERS)} "
             "(TensorBoard in the run folder)"
         )
-    nodes, per_node = keys.get("trainer.nnodes"), keys.get("trainer.n_gpus_per_node")
+    # the user's own --set lines come after the job's: a trainer.* key among them is the layout too
+    given = {o.key: o for o in (_set_override(x) for x in sets) if o.key in _LAYOUT}
+    nodes = given.get("trainer.nnodes") or keys.get("trainer.nnodes")
+    per_node = given.get("trainer.n_gpus_per_node") or keys.get("trainer.n_gpus_per_node")
     layout = Layout(_int(per_node, 8), _int(nodes, 1))
     mapped.append(
         f"trainer.nnodes={layout.nnodes} x trainer.n_gpus_per_node={layout.per_node} -> the layout planned and "
@@ -230,6 +233,14 @@ def verl_job(
         dropped=tuple(dropped),
         skipped=cmd.skipped,
     )
+
+
+def _set_override(line: str) -> Override:
+    """A user's --set line read as Hydra reads it (`verl_command.canonical`)."""
+    from verl_recipes.recipe.verl_command import canonical
+
+    text, key = canonical(line, f"--set {line}")
+    return Override(text, key, 0, line)
 
 
 def _is_reward(key: str) -> bool:

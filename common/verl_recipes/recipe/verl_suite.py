@@ -143,11 +143,17 @@ def _out(cmd: VerlCommand, name: str) -> str | None:
 
     if cmd.config_name == "ppo_megatron_trainer":
         return "Megatron (ppo_megatron_trainer): the suite holds verl's FSDP and FSDP2 jobs"
+    if "_npu" in name_path(cmd.source):
+        return "an Ascend NPU script (verl names them *_npu.sh): the suite holds NVIDIA GPU jobs"
     try:
         verl_job(cmd, name)
     except RecipeError as e:
         return str(e)
     return None
+
+
+def name_path(source: str) -> str:
+    return Path(source).name
 
 
 def read_repo(repo: Path, commit: str) -> dict[str, Any]:
