@@ -137,11 +137,11 @@ def local_gpus() -> tuple[int, float]:
     return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
 
 
-def _recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...], Layout]:
+def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...], Layout]:
     """The recipe, its --set lines and its layout: a recipe id's, or a verl job's as its users
     write it (a script, a suite entry, a command line after `--`: `recipe.verl_job`), whose own
     overrides come before the user's --set lines and whose trainer.* keys are its layout."""
-    from verl_recipes.recipe.verl_job import load_job
+    from verl_recipes.recipe.verl_load import load_job
 
     vjob = load_job(args.recipe, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
     if vjob is None:
@@ -163,7 +163,7 @@ def decide(args: argparse.Namespace) -> Job:
     """The job the command line asks for on this host; refuses in one line what cannot run."""
     from verl_recipes.workload import userpaths
 
-    recipe, sets, layout = _recipe_sets_layout(args)
+    recipe, sets, layout = recipe_sets_layout(args)
     bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
     if bad_fix:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")

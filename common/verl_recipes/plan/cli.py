@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(table, end="")
         return 0
-    from verl_recipes.recipe.verl_job import load_job
+    from verl_recipes.recipe.verl_load import load_job
 
     vjob = load_job(args.target, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
     if vjob is not None:

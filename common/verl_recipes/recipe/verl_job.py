@@ -144,7 +144,9 @@ def verl_job(
         raise RecipeError(
             f"{source}: --config-name {cmd.config_name}: verl's ppo_trainer and ppo_megatron_trainer are read"
         )
-    _refuse_unrunnable(keys, source)
+    # the user's own --set lines come after the job's: what they set is the job's too
+    user = {o.key: o for o in (_set_override(x) for x in sets)}
+    _refuse_unrunnable({**keys, **user}, source)
     if arch is not None and arch not in bundled_archs():
         raise RecipeError(f"--arch {arch}: a verl job takes a bundled architecture ({', '.join(bundled_archs())})")
     mapped: list[str] = []
@@ -185,10 +187,8 @@ def verl_job(
             f"trainer.logger={json.dumps(_value(keys['trainer.logger']))} -> {json.dumps(LOGGERS)} "
             "(TensorBoard in the run folder)"
         )
-    # the user's own --set lines come after the job's: a trainer.* key among them is the layout too
-    given = {o.key: o for o in (_set_override(x) for x in sets) if o.key in _LAYOUT}
-    nodes = given.get("trainer.nnodes") or keys.get("trainer.nnodes")
-    per_node = given.get("trainer.n_gpus_per_node") or keys.get("trainer.n_gpus_per_node")
+    nodes = user.get("trainer.nnodes") or keys.get("trainer.nnodes")
+    per_node = user.get("trainer.n_gpus_per_node") or keys.get("trainer.n_gpus_per_node")
     layout = Layout(_int(per_node, 8), _int(nodes, 1))
     mapped.append(
         f"trainer.nnodes={layout.nnodes} x trainer.n_gpus_per_node={layout.per_node} -> the layout planned and "
@@ -250,39 +250,3 @@ def _is_reward(key: str) -> bool:
 def _short(v: Any) -> str:
     s = json.dumps(v) if not isinstance(v, str) else v
     return s if len(s) <= 60 else s[:57] + "..."
-
-
-def load_job(
-    target: str | None,
-    rest: Sequence[str],
-    script: Path | None = None,
-    example: str | None = None,
-    sets: Sequence[str] = (),
-    arch: str | None = None,
-) -> VerlJob | None:
-    """The verl job a command line names, or None for a recipe or a deltas file.
-
-    `plan`/`train` take a script (`--verl-script PATH`, or a positional path ending in .sh), a
-    suite entry (`--verl-example NAME`) or a command line after `--`; argparse hands the words
-    after `--` to the positionals (`target`, then `rest`). With a script, those words are the
-    script's `$@`; without one, they are the command line itself.
-    """
-    from verl_recipes.recipe.verl_command import read_argv, read_script
-    from verl_recipes.recipe.verl_suite import entry
-
-    words = [target, *rest] if target is not None else list(rest)
-    if script is None and example is None and target is not None and target.endswith(".sh"):
-        script, words = Path(target), list(rest)
-    if script is not None and example is not None:
-        raise RecipeError("give --verl-script or --verl-example, not both")
-    if script is not None:
-        cmd = read_script(script, args=words)
-        return verl_job(cmd, script.name.removesuffix(".sh"), sets, arch)
-    if example is not None:
-        if words:
-            raise RecipeError(f"--verl-example {example}: extra arguments {' '.join(words)}; use --set KEY=VALUE")
-        e = entry(example)
-        return verl_job(e.command(), e.name, sets, arch)
-    if len(words) > 1:  # `-- python3 -m verl.trainer.main_ppo ...`
-        return verl_job(read_argv(words), "command-line", sets, arch)
-    return None
