@@ -271,3 +271,15 @@ def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early
     assert w.returncode == 0 and time.monotonic() - t0 < 30
     assert "CAMPAIGN typo ENDED EARLY (exit 2)" in w.stdout
     assert w.stdout.strip().endswith("CAMPAIGN DONE")
+
+
+@pytest.mark.parametrize("campaign", sorted(p.name for p in CAMPAIGNS.glob("7b-prod*.txt")))
+def test_the_prod_batch_campaigns_name_their_runs_by_the_rule(campaign: str) -> None:
+    """A line's name is the run folder its results are committed under, so it follows the rule
+    (recipe/run_names.py) with the recipe's variants, the card it is written for first."""
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_names import parse_run_name
+
+    variants = get_recipe("7b-lora").variants
+    for name, _, _, _ in _campaign_lines(CAMPAIGNS / campaign):
+        assert parse_run_name(name, variants).n == 1, f"{campaign}: {name}"

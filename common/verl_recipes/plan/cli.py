@@ -93,6 +93,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         metavar="NAME",
         help=f"plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: {MERGE_FIX})",
     )
+    p.add_argument(
+        "--budgets",
+        action="store_true",
+        help="the largest token budgets and vLLM settings that fit each --gpu, as --set lines, with the "
+        "step they predict (verl_recipes.predict.budgets, .speed)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
     # the old name of --errors, kept working; it says so when used
@@ -219,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.from_layers:
         return _from_layers(args, s)
+    if args.budgets:
+        print(budgets_text(label, s, [parse_gpu(g) for g in args.gpu] or [catalogue()["h100-80g"]], args.provider))
+        return 0
     if args.write:
         raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
@@ -325,6 +334,53 @@ def judge(
     if as_json:
         return json.dumps(plan_json(j), indent=2), fits
     return render_text(j), fits
+
+
+def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = None) -> str:
+    """`plan --budgets`: per GPU, the largest settings that fit (`predict.budgets`), the peaks with
+    them, and the step they predict (`predict.speed`) with its cost per million tokens."""
+    from verl_recipes.predict.budgets import TOLERANCE, largest
+    from verl_recipes.predict.speed import estimate
+
+    gib = 1024**3
+    lines = [
+        f"budgets: {label}: the largest that fit, every trainer term taken {TOLERANCE:.0%} larger "
+        "(PREDICTED; verl_recipes/predict/budgets.py)"
+    ]
+    offers = load_prices(prices_file())
+    for g in gpus:
+        b = largest(s, g)
+        lines.append(f"{g.id}:")
+        lines += [f"  --set {x}" for x in b.sets()]
+        peaks = ", ".join(f"{p.phase} {p.total / gib:.1f}" for p in b.plan.phases)
+        lines.append(f"  peaks with them, GiB of {g.visible_gib:.1f}: {peaks}; KV cache {b.plan.kv_tokens:,} tokens")
+        if not (g.bandwidth and g.bf16_flops):
+            lines.append("  step: no bandwidth or bf16 rate for this card in predict/gpus.yaml")
+            continue
+        e = estimate(b.applied(s), g)
+        d, pr = e.decode, e.priors
+        lines.append(
+            f"  decode roofline: {d.concurrent} sequences at once, {d.step_ms:.1f} ms a decode step (weights + KV "
+            f"read / {g.bandwidth / 1e12:.2f} TB/s), {d.tokens_per_s:,.0f} generated tokens/s, "
+            f"{d.rollout_s:.0f} s for {d.sequences} x {d.response_tokens} tokens"
+        )
+        phases = ", ".join(f"{k} {v:.0f} s" for k, v in e.phases.items())
+        lines.append(
+            f"  step, PREDICTED (decode at {pr.decode_efficiency:.0%} of the roofline, training at "
+            f"{pr.train_mfu:.0%} of {g.bf16_flops / 1e12:.0f} TFLOPS, every sequence at full length): {phases}; "
+            f"{e.step_s:.0f} s a step, {e.tokens:,} tokens, {e.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; "
+            f"a run of 2 / 3 / 4 steps with a {pr.start_s:.0f} s start: "
+            + " / ".join(f"{e.run_s(n):.0f}" for n in (2, 3, 4))
+            + " s"
+        )
+        o = pick_offer(offers, g.id, provider)
+        if o is not None:
+            c = compute_cost(o, s.world, e.tokens_per_s_per_gpu * s.world, e.tokens)
+            lines.append(
+                f"  cost at that rate, PREDICTED: ${c.usd_per_million_tokens:.2f} per million tokens, "
+                f"${c.usd_per_step:.3f} a step at {o.provider} ${o.usd_per_gpu_hour}/GPU-h ({o.date}, {o.source})"
+            )
+    return "\n".join(lines)
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:
