@@ -70,8 +70,8 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
     import shlex
 
     from verl_recipes import train
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
+    from verl_recipes.job import recipe_sets_layout
+    from verl_recipes.recipe.run_config import compose_run
 
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())
@@ -92,12 +92,12 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
             assert (root / words[1]).is_file(), f"{campaign}: {name}: no {words[1]}"
             continue
         args = parser.parse_args(["train", *words])
-        recipe = get_recipe(args.recipe)
-        layout = gpu_layout(recipe, args.gpus, args.smoke)
+        args.rest = []
+        recipe, sets, layout = recipe_sets_layout(args)  # a recipe id, or a verl job (--verl-example)
         cfg = compose_run(
             recipe,
             args.variant,
-            args.sets,
+            list(sets),
             layout,
             model=Path("/m"),
             data=Path("/d"),

@@ -5,6 +5,9 @@
     verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
     verl-recipes plan --errors [--tolerance 0.10] [--allow-empty]
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100x32-ppo.yaml
+    verl-recipes plan run_qwen2-7b.sh [-- KEY=VALUE ...]      (a verl script as written; also --verl-script)
+    verl-recipes plan --verl-example grpo-qwen3-8b             (an entry of validation/verl-examples/suite.yaml)
+    verl-recipes plan -- python3 -m verl.trainer.main_ppo KEY=VALUE ...
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
 recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; `--layers` truncates the
@@ -51,7 +54,17 @@ from verl_recipes.predict.setup import load_setup
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
-    p.add_argument("target", nargs="?", help="recipe id, or a path to a config.yaml of deltas")
+    p.add_argument("target", nargs="?", help="recipe id, a path to a config.yaml of deltas, or a verl script (.sh)")
+    p.add_argument(
+        "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
+    )
+    p.add_argument("--verl-script", type=Path, metavar="PATH", help="a verl job's bash script, as its users write it")
+    p.add_argument("--verl-example", metavar="NAME", help="a verl example of validation/verl-examples/suite.yaml")
+    p.add_argument(
+        "--verl-examples",
+        action="store_true",
+        help="the table of every verl example of the suite (with --write: validation/verl-examples/table.md)",
+    )
     p.add_argument("--variant", action="append", default=[], help="a recipe variant (repeatable)")
     p.add_argument(
         "--gpu",
@@ -175,8 +188,29 @@ def run(args: argparse.Namespace) -> int:
         print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
     if args.errors or args.errors_old_name:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
+    if args.verl_examples:
+        from verl_recipes.paths import repo_root
+        from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
+
+        rows = suite_plans()
+        if not args.write:
+            print(suite_table(rows), end="")
+            return 0
+        readme = repo_root() / "README.md"
+        text = with_summary(readme.read_text(), rows)  # refused before anything is written
+        inflight.write_text(args.write, suite_table(rows), "the table")
+        inflight.write_text(readme, text, "README.md")
+        print(f"wrote {args.write} and {readme}'s table of verl's examples")
+        return 0
+    from verl_recipes.recipe.verl_load import load_job
+
+    vjob = load_job(args.target, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
+    if vjob is not None:
+        return _verl_job(args, vjob)
+    if args.rest:
+        raise RecipeError(f"{args.target} {' '.join(args.rest)}: one recipe or file; a verl command goes after --")
     if not args.target:
-        raise RecipeError("give a recipe id or a config.yaml path (or --errors)")
+        raise RecipeError("give a recipe id, a config.yaml path or a verl script (or --errors)")
     if args.gpus is not None and args.gpus < 1:
         raise RecipeError(f"--gpus {args.gpus}: give at least 1")
     label, s, recipe = load_setup(
@@ -201,6 +235,29 @@ def run(args: argparse.Namespace) -> int:
     text, fits = judge(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off, job)
     print(text)
     # a gate: with --gpu, exit 1 unless the job fits every GPU named (without it, plan only informs)
+    return 0 if not gpus or all(fits.values()) else 1
+
+
+def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
+    """`plan` of a verl job: the header of what was mapped and not modelled, then the plan."""
+    from verl_recipes.plan.verl_script import compose_job, header
+
+    for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--from-layers", args.from_layers)):
+        if given:
+            raise RecipeError(f"{flag} applies to recipes; a verl job sets its layout with trainer.* (--set)")
+    if args.write:
+        raise RecipeError("--write goes with --errors or --from-layers")
+    _, s = compose_job(vjob, args.layers, args.verl_fix_off)
+    gpus = [parse_gpu(g) for g in args.gpu]
+    label = f"{vjob.name}" + (f" at {args.layers} layer(s)" if args.layers else "")
+    text, fits = judge(label, s, None, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off)
+    lines = header(vjob)
+    if args.json:
+        doc = json.loads(text)
+        doc["verl_job"] = {"source": vjob.source, "mapped": list(vjob.mapped), "header": lines}
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\n".join([*lines, "", text]))
     return 0 if not gpus or all(fits.values()) else 1
 
 
