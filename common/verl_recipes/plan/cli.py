@@ -226,6 +226,10 @@ def run(args: argparse.Namespace) -> int:
     if args.from_layers:
         return _from_layers(args, s)
     if args.budgets:
+        if args.json or args.tokens_per_s:
+            raise RecipeError(
+                "--budgets prints its own predicted rate and cost as text; drop --json and --tokens-per-s"
+            )
         print(budgets_text(label, s, [parse_gpu(g) for g in args.gpu] or [catalogue()["h100-80g"]], args.provider))
         return 0
     if args.write:
