@@ -91,7 +91,8 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand. Bad input is one `error:` line and exit 2; Ctrl-C or a kill (SIGTERM) is
+    """Run one subcommand. Bad input, and a write the machine refuses (a full disk, a read-only
+    filesystem), is one `error:` line and exit 2; Ctrl-C or a kill (SIGTERM) is
     one `interrupted:` line naming what was being written and what was kept, and exit 130: every
     writer cleans up on the way out (`verl_recipes.inflight`), so nothing half-written stays."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -114,6 +115,12 @@ def run_guarded(command: str, body: Callable[[], int | None]) -> int:
         return int(body() or 0)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a write the machine refused (full, read-only, not permitted): one line
+        line = inflight.fault_line(command, e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the line short

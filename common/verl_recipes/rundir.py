@@ -312,8 +312,14 @@ def read_provenance(run_dir: Path) -> Provenance:
 
 
 def write_provenance(run_dir: Path, record: dict[str, Any]) -> Path:
+    """provenance.json, written under a temporary name and renamed (as `write_summary`)."""
     path = run_dir / PROVENANCE
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    tmp = run_dir / f".{PROVENANCE}.partial-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, cli_types, procs, rundir
+from verl_recipes import RecipeError, cli_types, inflight, procs, rundir
 from verl_recipes.fixes import ENV_FIXES_OFF
 from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
@@ -93,8 +93,9 @@ def write_run(job: Job, cfg: Any) -> None:
         return
     env = [f"{ENV_RANK}={job.rank.env_value}"] if job.rank else []
     command = "#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join([*env, *trainer_command(job)]) + "\n"
-    (job.run_dir / rundir.COMMAND).write_text(command)
-    OmegaConf.save(cfg, job.run_dir / rundir.CONFIG)
+    # each renamed into place whole: a full disk leaves the file absent, never cut short
+    inflight.write_text(job.run_dir / rundir.COMMAND, command, "the run's command")
+    inflight.write_text(job.run_dir / rundir.CONFIG, OmegaConf.to_yaml(cfg), "the run's composed config")
 
 
 def ensure_model(job: Job) -> Path:
@@ -288,7 +289,7 @@ def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
     # the model's architecture beside the run: the planner's check of this run reads it (a
     # truncated or user model is not the recipe's bundled one)
     if (job.model.path / "config.json").is_file():
-        (run_dir / rundir.MODEL_CONFIG).write_text((job.model.path / "config.json").read_text())
+        inflight.write_text(run_dir / rundir.MODEL_CONFIG, (job.model.path / "config.json").read_text())
 
     env = {**os.environ, **launch_env(job, dict(os.environ))}
     cmd = trainer_command(job)
