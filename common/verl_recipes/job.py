@@ -148,6 +148,11 @@ def decide(args: argparse.Namespace) -> Job:
     layout = gpu_layout(recipe, args.gpus, args.smoke)
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
 
+    if args.resume and args.run_dir is None:
+        raise RecipeError(
+            "--resume continues the run in --run-dir DIR, and none was given; pass the folder of the run "
+            "to continue (a run without --run-dir goes to a new folder under runs/)"
+        )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = "-".join([recipe.id, *args.variant]) + ("-smoke" if args.smoke else "")
     name += f"-rank{rank.rank}of{rank.world}" if rank else ""

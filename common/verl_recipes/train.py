@@ -98,6 +98,35 @@ def write_run(job: Job, cfg: Any) -> None:
     inflight.write_text(job.run_dir / rundir.CONFIG, OmegaConf.to_yaml(cfg), "the run's composed config")
 
 
+def same_job(job: Job, cfg: Any) -> None:
+    """A resumed run folder holds this job: its saved config is the one composed now (on a GPU
+    host as in a rehearsal), else one line names the first key that differs, and both values."""
+    from omegaconf import OmegaConf
+
+    cfg_path = job.run_dir / rundir.CONFIG
+    saved, now = cfg_path.read_text(), OmegaConf.to_yaml(cfg)
+    if saved == now:
+        return
+    there, here = _flat(OmegaConf.to_container(OmegaConf.create(saved))), _flat(OmegaConf.to_container(cfg))
+    keys = [k for k in dict.fromkeys([*here, *there]) if here.get(k, "(absent)") != there.get(k, "(absent)")]
+    named = [f"{k} is {there.get(k, '(absent)')!r} there, {here.get(k, '(absent)')!r} now" for k in keys[:3]]
+    which = f"{len(keys)} key(s) differ: " + "; ".join(named) + ("; ..." if len(keys) > 3 else "")
+    raise RecipeError(
+        f"--resume: the job differs from the one in {cfg_path} ({which}); resume with the arguments that "
+        "made it, or pass a new --run-dir"
+    )
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config as dotted keys and leaf values."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
 def ensure_model(job: Job) -> Path:
     """The checkpoint the job trains: the user's as given, else the synthetic one at its path,
     made once and then reused.
@@ -183,10 +212,14 @@ def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
     from omegaconf import OmegaConf
 
     reason = job.rehearsal
+    if job.resume:
+        same_job(job, cfg)
     ensure_model(job)
     ensure_dataset(job)
     if job.resume:
-        verdict.append(f"--resume: {job.run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
+        verdict.append(
+            f"--resume: {job.run_dir} holds a run of this job; a GPU host continues it (nothing here is rewritten)"
+        )
     write_run(job, cfg)
 
     print(f"== rehearsal of {job.recipe.id}: {reason}")
@@ -258,8 +291,6 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
 def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
     """On a GPU host: the host checked, the model and data made, then verl under the monitor;
     returns verl's exit code (the run folder holds everything measured)."""
-    from omegaconf import OmegaConf
-
     from verl_recipes.workload import userpaths
 
     for msg in verdict:
@@ -275,13 +306,8 @@ def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
         vllm_util = round(float(rollout.gpu_memory_utilization) * job.cap_scale, 4)
         rollout.gpu_memory_utilization = vllm_util
     run_dir = job.run_dir
-    cfg_path = run_dir / rundir.CONFIG
     if job.resume:
-        if cfg_path.read_text() != OmegaConf.to_yaml(cfg):
-            raise RecipeError(
-                f"--resume: the job differs from the one in {cfg_path}; resume with the same arguments "
-                "or pass a new --run-dir"
-            )
+        same_job(job, cfg)
         aside = userpaths.set_aside(run_dir)
         if aside:
             print(f"--resume: the earlier attempt's log and measurements are in {aside}")

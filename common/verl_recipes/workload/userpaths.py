@@ -161,6 +161,12 @@ def check_run_dir(path: Path, resume: bool) -> bool:
     if path.exists() and not path.is_dir():
         raise RecipeError(f"--run-dir {path} is a file; pass a new folder")
     if not path.is_dir() or not any(path.iterdir()):
+        if resume:  # a typo in the folder would otherwise start a new run where a requeue expects the old one
+            state = "does not exist" if not path.exists() else "is empty"
+            raise RecipeError(
+                f"--resume: --run-dir {path} {state}, so there is no run to continue; pass the folder of the "
+                "run to continue, or drop --resume to start a new run"
+            )
         return False
     found = holds_run(path)
     if found and resume:
