@@ -9,9 +9,11 @@ proceeds once there is space. Needs root for `mount`; skipped with that reason w
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,3 +145,94 @@ def test_train_into_a_full_disk_says_so_in_one_line(small_fs: Path, tmp_path: Pa
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"no space left on the filesystem: {run} (the run folder)" in lines[0], r.stderr
     assert sorted(p.name for p in small_fs.rglob("*")) == ["filler", "runs"]
+
+
+# --- what an interrupted run says, and folders that never collide -----------------------------
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from omegaconf import OmegaConf
+    from verl_recipes import cli, train
+    from verl_recipes.job import decide
+
+    def body():
+        at, config, moment, *argv = sys.argv[1:]
+        while time.time() < float(at):  # start two of these in the same second
+            time.sleep(0.001)
+        job = decide(cli.build_parser().parse_args(["train", "7b-lora", "--rehearse", *argv]))
+        print(job.run_dir, flush=True)
+        if moment == "decided":
+            time.sleep(60)
+        train.write_run(job, OmegaConf.load(config))
+        if moment == "checkpointed":
+            (job.run_dir / "checkpoints" / "global_step_1").mkdir(parents=True)
+        print("holding", flush=True)
+        time.sleep(60 if moment != "none" else 0)
+
+    sys.exit(cli.run_guarded("train", body))
+    """
+)
+
+
+def _holder(tmp: Path, moment: str, *argv: str, at: float = 0.0) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(at), str(CONFIG), moment, *argv],
+        env=_env(tmp),
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("moment", "named", "says", "not_said"),
+    [
+        ("decided", True, None, "marked incomplete"),  # claimed, nothing written yet
+        ("written", True, "marked incomplete: the same command starts it over", "--resume"),
+        (
+            "written",
+            False,
+            "marked incomplete: the same command makes a new folder; --run-dir {run} starts",
+            "--resume",
+        ),
+        ("checkpointed", True, ", --resume --run-dir {run} continues it from its checkpoints", None),
+    ],
+)
+def test_the_interrupted_line_says_only_what_is_true_for_that_invocation(
+    tmp_path: Path, moment: str, named: bool, says: str | None, not_said: str | None
+) -> None:
+    """A real SIGINT to the process group at each moment: one line, exit 130, and the ways on it
+    names are the ones this command has (a folder it named, checkpoints that exist)."""
+    argv = ["--run-dir", str(tmp_path / "runs" / "mine")] if named else []
+    p = _holder(tmp_path, moment, *argv)
+    assert p.stdout is not None
+    run = Path(p.stdout.readline().strip())
+    if moment != "decided":
+        assert p.stdout.readline().strip() == "holding"
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted: verl-recipes train"), err
+    if says:
+        assert says.format(run=run) in lines[0], lines[0]
+    if not_said:
+        assert not_said not in lines[0], lines[0]
+    assert not any(p.name.startswith(".") for p in run.parent.iterdir())  # the claim released
+
+
+def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path: Path) -> None:
+    """Two real processes, no --run-dir, deciding in the same second: both proceed, each in a folder
+    of its own (the second takes the rule's `-2`), neither refused."""
+    at = float(int(time.time()) + 3)
+    procs = [_holder(tmp_path, "none", at=at) for _ in range(2)]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    dirs = sorted(Path(out.splitlines()[0]) for out, _ in results)
+    assert dirs[0] != dirs[1] and dirs[1].name == dirs[0].name + "-2", dirs
+    assert dirs[0].name.startswith("7b-lora-") and all(d.parent == tmp_path / "runs" for d in dirs)
+    assert all((d / "verl_config.yaml").is_file() for d in dirs)

@@ -33,7 +33,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,7 +161,7 @@ def clear_partials(target: Path) -> list[Path]:
 
 _writing: list[tuple[str, Path]] = []  # (what, target), innermost last
 _stopped: list[tuple[str, Path]] = []  # left by an exception, innermost first
-_kept: dict[Path, str] = {}  # target -> what stays after an interruption, in words
+_kept: dict[Path, str | Callable[[], str]] = {}  # target -> what stays after an interruption, in words
 
 
 @contextlib.contextmanager
@@ -178,8 +178,9 @@ def writing(what: str, target: Path) -> Iterator[None]:
         _writing.remove(entry)
 
 
-def keep_note(target: Path, text: str | None) -> None:
-    """What an interruption leaves at `target` (e.g. a run folder marked incomplete); None clears it."""
+def keep_note(target: Path, text: str | Callable[[], str] | None) -> None:
+    """What an interruption leaves at `target` (e.g. a run folder marked incomplete); None clears
+    it. A function is asked when the line is printed, so the line says what is true then."""
     if text is None:
         _kept.pop(target, None)
     else:
@@ -193,7 +194,7 @@ def interrupted_line(command: str) -> str:
     if inner:
         what, target = inner[0]
         parts.append(f"while writing {what} {target}; nothing of it was kept ({target} is as it was before)")
-    kept = [f"{t}: {text}" for t, text in _kept.items()]
+    kept = [f"{t}: {text if isinstance(text, str) else text()}" for t, text in _kept.items()]
     if kept:
         parts.append("kept " + "; ".join(kept))
     return ", ".join(parts[:2]) + ("; " + parts[2] if len(parts) > 2 else "")
@@ -243,7 +244,7 @@ def fault_line(command: str, e: OSError) -> str | None:
     folder = where if where.is_dir() else where.parent
     parts = [f"verl-recipes {command}: {said}: {where}" + (f" ({what})" if what else "")]
     parts.append("nothing half-written was kept there")
-    kept = [f"{t}: {text}" for t, text in _kept.items()]
+    kept = [f"{t}: {text if isinstance(text, str) else text()}" for t, text in _kept.items()]
     if kept:
         parts.append("kept " + "; ".join(kept))
     parts.append(todo.format(dir=folder) + ", then run the command again")

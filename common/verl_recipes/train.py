@@ -19,8 +19,9 @@
 The user's `--model` and `--data` are read, never written (`verl_recipes.workload.userpaths`),
 and a `--run-dir` is new, empty, or resumed; it is claimed while `train` runs (a second launch
 into it is one line) and marked incomplete from its first write until the rehearsal or the
-measure step is done, so a run stopped by Ctrl-C or a kill says so and the same command again
-starts over (the stopped attempt kept in attempt-N/).
+measure step is done, so a run stopped by Ctrl-C or a kill says so and the same `--run-dir` again
+starts over (the stopped attempt kept in attempt-N/); without --run-dir, each command makes a new
+folder under runs/, never one another command has.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launch reaches them through
 Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment
@@ -88,7 +89,7 @@ def write_run(job: Job, cfg: Any) -> None:
 
     from verl_recipes.workload import userpaths
 
-    userpaths.mark_incomplete(job.run_dir)
+    userpaths.mark_incomplete(job.run_dir, job.run_dir_named)
     if job.resume:
         return
     env = [f"{ENV_RANK}={job.rank.env_value}"] if job.rank else []
