@@ -171,6 +171,8 @@ def steady_steps(steps: list[StepSummary]) -> list[StepSummary]:
 def read_summary(run_dir: Path) -> Summary:
     """A run's summary.json, checked against the schema; one line says what to do when it is not there."""
     path = run_dir / SUMMARY
+    if not run_dir.is_dir():
+        raise RecipeError(f"{run_dir}: no such folder; give a run folder (the --run-dir of `verl-recipes train`)")
     if not path.is_file():
         raise RecipeError(f"{run_dir}: no {SUMMARY}; run `verl-recipes report {run_dir}` first")
     try:

@@ -616,6 +616,8 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
 def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     """Write summary.json, report.md and timeline.png; return the summary."""
     run_dir = run_dir.resolve()
+    if not run_dir.is_dir():
+        raise RecipeError(f"{run_dir}: no such folder; give the --out DIR of `verl-recipes monitor` (a run folder)")
     if not (run_dir / SAMPLES).is_file() and not (run_dir / (SAMPLES + ".gz")).is_file():
         raise RecipeError(f"{run_dir}: no {SAMPLES}; give the --out DIR of `verl-recipes monitor`")
     out = (out_dir or run_dir).resolve()
