@@ -50,7 +50,12 @@ from verl_recipes.predict.setup import load_setup
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
-    p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
+    p = sub.add_parser(
+        "plan",
+        help="predict per-phase, per-GPU peak memory of a verl configuration",
+        epilog="exit status: 0 the job fits every --gpu named (or none is named: plan only informs); "
+        "1 it does not fit a --gpu named; 2 bad input (one error: line)",
+    )
     p.add_argument("target", nargs="?", help="recipe id, or a path to a config.yaml of deltas")
     p.add_argument("--variant", action="append", default=[], help="a recipe variant (repeatable)")
     p.add_argument(
