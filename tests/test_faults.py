@@ -236,3 +236,65 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path: Path) -> 
     assert dirs[0] != dirs[1] and dirs[1].name == dirs[0].name + "-2", dirs
     assert dirs[0].name.startswith("7b-lora-") and all(d.parent == tmp_path / "runs" for d in dirs)
     assert all((d / "verl_config.yaml").is_file() for d in dirs)
+
+
+# --- a read-only home ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def readonly_home(tmp_path: Path) -> Iterator[Path]:
+    """A home folder bind-mounted read-only onto itself, unmounted afterwards."""
+    home = tmp_path / "home"
+    (home / ".cache").mkdir(parents=True)
+    _mount(["--bind", str(home), str(home)], "a read-only home test")
+    try:
+        r = subprocess.run(["mount", "-o", "remount,bind,ro", str(home)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"remounting the home read-only was refused ({r.stderr.strip()})")
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+_LOAD = textwrap.dedent(
+    """
+    import sys
+    from verl_recipes import cli
+    if sys.argv[2] == "cli":
+        assert cli.main(["list"]) == 0  # any command: it points the caches before a library reads them
+    import datasets  # what verl's RLHFDataset loads a parquet file with
+    rows = datasets.load_dataset("parquet", data_files=sys.argv[1])["train"]
+    print("rows", len(rows))
+    """
+)
+
+
+def test_a_read_only_home_sends_the_library_caches_to_a_writable_place_it_names(
+    readonly_home: Path, tmp_path: Path
+) -> None:
+    """Hugging Face datasets locks a file in its cache to read verl's parquet; under a read-only
+    home that is Errno 30 without the project, and with it the caches go to a place it names."""
+    import pandas as pd
+
+    data = tmp_path / "train.parquet"
+    pd.DataFrame({"a": [1, 2, 3]}).to_parquet(data)
+    (tmp_path / "tmp").mkdir()
+    env = _env(tmp_path, HOME=str(readonly_home), TMPDIR=str(tmp_path / "tmp"))
+    for var in ("HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
+        env.pop(var, None)
+    env["VERL_RECIPES_CACHE"] = str(readonly_home / ".cache" / "verl-recipes")  # the default, in the home
+
+    def load(how: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", _LOAD, str(data), how], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    bare = load("bare")
+    assert bare.returncode != 0 and "Read-only file system" in bare.stderr, bare.stderr[-2000:]
+    ours = load("cli")
+    assert ours.returncode == 0 and ours.stdout.strip().endswith("rows 3"), ours.stderr[-2000:]
+    base = tmp_path / "tmp" / f"verl-recipes-{os.getuid()}"
+    note = [ln for ln in ours.stderr.splitlines() if ln.startswith("note: ")]
+    assert len(note) == 1 and f"the library caches go to {base} (HF_HOME={base / 'huggingface'}" in note[0], note
+    assert (base / "huggingface" / "datasets").is_dir()
+    assert not any((readonly_home / ".cache").iterdir())

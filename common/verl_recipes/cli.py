@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from verl_recipes import RecipeError, __version__, inflight
+from verl_recipes import RecipeError, __version__, inflight, paths
 
 # subcommand -> (module that implements it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -101,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv[0] = ALIASES[argv[0]]
     parser = build_parser()
     args = parser.parse_args(argv)
+    caches, note = paths.library_caches(os.environ)
+    if note:  # before any library reads its cache location: set for this process and every child
+        os.environ.update(caches)
+        print(note, file=sys.stderr)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
