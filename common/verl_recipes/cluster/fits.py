@@ -9,18 +9,25 @@ judged on the allocation's GPU. That GPU is the one named (`--gpu`, or GPU=), el
 calls the GPU of the node the check runs on (the allocation's first node); with neither (a dry
 run off the cluster) the check's line says the plan was not judged, and `train`'s pre-flight on
 the head judges it.
+
+Standard library at import, as the rest of the wing (a host Python may run the check): the
+planner loads inside `check_fits`, and its ImportError is the check's note.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from verl_recipes import GIB, RecipeError
-from verl_recipes.predict.gpus import GPU, catalogued, parse_gpu
-from verl_recipes.recipe.metadata import get_recipe
-from verl_recipes.recipe.run_config import Layout
+
+if TYPE_CHECKING:
+    from verl_recipes.predict.gpus import GPU
 
 
 def allocation_gpu(named: str | None) -> tuple[GPU | None, str]:
     """The GPU the job is judged on and where that came from; (None, ...) when none is known."""
+    from verl_recipes.predict.gpus import catalogued, parse_gpu
+
     if named:
         return parse_gpu(named), f"--gpu {named}"
     from verl_recipes.measure.provenance import gpus
@@ -40,7 +47,8 @@ def check_fits(recipe_id: str, variants: list[str], sets: list[str], nodes: int,
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
     from verl_recipes.predict.phases import plan_gpu
-    from verl_recipes.recipe.run_config import compose_run
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_config import Layout, compose_run
 
     gpu, source = allocation_gpu(named)
     if gpu is None:  # a dry run off the cluster: nothing to judge against; `train` judges on the head
