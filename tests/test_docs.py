@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,21 @@ def test_each_readmes_dated_status_agrees_with_the_expected_files_and_the_plan(r
     stale = tmp_path / "README.md"
     stale.write_text("Status (2026-12-02): predicted, not measured: 85.8 GiB per GPU in the critic's update.\n")
     assert contradictions(tmp_path, stale, [root / "recipes" / "70b-3d"]) == ["README.md: '85.8 GiB'"]
+
+
+def test_no_text_file_holds_a_merge_conflict_marker(root: Path) -> None:
+    """A merge left unresolved commits its markers as text: a campaign order file once held them and
+    every line after them was read as a step. Any tracked text file with one fails here, by name."""
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.MULTILINE)
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
+    found = []
+    for name in filter(None, names):
+        path = root / name.decode()
+        if not path.is_file() or path.suffix in {".gz", ".png", ".parquet", ".tgz"}:
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:4096]:
+            continue  # binary
+        if marker.search(data.decode("utf-8", "replace")):
+            found.append(name.decode())
+    assert not found, f"merge conflict markers in: {', '.join(found)}"
