@@ -298,3 +298,16 @@ def test_a_read_only_home_sends_the_library_caches_to_a_writable_place_it_names(
     assert len(note) == 1 and f"the library caches go to {base} (HF_HOME={base / 'huggingface'}" in note[0], note
     assert (base / "huggingface" / "datasets").is_dir()
     assert not any((readonly_home / ".cache").iterdir())
+
+
+def test_a_run_folder_on_a_read_only_filesystem_is_one_line(readonly_home: Path, tmp_path: Path) -> None:
+    """EROFS at the claim: one line naming the folder and what to do, exit 2, nothing written."""
+    run = readonly_home / "runs" / "r1"
+    r = _write_run(run, tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines == [
+        f"error: verl-recipes train: the filesystem is read-only: {run} (the run folder); nothing half-written "
+        "was kept there; write to a writable place, then run the command again"
+    ], lines
+    assert not (readonly_home / "runs").exists()

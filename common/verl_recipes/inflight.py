@@ -238,7 +238,13 @@ def fault_line(command: str, e: OSError) -> str | None:
     what = ""
     if inner:
         what, target = inner[0]
-        if path is None or path == target or target in path.parents or path.parent == target.parent:
+        if (
+            path is None
+            or path == target
+            or target in path.parents
+            or path in target.parents
+            or path.parent == target.parent
+        ):
             path = target
     where = path or Path.cwd()
     folder = where if where.is_dir() else where.parent
