@@ -311,3 +311,25 @@ def test_a_run_folder_on_a_read_only_filesystem_is_one_line(readonly_home: Path,
         "was kept there; write to a writable place, then run the command again"
     ], lines
     assert not (readonly_home / "runs").exists()
+
+
+def test_a_cache_entry_on_a_full_disk_is_one_line_and_leaves_no_partial(small_fs: Path, tmp_path: Path) -> None:
+    """A synthetic model written into a disk with 64 KiB free: the tokenizer library's own error
+    (Rust's "No space left on device (os error 28)", not an OSError) is the same one line, and
+    neither the entry, its partial nor its claim is left for the next command to trip on."""
+    fill(small_fs, 16 * PAGE)
+    out = small_fs / "models" / "m"
+    args = ["synth-model", "--arch", "qwen2-0.5b", "--scale", "tiny", "--layers", "2", "--out", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", *args],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: verl-recipes synth-model: no space left on the filesystem: {out} ("
+    ), lines
+    assert sorted(p.name for p in small_fs.rglob("*")) == ["filler", "models"]

@@ -128,8 +128,9 @@ def run_guarded(command: str, body: Callable[[], int | None]) -> int:
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # a write the machine refused (full, read-only, not permitted): one line
-        line = inflight.fault_line(command, e)
+    except Exception as e:  # a write the machine refused (full, read-only, not permitted): one line
+        err = inflight.as_os_error(e)
+        line = inflight.fault_line(command, err) if err is not None else None
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)

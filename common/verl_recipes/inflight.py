@@ -30,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -222,6 +223,16 @@ def _named_target(filename: str | None) -> Path | None:
         name = name[1:].split(PARTIAL)[0].removesuffix(LOCK_SUFFIX)
         return path.parent / name
     return path
+
+
+def as_os_error(e: BaseException) -> OSError | None:
+    """`e` as an OSError: itself, or a library's error that carries one's number in its text (Rust
+    libraries such as Hugging Face tokenizers raise `Exception("No space left on device (os error
+    28)")`); None for anything else."""
+    if isinstance(e, OSError):
+        return e
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1)))) if m else None
 
 
 def fault_line(command: str, e: OSError) -> str | None:
