@@ -194,14 +194,18 @@ def run(args: argparse.Namespace) -> int:
     if args.errors or args.errors_old_name:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if args.verl_examples:
-        from verl_recipes.plan.verl_script import suite_table
+        from verl_recipes.paths import repo_root
+        from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
 
-        table = suite_table()
-        if args.write:
-            inflight.write_text(args.write, table, "the table")
-            print(f"wrote {args.write}")
-        else:
-            print(table, end="")
+        rows = suite_plans()
+        if not args.write:
+            print(suite_table(rows), end="")
+            return 0
+        readme = repo_root() / "README.md"
+        text = with_summary(readme.read_text(), rows)  # refused before anything is written
+        inflight.write_text(args.write, suite_table(rows), "the table")
+        inflight.write_text(readme, text, "README.md")
+        print(f"wrote {args.write} and {readme}'s table of verl's examples")
         return 0
     from verl_recipes.recipe.verl_load import load_job
 
