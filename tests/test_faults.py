@@ -333,3 +333,31 @@ def test_a_cache_entry_on_a_full_disk_is_one_line_and_leaves_no_partial(small_fs
         f"error: verl-recipes synth-model: no space left on the filesystem: {out} ("
     ), lines
     assert sorted(p.name for p in small_fs.rglob("*")) == ["filler", "models"]
+
+
+def test_a_disk_that_fills_under_the_monitor_stops_sampling_not_the_command(small_fs: Path, tmp_path: Path) -> None:
+    """One page free: the monitor's samples fill it, it says so in one line and stops sampling,
+    the command runs to its end and its exit code is the monitor's; the report reads what there is."""
+    fill(small_fs, PAGE)
+    run = small_fs / "run"
+    child = [sys.executable, "-c", "import time, sys; time.sleep(2); sys.exit(3)"]
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "monitor", "--out", str(run), "--interval", "0.02", "--", *child],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"monitor: {run / 'samples.jsonl'}: no space left on the filesystem; sampling stops here, the command goes on"
+    ]
+    (tmp_path / "report").mkdir()
+    rep = subprocess.run(
+        [sys.executable, "-m", "verl_recipes.cli", "report", str(run), "--out", str(tmp_path / "report")],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rep.returncode == 0 and (tmp_path / "report" / "summary.json").is_file(), rep.stderr[-3000:]
