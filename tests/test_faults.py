@@ -121,9 +121,11 @@ def test_a_full_disk_at_each_write_of_a_run_folder_is_one_line_and_leaves_nothin
     assert ("kept " + str(run) + ": marked incomplete") in lines[0] if marked else "marked incomplete" not in lines[0]
     left = sorted(p.name for p in small_fs.rglob("*"))
     assert not [n for n in left if n.startswith(".")], left  # no lock, no partial
-    if marked:  # what is there is whole: the marker, and command.sh when the config failed
-        assert (run / "incomplete.json").is_file() and not (run / fails_at).exists()
-    # the same command proceeds once there is space: a marked attempt is set aside, never a bar
+    if not marked:
+        return
+    # what is there is whole (the marker, and command.sh when the config failed), and the same
+    # command proceeds once there is space: the marked attempt is set aside, never a bar
+    assert (run / "incomplete.json").is_file() and not (run / fails_at).exists()
     filler.unlink()
     again = _write_run(run, tmp_path)
     assert again.returncode == 0 and again.stdout.strip().endswith("written"), again.stderr[-3000:]
