@@ -99,12 +99,12 @@ def test_config_name_and_verl_own_config_path() -> None:
 @pytest.mark.parametrize(
     ("script", "line"),
     [
-        ("loop.sh", "loop.sh: line 2: a `for` loop is not read here"),
+        ("loop.sh", "loop.sh: line 4: a `for` loop is not read here"),
         (
             "substitution.sh",
-            "substitution.sh: line 5: an argument of the trainer comes from $(scontrol show hostnames | wc -l)",
+            "substitution.sh: line 7: an argument of the trainer comes from $(scontrol show hostnames | wc -l)",
         ),
-        ("runtime-if.sh", "runtime-if.sh: line 1: this `if` tests $(nvidia-smi -L | wc -l) (line 1)"),
+        ("runtime-if.sh", "runtime-if.sh: line 3: this `if` tests $(nvidia-smi -L | wc -l) (line 3)"),
         ("no-trainer.sh", "no-trainer.sh: does not call verl's trainer"),
     ],
 )
