@@ -201,11 +201,28 @@ def verl_job(
             mapped.append(f"{key}={_value(keys[key])} -> train --steps")
     if "data.prompt_key" in keys and _value(keys["data.prompt_key"]) != "prompt":
         mapped.append(f"data.prompt_key={_value(keys['data.prompt_key'])} -> prompt (the embedded dataset's)")
+    save = keys.get("trainer.save_freq")
+    no_save = save is not None and isinstance(_value(save), int) and _value(save) > 0
+    if no_save:
+        assert save is not None
+        # verl saves at the last step too (RayPPOTrainer.fit: `is_last_step or ...`), and train
+        # --steps N makes step N the last: a save the job makes only every save_freq steps
+        mapped.append(
+            f"trainer.save_freq={_value(save)} -> -1 (no checkpoint: verl also saves at the last step, "
+            "which train --steps moves)"
+        )
     dropped = [
-        k for k in keys if k in _LAUNCHER or (_is_reward(k) and k not in _REWARD_POOLS) or k == "data.prompt_key"
+        k
+        for k in keys
+        if k in _LAUNCHER
+        or (_is_reward(k) and k not in _REWARD_POOLS)
+        or k == "data.prompt_key"
+        or (k == "trainer.save_freq" and no_save)
     ]
     kept = [o.text for o in cmd.overrides if o.key not in dropped]
     kept.append(f"trainer.logger={json.dumps(LOGGERS)}")
+    if "trainer.save_freq" in dropped:
+        kept.append("trainer.save_freq=-1")
     adv = _value(keys["algorithm.adv_estimator"]) if "algorithm.adv_estimator" in keys else "gae"
     enable = _value(keys["critic.enable"]) if "critic.enable" in keys else None
     for model_key, used in ((_M_KEY, True), ("critic.model", bool(enable) if enable is not None else adv == "gae")):
