@@ -64,6 +64,7 @@ def test_the_environment_and_positional_arguments_fill_defaults() -> None:
     [
         (["python3", "-m", "verl.trainer.main_ppo"], "python3 -m"),
         (["torchrun", "--nproc_per_node", "8", "--standalone", "-m", "verl.trainer.main_ppo"], "torchrun"),
+        (["nohup", "env", "VLLM_USE_V1=1", "python3", "-u", "-m", "verl.trainer.main_ppo"], "python3 -m"),
         (
             ["ray", "job", "submit", "--address", "http://h:8265", "--", "python3", "-m", "verl.trainer.main_ppo"],
             "ray job submit",
