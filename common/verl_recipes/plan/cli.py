@@ -53,7 +53,12 @@ from verl_recipes.predict.setup import load_setup
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
-    p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
+    p = sub.add_parser(
+        "plan",
+        help="predict per-phase, per-GPU peak memory of a verl configuration",
+        epilog="exit status: 0 the job fits every --gpu named (or none is named: plan only informs); "
+        "1 it does not fit a --gpu named; 2 bad input (one error: line)",
+    )
     p.add_argument("target", nargs="?", help="recipe id, a path to a config.yaml of deltas, or a verl script (.sh)")
     p.add_argument(
         "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
