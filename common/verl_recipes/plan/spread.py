@@ -21,9 +21,10 @@ from pathlib import Path
 
 from verl_recipes import GIB, RecipeError, inflight, rundir
 from verl_recipes.fixes import FIXES, RunKind, concerns
-from verl_recipes.plan.runs import MeasuredRun, committed_runs, run_setup
+from verl_recipes.plan.runs import MeasuredRun, committed_runs
 from verl_recipes.predict.margin import SPREAD_PATH, SPREAD_SCHEMA
 from verl_recipes.recipe.run_names import parse_run_name
+from verl_recipes.rundir import CONFIG
 
 
 @dataclass(frozen=True)
@@ -47,32 +48,50 @@ def _configuration(run: MeasuredRun, variants: list[str]) -> str | None:
     return name.rsplit("-", 1)[0] if parsed.repeat else name
 
 
-def _memory_code(run: MeasuredRun) -> tuple[str, ...] | None:
+def _engine(run: MeasuredRun) -> str:
+    """The actor's engine the run trained with (verl's `actor.strategy` in the config it saved)."""
+    import yaml
+
+    cfg = yaml.safe_load((run.run_dir / CONFIG).read_text()) or {}
+    strategy = ((cfg.get("actor_rollout_ref") or {}).get("actor") or {}).get("strategy", "fsdp")
+    return "megatron" if strategy == "megatron" else "fsdp"
+
+
+def _memory_code(run: MeasuredRun, engine: str) -> tuple[str, ...] | None:
     """The recorded fixes that change a run's device memory (`fixes.concerns`), or None for a run
     from before runs recorded their fixes: what code ran is unknown, so it is no one's rerun."""
     applied = run.provenance.verl_fixes
     if applied is None:
         return None
-    kind = RunKind(run_setup(run).actor.backend, padding_free=True, critic=True)
+    kind = RunKind(engine, padding_free=True, critic=True)
     return tuple(sorted(f for f in applied if f in FIXES and concerns(f, "device memory", kind)))
 
 
-def rerun_groups(root: Path) -> dict[str, list[MeasuredRun]]:
+def rerun_groups(root: Path) -> dict[str, tuple[str, list[MeasuredRun]]]:
     """Committed runs of one configuration run two times or more with the same code as far as
-    device memory goes (the same fixes that change it), by `<recipe>/<configuration>`."""
+    device memory goes (the same fixes that change it), by `<recipe>/<configuration>`, with
+    their engine."""
     from verl_recipes.recipe.metadata import discover
 
     variants = {r.id: list(r.variants) for r in discover(root / "recipes").values()}
-    groups: dict[str, list[MeasuredRun]] = defaultdict(list)
+    named: dict[str, list[MeasuredRun]] = defaultdict(list)
     for run in committed_runs(root):
         conf = _configuration(run, variants.get(run.recipe, []))
-        code = _memory_code(run) if conf is not None else None
-        if conf is not None and code is not None:
-            groups[f"{run.recipe}/{conf}|{','.join(code)}"].append(run)
-    out: dict[str, list[MeasuredRun]] = {}
-    for key, runs in sorted(groups.items()):
-        if len(runs) > 1 and any(_repeat(r) for r in runs):
-            out[key.split("|")[0]] = runs
+        if conf is not None:
+            named[f"{run.recipe}/{conf}"].append(run)
+    out: dict[str, tuple[str, list[MeasuredRun]]] = {}
+    for key, runs in sorted(named.items()):
+        if len(runs) < 2 or not any(_repeat(r) for r in runs):
+            continue
+        engine = _engine(runs[0])
+        by_code: dict[tuple[str, ...], list[MeasuredRun]] = defaultdict(list)
+        for r in runs:
+            code = _memory_code(r, engine)
+            if code is not None:
+                by_code[code].append(r)
+        same = max(by_code.values(), key=len, default=[])
+        if len(same) > 1:
+            out[key] = (engine, same)
     return out
 
 
@@ -96,8 +115,7 @@ def spreads(root: Path) -> tuple[list[PhaseSpread], dict[str, dict[str, object]]
     """Every phase's spread per rerun group, and per group its runs and allocator spread."""
     out: list[PhaseSpread] = []
     about: dict[str, dict[str, object]] = {}
-    for key, runs in rerun_groups(root).items():
-        engine = run_setup(runs[0]).actor.backend
+    for key, (engine, runs) in rerun_groups(root).items():
         names = tuple(str(r.run_dir.relative_to(root)) for r in runs)
         entry: dict[str, object] = {"engine": engine, "runs": list(names)}
         alloc = [a for r in runs if (a := _allocator(r)) is not None]
