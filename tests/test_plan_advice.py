@@ -118,6 +118,10 @@ def test_the_whole_fix_and_the_closing_line_agree_with_the_plan() -> None:
     _, s24, _ = load_setup("7b-lora", ["24gib"], [])
     ok = closing_line(get_recipe("7b-lora"), ["24gib"], [], s24, parse_gpu("a10g-24g"), "no GPU here")
     assert "fits a10g-24g" in ok and "run the same command on a GPU host" in ok
+    # 70b-3d's seed layout on an H100 80GB is tight: the line says so and names what buys the margin
+    _, s70, _ = load_setup("70b-3d", [], [])
+    tight = closing_line(get_recipe("70b-3d"), [], [], s70, parse_gpu("h100-80g"), "no GPU here")
+    assert "is tight on h100-80g" in tight and "--variant 80gib buys it" in tight, tight
 
 
 def test_a_committed_run_of_the_job_on_that_gpu_is_shown_and_decides(capsys: pytest.CaptureFixture[str]) -> None:
