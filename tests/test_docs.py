@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,21 @@ def test_a_row_names_each_fix_its_runs_went_without_as_plan_judges_them(results:
     assert "--verl-fix-off replay-buffer-poll" in row
     rank = next(r for r in results.splitlines() if "(recipes/13b-fsdp/expected/h200x1-ppo-rank0of2.yaml)" in r)
     assert "replay-buffer-poll" not in rank
+
+
+def test_no_text_file_holds_a_merge_conflict_marker(root: Path) -> None:
+    """A merge left unresolved commits its markers as text: a campaign order file once held them and
+    every line after them was read as a step. Any tracked text file with one fails here, by name."""
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.MULTILINE)
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
+    found = []
+    for name in filter(None, names):
+        path = root / name.decode()
+        if not path.is_file() or path.suffix in {".gz", ".png", ".parquet", ".tgz"}:
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:4096]:
+            continue  # binary
+        if marker.search(data.decode("utf-8", "replace")):
+            found.append(name.decode())
+    assert not found, f"merge conflict markers in: {', '.join(found)}"

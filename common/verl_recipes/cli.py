@@ -99,7 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: `verl-recipes {argv[0]}` is the old name of `verl-recipes {ALIASES[argv[0]]}`", file=sys.stderr)
         argv[0] = ALIASES[argv[0]]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # the words after `--` are a command line of their own (`plan -- python3 -m verl.trainer.main_ppo
+    # ...`, or a verl script's `$@`): handed whole to a subcommand that takes them (`rest`)
+    tail = argv[argv.index("--") + 1 :] if "--" in argv else None
+    args = parser.parse_args(argv[: argv.index("--")] if tail is not None else argv)
+    if tail is not None:
+        if not hasattr(args, "rest"):
+            parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
+        args.rest = [*args.rest, *tail]
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -293,6 +293,10 @@ def _tokens(s: Setup, role: Role, train: bool) -> int:
         rows = max(1, (s.ppo_mini_batch_size if train else s.train_batch_size) * s.rollout.n // max(s.dp(role), 1))
         n_micro = -(-rows * s.train_seq_len // budget)
         t = -(-rows // n_micro) * s.train_seq_len
+        if s.remove_padding:
+            # padding-free: a micro-batch packs real tokens up to the budget, whatever the rows'
+            # lengths (sequences shorter than the bound put more of them in one micro-batch)
+            t = min(budget, rows * s.train_seq_len)
     else:
         t = (role.micro_train if train else role.micro_infer) * s.train_seq_len
     div = role.cp if role.backend == "megatron" else role.ulysses_sp
