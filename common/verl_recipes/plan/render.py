@@ -281,6 +281,9 @@ def _gpu_json(j: Judgement, p: GPUPlan) -> dict[str, Any]:
             "headroom_bytes": m.headroom,
             "band_bytes": m.band,
             "parts": [{"name": x.name, "bytes": x.bytes, "why": x.why} for x in m.parts],
+            # what buys a tight job its margin: the recipe's variants, then the planner's knob
+            "bought_by": [list(v.variants) for v in (j.headroom.get(p.gpu.id) or Advice()).variants],
+            "bought_by_knob": _knob_json(h.best, j.fixes_off) if (h := j.headroom.get(p.gpu.id)) and h.best else None,
         },
         "fits": j.fits[p.gpu.id],
         "planner_fits": p.fits,
