@@ -85,6 +85,10 @@ def test_a_calibrated_prediction_decides_the_verdict_beside_the_planners_figure(
     recipe = get_recipe("70b-3d")
     _, s, _ = load_setup("70b-3d", [], [], layers=2)
     assert calibrated(recipe, [], s, parse_gpu("h100-80g")) is None
+    # and so is another parallel layout set on the command line
+    pp4 = [f"{k}.megatron.pipeline_model_parallel_size=4" for k in ("actor_rollout_ref.actor", "critic")]
+    _, s4, _ = load_setup("70b-3d", [], pp4)
+    assert calibrated(recipe, [], s4, parse_gpu("h100-80g")) is None
 
 
 @pytest.mark.parametrize("rid", sorted(discover()))

@@ -91,10 +91,12 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
     A file matches when it predicts the same variants on the same catalogued GPU (or one exposing
-    the same memory), with the same GPU count, nodes and depth; a truncated plan (`--layers`) or
-    another `--gpus` is another job.
+    the same memory), with the same GPU count, nodes, depth and parallel layout; a truncated plan
+    (`--layers`), another `--gpus` or a `--set` of another TP or PP is another job.
     """
     import yaml
+
+    from verl_recipes.plan.layers import layout_of
 
     if recipe is None:
         return None
@@ -115,6 +117,8 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
             and int(t.get("gpus") or 0) == s.world
             and int(t.get("nnodes") or 0) == s.nnodes
             and int(t.get("layers") or 0) == s.arch.layers
+            # a --set that changes the parallel layout is another job
+            and t.get("layout") in (None, layout_of(s))
         )
         if not same:
             continue
