@@ -273,7 +273,9 @@ def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early
     assert w.stdout.strip().endswith("CAMPAIGN DONE")
 
 
-@pytest.mark.parametrize("campaign", sorted(p.name for p in CAMPAIGNS.glob("7b-prod*.txt")))
+@pytest.mark.parametrize(
+    "campaign", sorted(p.name for p in [*CAMPAIGNS.glob("7b-prod*.txt"), CAMPAIGNS / "7b-learn.txt"])
+)
 def test_the_prod_batch_campaigns_name_their_runs_by_the_rule(campaign: str) -> None:
     """A line's name is the run folder its results are committed under, so it follows the rule
     (recipe/run_names.py) with the recipe's variants, the card it is written for first."""

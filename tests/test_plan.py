@@ -881,3 +881,16 @@ def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root:
     results = root / "recipes" / "70b-3d" / "results"
     assert run_setup(read_run(results / "h200x1-ppo-rank16of32-partial")).fake_group
     assert not run_setup(read_run(results / "h200x1-ppo-tp1pp1-l2")).fake_group
+
+
+def test_plans_exit_codes_are_in_its_help_and_the_readme(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0 fits, 1 does not fit, 2 bad input: what `--help` and the README say is what `plan` returns."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 the job fits every --gpu named" in help_text and "1 it does not fit a --gpu" in help_text
+    assert "2 bad input" in help_text
+    row = next(ln for ln in (root / "README.md").read_text().splitlines() if ln.startswith("| `plan <id>"))
+    assert "exit 0 when the job fits" in row and "1 when it does not fit" in row and "2 on bad input" in row
+    # 1 is held by test_cli_json_and_text, 0 by the plan with --tokens-per-s; 2 here
+    assert main(["plan", "no-such-recipe", "--gpu", "h200-141g"]) == 2

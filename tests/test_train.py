@@ -134,6 +134,40 @@ def test_a_run_folder_that_holds_a_run_is_refused_and_left_as_it_was(
     assert [p.name for p in notes.iterdir()] == ["todo.txt"]
 
 
+def test_resume_refuses_a_folder_with_nothing_to_continue_and_a_run_of_another_job(
+    root: Path, tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume never starts a new run silently: no --run-dir, a folder that does not exist or is
+    empty, each one line; and a folder of another job (a PPO run, resumed as GRPO) is refused on a
+    CPU with the line a GPU host gives, before anything is made or rewritten."""
+    err = _refused(["7b-lora", "--rehearse", "--resume"], capsys)
+    assert "--resume continues the run in --run-dir DIR, and none was given" in err
+    gone = tmp_path / "typo"
+    assert f"--run-dir {gone} does not exist" in _refused(
+        ["7b-lora", "--rehearse", "--resume", "--run-dir", str(gone)], capsys
+    )
+    assert not gone.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert f"--run-dir {empty} is empty" in _refused(
+        ["7b-lora", "--rehearse", "--resume", "--run-dir", str(empty)], capsys
+    )
+
+    ppo = tmp_path / "ppo"
+    ppo.mkdir()
+    files = {
+        "verl_config.yaml": (root / "recipes/7b-lora/results/h200x1-ppo-packed/verl_config.yaml").read_text(),
+        "command.sh": "#!/usr/bin/env bash\nverl\n",
+    }
+    for name, text in files.items():
+        (ppo / name).write_text(text)
+    err = _refused(["7b-lora", "--variant", "grpo", "--rehearse", "--resume", "--run-dir", str(ppo)], capsys)
+    assert f"--resume: the job differs from the one in {ppo / 'verl_config.yaml'}" in err
+    assert " key(s) differ: actor_rollout_ref." in err and " there, " in err
+    assert {p.name: p.read_text() for p in ppo.iterdir()} == files
+    assert not (cache / "models").exists()  # refused before the model was made
+
+
 def test_a_model_folder_with_only_config_json_says_what_is_missing(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,7 +73,9 @@ def test_plan_of_a_script_says_what_it_mapped_and_what_it_does_not_model(
             "tensor_model_parallel_size=3 does not divide num_attention_heads=16",
         ),
         ([str(FIXTURES / "no-trainer.sh")], "does not call verl's trainer"),
-        (["--verl-example", "grpo-qwen2-5-vl-7b"], "out of the suite: "),
+        (["--verl-example", "grpo-qwen2-5-vl-7b"], "(a multimodal model; the planner models text LMs)"),
+        (["--verl-example", "grpo-qwen2-7b-math-megatron"], "out of the suite: Megatron"),
+        (["--verl-example", "grpo-qwen2-7b-seq-balance"], "rollout sglang: this project runs vLLM's rollout"),
         (["--verl-example", "grpo-qwen3-8"], "did you mean grpo-qwen3-8b?"),
     ],
 )
@@ -115,14 +117,17 @@ def test_the_planner_keys_are_verl_keys() -> None:
 
 
 def test_the_committed_table_is_what_the_planner_says_now() -> None:
-    """validation/verl-examples/table.md regenerated from suite.yaml: a verl or planner change that
+    """validation/verl-examples/table.md and the README's summary of it regenerated from
+    suite.yaml: a verl or planner change that
     moves a figure shows here. It plans every entry of the suite on three GPUs (about 30 s on a
     loaded 2-core host): the suite is the check, and no smaller sample of it is."""
-    from verl_recipes.plan.verl_script import suite_table
+    from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
 
-    assert suite_table() == (SUITE / "table.md").read_text(), (
-        "regenerate: verl-recipes plan --verl-examples --write validation/verl-examples/table.md"
-    )
+    rows = suite_plans()
+    again = "regenerate: verl-recipes plan --verl-examples --write validation/verl-examples/table.md"
+    assert suite_table(rows) == (SUITE / "table.md").read_text(), again
+    readme = (SUITE.parents[1] / "README.md").read_text()
+    assert with_summary(readme, rows) == readme, again
 
 
 def test_train_rehearses_on_a_cpu_the_job_plan_judged(

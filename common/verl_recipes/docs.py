@@ -2,9 +2,10 @@
 
 The front README carries one table, the user's: each job in plain words and the GPU types it fits
 (`<!-- gpus:begin -->` ... `<!-- gpus:end -->`). recipes/README.md carries the depth: the recipe
-table (`recipes`), the measured results with cost (`results`) and the planner's predicted peak per
-GPU type (`plans`), each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs
---write` regenerates all four (and recipes/index.json, which noxfile.py reads), `verl-recipes docs
+table (`recipes`), the measured results with cost (`results`), the planner's predicted peak per
+GPU type (`plans`) and the dated status, what ran and what is predicted (`status`), each between
+`<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs --write` regenerates them all
+(and recipes/index.json, which noxfile.py reads), `verl-recipes docs
 --results` prints the measured results, and tests/test_docs.py fails when a file is stale. Every
 measured number comes from an `expected/*.yaml` file, which names the committed runs it came from: a
 recipe with no measured run shows "not measured yet", never a guess. The plans table is a prediction and says so in its
@@ -367,6 +368,87 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
     return "\n".join(out)
 
 
+def _run_date(recipe: Recipe, doc: dict[str, Any]) -> str | None:
+    """The newest start date (YYYY-MM-DD) of the committed runs behind a bounds file."""
+    dates = [str(v.get("date_utc") or "") for v in (doc.get("provenance") or {}).values() if isinstance(v, dict)]
+    for run in doc.get("source_runs") or ():
+        dates.append(read_provenance(recipe.dir / str(run)).date_utc or "")
+    return max((d[:10] for d in dates if d), default=None)
+
+
+def _algo(r: Recipe) -> str:
+    """The run-name word of the recipe's own algorithm (`gae` is PPO)."""
+    return "ppo" if r.algorithm.lower() in ("ppo", "gae") else r.algorithm.lower()
+
+
+def status_block(recipes: dict[str, Recipe] | None = None) -> str:
+    """recipes/README.md's status, from the tree: per recipe, whether the job as written ran on its
+    own GPUs, what else ran (rank rehearsals, truncated depths, caps), and each prediction with its
+    peak; dated by the newest committed run behind a bounds file, so it never says less than the
+    tree holds."""
+    from verl_recipes.recipe.run_names import parse_bounds_name
+
+    recipes = recipes if recipes is not None else discover()
+    lines: list[str] = []
+    newest: list[str] = []
+    for r in recipes.values():
+        whole, same, ranks, other, predicted = [], 0, 0, 0, []
+        for f in sorted((r.dir / "expected").glob("*.yaml")):
+            doc = yaml.safe_load(f.read_text()) or {}
+            if doc.get("status") == "predicted":
+                t = doc.get("target") or {}
+                gib = doc.get("predicted_gib") or {}
+                peak = max(gib.values(), default=0.0)
+                verdict = "fits" if doc.get("fits") else "does not fit"
+                predicted.append(
+                    f"[{f.stem}]({r.id}/expected/{f.name}) {peak:.1f} GiB in {doc.get('peak_phase')}, "
+                    f"{verdict} {t.get('gpu')}"
+                )
+                continue
+            date = _run_date(r, doc)
+            if date:
+                newest.append(date)
+            name = parse_bounds_name(f.name, r.variants)
+            if name.rank is not None:
+                ranks += 1
+            elif name.n == r.gpus.count and name.layers is None and name.cap_gib is None:
+                if name.variants or name.labels or name.algo != _algo(r):
+                    same += 1
+                    continue
+                peak, _, step = _figures(doc)
+                figs = ", ".join(
+                    x
+                    for x in (
+                        f"{peak:.1f} GiB" if peak is not None else "",
+                        f"{step:.1f} s a step" if step is not None else "",
+                    )
+                    if x
+                )
+                whole.append(f"[{f.stem}]({r.id}/expected/{f.name}) ({figs})")
+            else:
+                other += 1
+        parts = [
+            f"the job as written, on its {r.gpus.count} GPU(s), measured: " + "; ".join(whole)
+            if whole
+            else f"the job as written, on its {r.gpus.count} GPU(s), not measured yet"
+        ]
+        if same:
+            parts.append(f"{same} of its variants or settings measured on the same GPU(s)")
+        if ranks:
+            parts.append(f"{ranks} configuration(s) measured as rank rehearsals (one GPU as one rank of the job)")
+        if other:
+            parts.append(f"{other} other measured configuration(s) (other GPU counts, depths or caps)")
+        if predicted:
+            parts.append("predicted, not measured: " + "; ".join(predicted))
+        lines.append(f"- `{r.id}`: " + "; ".join(parts) + ".")
+    date = max(newest, default="no run")
+    head = (
+        f"Generated from the bounds files in `expected/` (`verl-recipes docs --write`), as of the newest run "
+        f"behind them ({date}); every figure is in the results table above, every prediction in its file."
+    )
+    return "\n".join([head, "", *lines])
+
+
 def _splice(text: str, begin: str, end: str, body: str, where: str) -> str:
     if begin not in text or end not in text:
         raise RecipeError(f"{where} has no {begin} ... {end} block")
@@ -390,7 +472,12 @@ def generated(root: Path | None = None) -> dict[Path, str]:
     front, detail = root / "README.md", root / "recipes" / "README.md"
     lora = root / "recipes" / "7b-lora" / "README.md"
     # the tables link from the checkout's root; recipes/README.md sits in recipes/
-    tables = {"recipes": recipe_table(), "results": results_table(), "plans": plans_table(rows=rows)}
+    tables = {
+        "recipes": recipe_table(),
+        "results": results_table(),
+        "plans": plans_table(rows=rows),
+        "status": status_block(),
+    }
     front_blocks = {"gpus": gpus_table(rows=rows), "peers": peers_table.tables("recipes/7b-lora/", root)}
     return {
         front: render(front.read_text(), front_blocks, "README.md"),

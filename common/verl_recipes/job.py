@@ -106,6 +106,8 @@ class Job:
     rehearsal: str | None
     # rank R of the job's world of N GPUs, rehearsed on one local GPU (--rank); None: the whole job
     rank: RankSpec | None
+    # the command line named the run folder (--run-dir): the same command comes back to it
+    run_dir_named: bool = True
 
     @property
     def fixes(self) -> list[str]:
@@ -169,10 +171,16 @@ def decide(args: argparse.Namespace) -> Job:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
 
+    if args.resume and args.run_dir is None:
+        raise RecipeError(
+            "--resume continues the run in --run-dir DIR, and none was given; pass the folder of the run "
+            "to continue (a run without --run-dir goes to a new folder under runs/)"
+        )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = "-".join([recipe.id, *args.variant]) + ("-smoke" if args.smoke else "")
     name += f"-rank{rank.rank}of{rank.world}" if rank else ""
-    run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
+    # a default folder is made here, under a name no other command has (two started in one second)
+    run_dir = args.run_dir.resolve() if args.run_dir else userpaths.new_run_dir(Path("runs"), f"{name}-{stamp}")
     # What the user gives is read, never written; what this writes is new, empty or its own. The
     # run folder is claimed for as long as this process runs: of two launches into it, one goes
     # on; an attempt that was stopped before it finished is set aside (attempt-N/), never a bar.
@@ -242,4 +250,5 @@ def decide(args: argparse.Namespace) -> Job:
         skip_verify=args.skip_verify,
         rehearsal=rehearsal,
         rank=rank,
+        run_dir_named=args.run_dir is not None,
     )

@@ -56,7 +56,12 @@ from verl_recipes.predict.setup import load_setup
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
-    p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
+    p = sub.add_parser(
+        "plan",
+        help="predict per-phase, per-GPU peak memory of a verl configuration",
+        epilog="exit status: 0 the job fits every --gpu named (or none is named: plan only informs); "
+        "1 it does not fit a --gpu named; 2 bad input (one error: line)",
+    )
     p.add_argument("target", nargs="?", help="recipe id, a path to a config.yaml of deltas, or a verl script (.sh)")
     p.add_argument(
         "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
@@ -192,14 +197,18 @@ def run(args: argparse.Namespace) -> int:
     if args.errors or args.errors_old_name:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if args.verl_examples:
-        from verl_recipes.plan.verl_script import suite_table
+        from verl_recipes.paths import repo_root
+        from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
 
-        table = suite_table()
-        if args.write:
-            inflight.write_text(args.write, table, "the table")
-            print(f"wrote {args.write}")
-        else:
-            print(table, end="")
+        rows = suite_plans()
+        if not args.write:
+            print(suite_table(rows), end="")
+            return 0
+        readme = repo_root() / "README.md"
+        text = with_summary(readme.read_text(), rows)  # refused before anything is written
+        inflight.write_text(args.write, suite_table(rows), "the table")
+        inflight.write_text(readme, text, "README.md")
+        print(f"wrote {args.write} and {readme}'s table of verl's examples")
         return 0
     from verl_recipes.recipe.verl_load import load_job
 

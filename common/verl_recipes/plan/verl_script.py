@@ -10,7 +10,7 @@ the layout) and, by name, each key the job sets that the planner does not model
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_recipes import RecipeError
@@ -58,10 +58,24 @@ def _gib(b: float) -> str:
     return f"{b / GIB:.1f}"
 
 
-def suite_rows() -> list[str]:
-    """One Markdown row per suite entry: its GPUs, the predicted peak per phase per GPU on each
-    of TABLE_GPUS, host RAM per node, what stands behind the figures; an entry that does not
-    plan gives its one line instead."""
+@dataclass(frozen=True)
+class Row:
+    """One suite entry as the table shows it: planned, refused with its line, or out."""
+
+    name: str
+    link: str
+    world: str  # "nodes x GPUs"
+    why: str | None = None  # the line an entry that is out or does not plan gives
+    out: bool = False
+    phases: tuple[str, ...] = ()
+    per_gpu: tuple[tuple[str, tuple[float, ...], bool], ...] = ()  # (GPU id, GiB per phase, fits)
+    host_gib: float = 0.0
+    not_modelled: tuple[str, ...] = ()
+
+
+def suite_plans() -> list[Row]:
+    """Every suite entry planned on TABLE_GPUS at its own GPU count (or its one line)."""
+    from verl_recipes import GIB
     from verl_recipes.predict.gpus import parse_gpu
     from verl_recipes.predict.host import plan_host
     from verl_recipes.predict.phases import Constants, plan_gpu
@@ -74,27 +88,62 @@ def suite_rows() -> list[str]:
     for name, e in load_suite().items():
         link = f"[{name}](https://github.com/volcengine/verl/blob/{e.commit[:9]}/{e.path})"
         if e.out:
-            rows.append(f"| {link} | out | {_cell(e.out)} | | | |")
+            rows.append(Row(name, link, _world(e), e.out, out=True))
             continue
         try:
             job = verl_job(e.command(), name)
             _, s = compose_job(job)
         except RecipeError as err:
-            rows.append(f"| {link} | {_world(e)} | does not plan: {_cell(str(err))} | | | |")
+            rows.append(Row(name, link, _world(e), str(err)))
             continue
-        per_gpu = []
-        for g in gpus:
-            p = plan_gpu(s, g, c)
-            phases = " / ".join(_gib(ph.total) for ph in p.phases)
-            per_gpu.append(f"{phases} ({'fits' if p.fits else 'does NOT fit'})")
-        host = plan_host(s, [])
-        names = "/".join(ph.phase for ph in plan_gpu(s, gpus[0], c).phases)
+        plans = [plan_gpu(s, g, c) for g in gpus]
         rows.append(
-            f"| {link} | {s.nnodes}x{s.gpus_per_node} | {names}: "
-            + "<br>".join(f"{g.id}: {v}" for g, v in zip(gpus, per_gpu, strict=True))
-            + f" | {_gib(host.peak.pss)} | prediction | {', '.join(not_modelled(job.keys, job.dropped)) or '-'} |"
+            Row(
+                name,
+                link,
+                f"{s.nnodes}x{s.gpus_per_node}",
+                phases=tuple(ph.phase for ph in plans[0].phases),
+                per_gpu=tuple((p.gpu.id, tuple(round(ph.total / GIB, 1) for ph in p.phases), p.fits) for p in plans),
+                host_gib=round(plan_host(s, []).peak.pss / GIB, 1),
+                not_modelled=tuple(not_modelled(job.keys, job.dropped)),
+            )
         )
     return rows
+
+
+def _full_row(r: Row) -> str:
+    if r.out:
+        return f"| {r.link} | out | {_cell(r.why or '')} | | | |"
+    if r.why:
+        return f"| {r.link} | {r.world} | does not plan: {_cell(r.why)} | | | |"
+    cells = "<br>".join(
+        f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({'fits' if fits else 'does NOT fit'})"
+        for gid, vals, fits in r.per_gpu
+    )
+    return (
+        f"| {r.link} | {r.world} | {'/'.join(r.phases)}: {cells} | {r.host_gib:.1f} | prediction "
+        f"| {', '.join(r.not_modelled) or '-'} |"
+    )
+
+
+def summary(rows: list[Row]) -> str:
+    """The README's table: the entries that plan, their peak per GPU on each card."""
+    head = "| verl example | GPUs | " + " | ".join(TABLE_GPUS) + " | host RAM per node | behind it |"
+    lines = [head, "|---|---|" + "---|" * len(TABLE_GPUS) + "---|---|"]
+    for r in rows:
+        if r.out or r.why:
+            continue
+        peaks = " | ".join(f"{max(vals):.1f} GiB ({'fits' if fits else 'does NOT fit'})" for _, vals, fits in r.per_gpu)
+        lines.append(f"| {r.link} | {r.world} | {peaks} | {r.host_gib:.1f} GiB | prediction |")
+    refused = [r for r in rows if r.why and not r.out]
+    out = [r for r in rows if r.out]
+    lines += [
+        "",
+        f"{len(refused)} more entries of the suite do not plan under verl 0.9.1 and {len(out)} are out of it "
+        "(Megatron, multimodal, mixture-of-experts, Ascend NPU, another rollout engine, a construct not read "
+        "statically), each with its one line in [the full table](validation/verl-examples/table.md).",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _world(e: Any) -> str:
@@ -106,7 +155,7 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def suite_table() -> str:
+def suite_table(rows: list[Row] | None = None) -> str:
     """validation/verl-examples/table.md, whole (`plan --verl-examples --write` writes it)."""
     head = [
         "# verl's example scripts, planned",
@@ -121,4 +170,15 @@ def suite_table() -> str:
         "| behind it | keys not modelled |",
         "|---|---|---|---|---|---|",
     ]
-    return "\n".join([*head, *suite_rows()]) + "\n"
+    return "\n".join([*head, *(_full_row(r) for r in rows or suite_plans())]) + "\n"
+
+
+README_BEGIN, README_END = "<!-- verl-examples:begin -->", "<!-- verl-examples:end -->"
+
+
+def with_summary(readme: str, rows: list[Row]) -> str:
+    """README.md's text with its verl-examples block replaced by `summary(rows)`."""
+    start, end = readme.find(README_BEGIN), readme.find(README_END)
+    if start < 0 or end < start:
+        raise RecipeError(f"README.md has no {README_BEGIN} ... {README_END} block")
+    return readme[: start + len(README_BEGIN)] + "\n" + summary(rows) + readme[end:]

@@ -10,7 +10,11 @@ concurrency and its prefill chunk. Each is chosen as the largest the memory mode
   cache to `gpu_memory_utilization x` the card itself;
 - `actor.ppo_max_token_len_per_gpu`: the largest multiple of 1,024 tokens whose update_actor
   fits with a micro-batch one sequence over the budget (verl balances whole sequences over
-  ceil(tokens / budget) micro-batches), no larger than the mini-batch's tokens;
+  ceil(tokens / budget) micro-batches), no larger than the mini-batch's tokens, and whose
+  logits (tokens x vocabulary) stay within 2^31 elements: CUDA kernels of the softmax family
+  have indexed in 32 bits and returned wrong values past that (pytorch/pytorch#84144,
+  pytorch/pytorch#191565), and a token budget past it buys nothing a step at these sizes (the
+  matrix products are compute-bound long before);
 - `rollout.log_prob_max_token_len_per_gpu` (and the reference's): the same for old_log_prob and
   the reference's forward;
 - `rollout.gpu_memory_utilization`: the largest hundredth whose generation phase fits and which
@@ -39,6 +43,8 @@ TOLERANCE = 0.10
 STEP = 1024
 #: verl's own max_num_batched_tokens
 VERL_BATCHED_TOKENS = 8192
+#: the most elements one micro-batch's logits may hold (module docstring)
+MAX_LOGITS = 2**31 - 1
 
 _A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _TRAIN = ("old_log_prob", "ref", "update_actor")
@@ -120,6 +126,7 @@ def largest(s: Setup, gpu: GPU, c: Constants | None = None) -> Budgets:
     seqs = s.train_batch_size * s.rollout.n
     lo = -(-seq // STEP) * STEP  # a budget holds one whole sequence at least (verl refuses less)
     r = s.rollout
+    cap = (MAX_LOGITS // s.arch.vocab - seq) // STEP * STEP  # logits within 2^31 elements
 
     def fits(train: int, infer: int, util: float, n: int, batched: int, names: tuple[str, ...]) -> bool:
         p = plan_gpu(with_budgets(s, train, infer, util, n, batched), gpu, c)
@@ -129,11 +136,11 @@ def largest(s: Setup, gpu: GPU, c: Constants | None = None) -> Budgets:
     # pass the budget by up to a sequence: each budget is judged one sequence larger. The log-prob
     # budget first, then the update's beside it: the allocator's cache of one phase carries into
     # the next (phases._carry_cache_floor), so every training phase is judged with both
-    infer = _largest(lo, seqs * seq, lambda t: fits(lo + seq, t + seq, 0.05, 1, 1, _TRAIN))
+    infer = _largest(lo, min(seqs * seq, cap), lambda t: fits(lo + seq, t + seq, 0.05, 1, 1, _TRAIN))
     train = None
     if infer is not None:
         train = _largest(
-            lo, s.ppo_mini_batch_size * r.n * seq, lambda t: fits(t + seq, infer + seq, 0.05, 1, 1, _TRAIN)
+            lo, min(s.ppo_mini_batch_size * r.n * seq, cap), lambda t: fits(t + seq, infer + seq, 0.05, 1, 1, _TRAIN)
         )
     if train is None or infer is None:
         raise RecipeError(f"{gpu.id}: not even one {seq}-token sequence a micro-batch fits the training phases")

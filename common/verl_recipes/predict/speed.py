@@ -42,17 +42,18 @@ class SpeedPriors:
     """Ratios of measured rates to the card's peaks, from committed runs; priors for any other
     configuration, so every figure built on them is a prediction."""
 
-    # vLLM alone's decode step against the weight-read floor at batch 8, Llama-2-7B widths: 2.8 ms
-    # of 5.04 ms on an H200 (0.56; recipes/7b-lora/comparisons/rollout-vs-vllm.md), 4.0 of 6.65 ms
-    # on an H100 80GB (0.60; ../gpu-facts of 2026-12-06); 128 sequences of 512 + 512 tokens, 5,548
-    # generated tokens/s on an H200 against a roofline of 9,500 (0.58).
+    # vLLM alone's decode step against this roofline, Llama-2-7B widths on an H200
+    # (recipes/7b-lora/comparisons/rollout-vs-vllm.md, prompts of about 46 tokens): 8 answers of
+    # 512 tokens, 5.10 ms a step against 3.07 (0.60); 64 answers, 7.91 ms against 4.91 (0.62).
+    # 0.55 keeps a time limit on the safe side of both.
     decode_efficiency: float = 0.55
     # Model FLOPs per second over the card's dense bf16 peak in verl's training phases, 7b-lora
     # GRPO 8x8 on an H200 (results/h200x1-grpo-8x8, steps 2-4, padded micro-batches of 8):
     # old_log_prob 4.7e14 FLOPs in 2.2-2.7 s (19%), update_actor 1.4e15 in 5.6-6.0 s (25%).
     train_mfu: float = 0.20
-    # One run's start-up to step 1 on a warm host: 139.6-142.6 s for 7b-lora (gpu-facts: H200 and
-    # H100 80GB, first run on the host).
+    # One run's start-up, launch to step 1 (results/*/report.md, "Start-up"): 118-159 s for the
+    # 7b-lora runs on a warm host (h200x1-ppo-start, -grpo-8x8-packed, -ppo-5, -grpo-8x8), 187 s
+    # on a cold one (h200x1-ppo-start-cold).
     start_s: float = 150.0
 
 

@@ -162,8 +162,10 @@ def verl_job(
     elif model is not None:
         mapped.append(f"{_MODEL}={_value(model)} -> --arch {arch} (synthetic weights)")
     critic = keys.get("critic.model.path")
-    if critic is not None and critic.raw.split("=", 1)[1] != (model.raw.split("=", 1)[1] if model else None):
-        mapped.append(f"critic.model.path={_value(critic)} -> the actor's architecture {arch}")
+    if critic is not None:
+        same = model is not None and _value(critic) == _value(model)
+        to = "the actor's synthetic checkpoint" if same else f"the actor's architecture {arch} (the planner's critic)"
+        mapped.append(f"critic.model.path={_value(critic)} -> {to}")
     for key in _DATA:
         if key in keys:
             mapped.append(
