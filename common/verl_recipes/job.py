@@ -156,8 +156,9 @@ def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...
     for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--smoke", args.smoke)):
         if given:
             raise RecipeError(f"{flag} applies to recipes; a verl job's layout is its trainer.* keys (--set)")
-    for line in (f"verl job: {vjob.source}", *(f"mapped: {m}" for m in vjob.mapped)):
-        print(line)
+    from verl_recipes.plan.verl_script import header
+
+    print("\n".join(header(vjob)))  # what `plan` says above the same job
     return vjob.recipe, vjob.sets, vjob.layout
 
 
