@@ -863,7 +863,8 @@ def test_a_fix_of_the_padding_free_path_concerns_only_runs_that_take_it(tmp_path
 def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root: Path) -> None:
     """70b-3d's 32-GPU job: a real Megatron process group's base (the 2.43 against 0.81 GiB beyond
     the allocator of the plain TP1 runs and the rehearsed ranks) and one communicator's buffers for
-    each of its TP4, PP2 and DP4 groups; the same rank under the fake group counts none. A committed
+    each group a step's collectives touch: TP4, PP2, DP4 with CP and without, TP x PP and the
+    default group (`megatron_groups`); the same rank under the fake group counts none. A committed
     rank rehearsal is planned that way, a plain run with its group."""
     import dataclasses
 
@@ -874,7 +875,7 @@ def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root:
     c = Constants()
     real, fake = (plan_gpu(x, h100, c) for x in (s, dataclasses.replace(s, fake_group=True)))
     group = _term(real, "update_actor", "trainer process group")
-    assert group == c.group_base_bytes_megatron + 3 * c.nccl_bytes_per_communicator
+    assert group == c.group_base_bytes_megatron + 6 * c.nccl_bytes_per_communicator
     assert _term(fake, "update_actor", "trainer process group") == 0
     assert real.phase("update_actor").total - fake.phase("update_actor").total == group
     results = root / "recipes" / "70b-3d" / "results"

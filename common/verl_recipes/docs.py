@@ -218,8 +218,9 @@ class PlanRow:
     variant: str | None
     world: int
     #: (GPU, peak GiB, why it does not fit or None, "calibrated" where a committed calibrated
-    #: prediction for the layout on that GPU decides, as `plan` judges it, else None)
-    cells: list[tuple[Any, float, str | None, str | None]]
+    #: prediction for the layout on that GPU decides, as `plan` judges it, else None, and the
+    #: verdict in `plan`'s three words: fits, tight, does not fit, `predict.margin`)
+    cells: list[tuple[Any, float, str | None, str | None, str]]
 
 
 _ROWS: dict[tuple[tuple[str, int], ...], list[PlanRow]] = {}
@@ -244,30 +245,40 @@ def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
 def _plan_rows(recipes: dict[str, Recipe]) -> list[PlanRow]:
     from verl_recipes.plan.advice import calibrated
     from verl_recipes.predict.gpus import catalogue
+    from verl_recipes.predict.margin import load_spread, margin
     from verl_recipes.predict.phases import Constants, plan_gpu
     from verl_recipes.predict.setup import load_setup
 
     gpus = list(catalogue().values())
     c = Constants()
+    spread = load_spread()
     out = []
     for r in recipes.values():
         for variant in [None, *r.variants]:
             _, setup, _ = load_setup(r.id, [variant] if variant else [], [])
-            cells: list[tuple[Any, float, str | None, str | None]] = []
+            cells: list[tuple[Any, float, str | None, str | None, str]] = []
             for g in gpus:
                 p = plan_gpu(setup, g, c)
                 peak = p.peak.total / GIB
                 cal = calibrated(r, [variant] if variant else [], setup, g)
-                if cal is not None:  # the same verdict `plan` gives: the calibrated figure decides
+                # the same verdict `plan` gives: the calibrated figure decides, with its margin
+                phase, fig_b = (cal.peak_phase, cal.peak_bytes) if cal else (p.peak.phase, p.peak.total)
+                ok = cal.fits if cal else p.fits
+                word = margin(
+                    setup, phase, fig_b, g.visible_bytes, c.nccl_bytes_per_communicator, starts=ok, doc=spread
+                )
+                if cal is not None:
                     fig = cal.peak_bytes / GIB
-                    cells.append((g, fig, None if cal.fits else f"{fig:.1f} ({cal.peak_phase})", "calibrated"))
+                    cells.append(
+                        (g, fig, None if cal.fits else f"{fig:.1f} ({cal.peak_phase})", "calibrated", word.word)
+                    )
                 elif p.fits:
-                    cells.append((g, peak, None, None))
+                    cells.append((g, peak, None, None, word.word))
                 elif p.peak.total > g.visible_bytes:
-                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})", None))
+                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})", None, word.word))
                 else:  # the sum fits, vLLM does not (no KV cache, or no room to start)
                     why = next((q for q in p.problems if " needs " not in q), "does not fit")
-                    cells.append((g, peak, why.split(":")[0], None))
+                    cells.append((g, peak, why.split(":")[0], None, word.word))
             out.append(PlanRow(r, variant, setup.world, cells))
     return out
 
@@ -278,8 +289,9 @@ def plans_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | 
     The question users ask before renting ("which GPUs does this job need, will it fit") for the
     recipes not measured yet, answered by the same planner `plan --errors` checks against every
     measured run. A cell is the predicted peak over the step's phases in GiB per GPU, with the GPU
-    count the recipe is written for; "no" marks a GPU it does not fit and names the phase, or
-    says why vLLM cannot run when the phases' sum would fit.
+    count the recipe is written for, after the verdict in `plan`'s three words: "fits", "tight"
+    (under the card by less than the margin that moves it, `predict.margin`), "does not fit",
+    which names the phase, or says why vLLM cannot run when the phases' sum would fit.
     """
     rows = rows if rows is not None else plan_rows(recipes)
     gpus = [c[0] for c in rows[0].cells] if rows else []
@@ -289,8 +301,8 @@ def plans_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | 
     ]
     for row in rows:
         cells = [
-            (f"{peak:.1f}" if why is None else f"no: {why}") + (f" {basis}" if basis else "")
-            for _, peak, why, basis in row.cells
+            (f"{word} {peak:.1f}" if why is None else f"{word}: {why}") + (f" {basis}" if basis else "")
+            for _, peak, why, basis, word in row.cells
         ]
         out.append(f"| {row.recipe.id} | {row.variant or 'default'} | {row.world} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -330,10 +342,10 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
     for row in rows:
         r = row.recipe
         cells = [
-            (f"yes ({peak:.0f} GiB" + (f", {basis})" if basis else ")"))
+            (f"{word} ({peak:.0f} GiB" + (f", {basis})" if basis else ")"))
             if why is None
-            else ("no" + (f" ({basis})" if basis else ""))
-            for _, peak, why, basis in row.cells
+            else (word + (f" ({basis})" if basis else ""))
+            for _, peak, why, basis, word in row.cells
         ]
         job = f"[{r.title}](recipes/{r.id}/README.md)" if row.variant is None else ""
         setting = variant_summary(r, row.variant) + ("" if row.variant is None else f" (`--variant {row.variant}`)")
