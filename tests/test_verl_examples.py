@@ -130,6 +130,38 @@ def test_the_committed_table_is_what_the_planner_says_now() -> None:
     assert with_summary(readme, rows) == readme, again
 
 
+def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_planner() -> None:
+    """A run in validation/verl-examples/results/ is named by the rule, its entry (the recipe its
+    provenance names) is one of the suite's, its train.log and samples are kept gzipped, the table
+    puts its measured peak (the summary's, over every phase) beside the prediction, and the
+    planner-errors table holds the planner to it as to a recipe's run."""
+    import json
+
+    from verl_recipes.plan.runs import committed_runs
+    from verl_recipes.plan.verl_script import measured_runs
+    from verl_recipes.recipe.run_names import parse_run_name
+    from verl_recipes.recipe.verl_suite import load_suite
+    from verl_recipes.rundir import read_provenance
+
+    runs = sorted(p for p in (SUITE / "results").iterdir() if p.is_dir())
+    assert runs, "no committed run of a suite entry"
+    suite, ran = load_suite(), measured_runs()
+    judged = {r.run_dir for r in committed_runs()}
+    table = (SUITE / "table.md").read_text()
+    for run in runs:
+        parse_run_name(run.name, [])
+        entry = read_provenance(run).recipe
+        assert entry in suite, f"{run.name}: provenance names {entry!r}, not a suite entry"
+        assert (run / "train.log.gz").is_file() and (run / "samples.jsonl.gz").is_file()
+        assert not (run / "train.log").exists() and not (run / "samples.jsonl").exists()
+        peak = json.loads((run / "summary.json").read_text())["peak"]["gpu"]["0"]["used_gib"]
+        [m] = [m for m in ran[entry] if m.name == run.name]
+        assert abs(m.peak_gib - peak) < 0.01, (m.peak_gib, peak)
+        row = next(ln for ln in table.splitlines() if ln.startswith(f"| [{entry}]("))
+        assert f"measured: [{run.name}](results/{run.name}/report.md), {peak:.2f} GiB" in row
+        assert run in judged, f"{run.name} is not in validation/planner-errors.md's runs"
+
+
 def test_train_rehearses_on_a_cpu_the_job_plan_judged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

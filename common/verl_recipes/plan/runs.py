@@ -94,19 +94,23 @@ def results_dir(recipe_dir: Path) -> Path:
     return recipe_dir / "results"
 
 
+#: where runs of verl's own example scripts (`train --verl-example`) are committed: they belong to no
+#: recipe, and the planner is held to them as to a recipe's runs
+VERL_EXAMPLES = "validation/verl-examples"
+
+
 def committed_runs(root: Path | None = None, recipe: str | None = None) -> list[MeasuredRun]:
-    """Every committed run of verl's trainer with a summary (of one recipe, with `recipe`), in path
-    order; runs of another training loop are left out (module docstring)."""
+    """Every committed run of verl's trainer with a summary (of one recipe, with `recipe`; without
+    it, the runs of verl's example scripts too), in path order; runs of another training loop are
+    left out (module docstring)."""
     from verl_recipes.paths import repo_root
 
     base = root or repo_root()
-    pattern = f"recipes/{recipe or '*'}"
-    return [
-        read_run(d)
-        for recipe_dir in sorted(base.glob(pattern))
-        for d in rundir.measured_runs(results_dir(recipe_dir))
-        if read_provenance(d).verl
-    ]
+    dirs = sorted(base.glob(f"recipes/{recipe or '*'}"))
+    if recipe is None:
+        dirs.append(base / VERL_EXAMPLES)
+    found = [d for parent in dirs for d in rundir.measured_runs(results_dir(parent))]
+    return [read_run(d) for d in found if read_provenance(d).verl]
 
 
 def run_setup(run: MeasuredRun) -> Any:
