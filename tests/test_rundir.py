@@ -46,8 +46,9 @@ def test_committed_runs_keep_their_log_and_samples_gzipped() -> None:
     (`rundir.read_log`, `rundir.read_jsonl`) take either form."""
     from verl_recipes.rundir import LOG, SAMPLES
 
+    homes = ("recipes/*/results", "validation/verl-examples/results")  # recipes' runs, verl's examples' runs
     plain = sorted(
-        str(p.relative_to(ROOT)) for name in (LOG, SAMPLES) for p in ROOT.glob(f"recipes/*/results/**/{name}")
+        str(p.relative_to(ROOT)) for h in homes for name in (LOG, SAMPLES) for p in ROOT.glob(f"{h}/**/{name}")
     )
     assert not plain, f"gzip these (gzip -9n FILE): {plain}"
     assert len(list(ROOT.glob(f"recipes/*/results/**/{LOG}.gz"))) >= 60
