@@ -107,10 +107,11 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
         assert cfg.trainer.total_training_steps == args.steps
         if args.rank is not None:  # the share of the job one GPU runs must exist
             from verl_recipes.layout import RankSpec
-            from verl_recipes.preflight import model_config
             from verl_recipes.worker.rank_rehearsal import localize
+            from verl_recipes.workload.arch import resolve_arch
+            from verl_recipes.workload.synth import shape_config
 
-            arch, _ = model_config(None, args.arch or recipe.model.arch, args.layers, "full-width")
+            arch = shape_config(resolve_arch(args.arch or recipe.model.arch), args.layers, "full-width")
             localize(cfg, RankSpec(args.rank, layout.per_node * layout.nnodes), arch)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import subprocess
 import sys
@@ -24,9 +24,10 @@ pytestmark = pytest.mark.skipif(
 
 def _fit(cfg: Any, model: Path, gib: float, label: str) -> list[str]:
     """The GPU host's memory verdict on `cfg` for a GPU of `gib` (train's pre-flight, `preflight.fit`)."""
+    from verl_recipes.plan.advice import fit_lines as fit
+    from verl_recipes.predict.gpus import Budget
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import Budget, fit
 
     return fit(setup_from_config(cfg, Arch.from_file(model / "config.json")), [Budget(f"{gib:.2f}GiB", label)], False)
 
@@ -202,28 +203,19 @@ def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path:
     """The 24gib run fits the 24 GiB budget on the GPU; this machine's MemTotal (psutil) against
     the planner's host figure for it is one `WARN host-ram` line, and the launch goes on."""
     import psutil
+    from verl_recipes.predict.gpus import Budget
     from verl_recipes.predict.host import plan_host
-    from verl_recipes.predict.inputs import setup_from_config
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import Budget, check
-    from verl_recipes.recipe.compose import compose_recipe
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import launcher_settings
-    from verl_recipes.workload.arch import ARCHS_DIR
+    from verl_recipes.preflight import preflight
 
-    recipe = get_recipe("7b-lora")
-    model = ARCHS_DIR / "llama-2-7b"
-    cfg = compose_recipe(recipe, ["24gib"], [], extra=launcher_settings(recipe, model, tmp_path, tmp_path / "r", 3, 1))
-    need = plan_host(setup_from_config(cfg, Arch.from_file(model / "config.json"))).peak.pss
-    arch = json.loads((model / "config.json").read_text())
-    budget = [Budget("24.00GiB", "the --cap-gib budget")]
-    lines = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], True))
-    rehearsed = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], False))
+    job = _job("7b-lora", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
+    rehearsed = preflight(job)
+    need = plan_host(rehearsed.setup).peak.pss
     assert (
         f"host RAM: 7b-lora --variant 24gib needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)"
-        in rehearsed
+        in rehearsed.lines
     )
-    out = "\n".join(lines)
+    here = dataclasses.replace(job, rehearsal=None, budgets=(Budget("24.00GiB", "the --cap-gib budget"),))
+    out = "\n".join(preflight(here).lines)
     total = psutil.virtual_memory().total
     warned = [x for x in out.splitlines() if x.startswith("WARN host-ram")]
     if total < need:
@@ -309,7 +301,7 @@ def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
     from verl_recipes.predict.gpus import parse_gpu
     from verl_recipes.preflight import preflight
 
-    _, setup, _ = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other")))
+    setup = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other"))).setup
     assert f"; {whole_fix(setup, parse_gpu('a10g-24g'))} (`verl-recipes plan` explains" in err
     assert "; to fit on 1 GPU(s): " in err and "host RAM about" in err
     err = _refused(["70b-3d", "--run-dir", run, "--gpus", "2", "--layers", "2"], capsys)
@@ -341,11 +333,12 @@ def test_a_rank_rehearsal_states_one_ranks_host_ram(tmp_path: Path) -> None:
     from verl_recipes.predict.host import plan_host
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import model_config, preflight
+    from verl_recipes.preflight import preflight
 
     job = _job("13b-fsdp", "--variant", "40gib", "--rank", "0", "--run-dir", str(tmp_path / "run"))
-    cfg, _, verdict = preflight(job)
-    arch, source = model_config(None, job.model.arch, *job.model.trained)
+    checked = preflight(job)
+    cfg, verdict = checked.cfg, checked.lines
+    arch, source = job.model.config()
     setup = setup_from_config(cfg, Arch.from_config(arch, source))
     one, node = plan_host(setup, ranks_here=1).peak.pss, plan_host(setup).peak.pss
     assert node - one > 40 * 2**30
@@ -358,19 +351,18 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
     label), not the stock recipe: on a CPU host it states the planner's figure for the GPU host;
     on the host that trains, a machine with less is one `WARN host-ram` line naming the job."""
     import psutil
-    from verl_recipes.predict.host import plan_host
+    from verl_recipes.predict.host import host_lines, plan_host
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import check, model_config, preflight
-    from verl_recipes.recipe.run_config import default_data_dir
+    from verl_recipes.preflight import preflight
 
     job = _job("7b-lora", "--variant", "grpo", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
     label = "7b-lora --variant grpo --variant 24gib"
-    cfg, _, verdict = preflight(job)
-    arch, source = model_config(None, job.model.arch, *job.model.trained)
-    need = plan_host(setup_from_config(cfg, Arch.from_config(arch, source))).peak.pss
-    assert f"host RAM: {label} needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in verdict
-    here = check(cfg, arch, source, default_data_dir(), None, False, False, (label, [], True))
+    checked = preflight(job)
+    arch, source = job.model.config()
+    need = plan_host(setup_from_config(checked.cfg, Arch.from_config(arch, source))).peak.pss
+    assert f"host RAM: {label} needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in checked.lines
+    here = host_lines(checked.setup, label, (), None, here=True)
     warned = [x for x in here if x.startswith("WARN host-ram")]
     total = psutil.virtual_memory().total
     if total < need:
@@ -435,7 +427,7 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     assert job.rank == RankSpec(3, 4) and job.layout.world == 4
     assert job.run_dir.parent == tmp_path / "runs" and job.run_dir.name.startswith("13b-fsdp-rank3of4-")
     assert launch_env(job, {})[ENV_RANK] == "3/4"
-    cfg, _, _ = preflight(job)
+    cfg = preflight(job).cfg
     rec = run_record(job, cfg, trainer_command(job), {}, None)
     assert rec["rank_rehearsal"] == {"rank": 3, "world": 4, "pools": "rank share"}
     assert Provenance.from_record(rec).rank_pools_shared  # the host model reads it back
@@ -550,22 +542,23 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
 
     import yaml
     from verl_recipes import RecipeError
+    from verl_recipes.plan.advice import fit_lines as fit
+    from verl_recipes.predict.gpus import Budget
     from verl_recipes.predict.setup import load_setup
-    from verl_recipes.preflight import Budget, fit
 
     _, setup, recipe = load_setup("70b-3d", [], [])
     h100 = [Budget("h100-80g", "h100-80g")]
     assert fit(setup, h100, False)[0].startswith("plan: fits h100-80g: peak update_actor 78.4 GiB")
-    assert fit(setup, h100, False, calibration=(recipe, []))[0].startswith("plan: fits h100-80g")
+    assert fit(setup, h100, False, recipe=recipe)[0].startswith("plan: fits h100-80g")
     over = tmp_path / "70b-3d"
     shutil.copytree(recipe.dir / "expected", over / "expected")
     doc = yaml.safe_load((over / "expected" / "h100x32-ppo.yaml").read_text())
     doc["predicted_gib"]["update_critic"], doc["fits"] = 85.83, False
     (over / "expected" / "h100x32-ppo.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(RecipeError) as e:
-        fit(setup, h100, False, calibration=(recipe.model_copy(update={"dir": over}), []))
+        fit(setup, h100, False, recipe=recipe.model_copy(update={"dir": over}))
     msg = str(e.value)
     assert "\n" not in msg and "the calibrated prediction puts update_critic at 85.8 GiB" in msg
     assert "--set trainer.nnodes=8" in msg
-    h200 = fit(setup, [Budget("h200-141g", "h200-141g")], False, calibration=(recipe, []))
+    h200 = fit(setup, [Budget("h200-141g", "h200-141g")], False, recipe=recipe)
     assert h200 == ["plan: fits h200-141g: peak update_actor 78.4 GiB"]

@@ -14,22 +14,17 @@ import argparse
 import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verl_recipes import GIB, RecipeError
 from verl_recipes.fixes import FIXES
 from verl_recipes.layout import RankSpec
+from verl_recipes.predict.gpus import Budget
 from verl_recipes.recipe.metadata import Recipe, get_recipe
-from verl_recipes.recipe.run_config import Layout, default_data_dir, gpu_layout
-from verl_recipes.workload.synth import model_dir
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The GPU a job is judged against (`predict.gpus.parse_gpu`: a catalogue id or a size like
-    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
-
-    gpu: str
-    label: str
+from verl_recipes.recipe.run_config import Composition, Layout, default_data_dir, gpu_layout
+from verl_recipes.workload import userpaths
+from verl_recipes.workload.arch import resolve_arch
+from verl_recipes.workload.synth import model_dir, shape_config
 
 
 @dataclass(frozen=True)
@@ -56,6 +51,14 @@ class Model:
     # False: config and tokenizer only, the trainer initialises its weights (a Megatron rank
     # rehearsal on a GPU host: a 70B checkpoint does not fit its disk)
     weights: bool = True
+
+    def config(self) -> tuple[dict[str, Any], str]:
+        """The config.json the job trains, and where it comes from: the user's folder (checked), or
+        the shape the GPU host's synthetic checkpoint has (`trained`), as `synth-model` writes it."""
+        if self.theirs:
+            return userpaths.check_model_dir(self.path), str(self.path / "config.json")
+        layers, scale = self.trained
+        return shape_config(resolve_arch(self.arch), layers, scale), f"{self.arch} ({scale}, {layers or 'all'} layers)"
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,27 @@ class Job:
     rank: RankSpec | None
 
     @property
+    def label(self) -> str:
+        """The job as the user types it, `7b-lora --variant 24gib --set k=v`: what the pre-flight's
+        host-RAM line names."""
+        return " ".join(
+            [self.recipe.id, *(f"--variant {v}" for v in self.variants), *(f"--set {x}" for x in self.sets)]
+        )
+
+    @property
+    def composition(self) -> Composition:
+        """How the job composes its recipe (`recipe.run_config.Composition`): what `plan` is asked,
+        so a variant that fits is planned as this job runs (`--gpus` gives one node; a variant is
+        planned on the recipe's own layout otherwise)."""
+        return Composition(
+            self.variants,
+            self.sets,
+            self.layout.per_node if self.layout.nnodes == 1 else None,
+            self.model.trained[0],
+            self.fixes_off,
+        )
+
+    @property
     def fixes(self) -> list[str]:
         """The verl fixes the run gets (every one of `fixes.FIXES` not turned off), for its
         provenance: the planner reads a run by what verl did in it."""
@@ -139,8 +163,6 @@ def local_gpus() -> tuple[int, float]:
 
 def decide(args: argparse.Namespace) -> Job:
     """The job the command line asks for on this host; refuses in one line what cannot run."""
-    from verl_recipes.workload import userpaths
-
     recipe = get_recipe(args.recipe)
     bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
     if bad_fix:
@@ -197,6 +219,9 @@ def decide(args: argparse.Namespace) -> Job:
     (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if rehearsal else (trained, "cuda")
     weights = device != "cuda" or trains_from_weights(recipe, rank)
     path = args.model or model_dir(arch, layers, scale, args.model_out, weights)
+    if args.model_out is not None and args.model is None:
+        made = shape_config(resolve_arch(arch), layers, scale)  # the checkpoint written here
+        userpaths.check_model_out(args.model_out, arch, int(made["num_hidden_layers"]), scale)
     model = Model(path, args.model is not None, arch, layers, scale, device, trained, args.model_out, weights)
 
     return Job(

@@ -42,6 +42,8 @@ from verl_recipes import RecipeError, cli_types, procs, rundir
 from verl_recipes.fixes import ENV_FIXES_OFF
 from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
+from verl_recipes.predict.inputs import Setup
+from verl_recipes.preflight import Preflight, preflight
 
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
 #: the trainer's entry point: verl's main_ppo behind the driver-side fixes
@@ -55,16 +57,15 @@ def run(args: argparse.Namespace) -> int:
     folder is marked incomplete (`userpaths.mark_incomplete`): a run stopped in between says so,
     and the same command again sets that attempt aside and starts over."""
     from verl_recipes.measure import outcome
-    from verl_recipes.preflight import preflight
     from verl_recipes.workload import userpaths
 
     job = decide(args)
-    cfg, setup, verdict = preflight(job)
+    checked = preflight(job)
     if job.rehearsal is not None:
-        rc = rehearse(job, cfg, setup, verdict)
+        rc = rehearse(job, checked)
         userpaths.mark_complete(job.run_dir)
         return rc
-    rc = launch(job, cfg, verdict)
+    rc = launch(job, checked)
     try:
         ended = outcome.conclude(job.run_dir, rc, job.cap_gib)
     except RecipeError:  # a failed or over-cap run is measured whole before its line is raised
@@ -176,12 +177,12 @@ def verify(job: Job, gate: bool) -> None:
         )
 
 
-def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
+def rehearse(job: Job, checked: Preflight) -> int:
     """Everything a CPU can check, then the line that says what a GPU host does with the job
     (`plan.advice.closing_line`, judged on the pre-flight's `setup`, as the plan above it)."""
     from omegaconf import OmegaConf
 
-    reason = job.rehearsal
+    reason, cfg, verdict = job.rehearsal, checked.cfg, list(checked.lines)
     ensure_model(job)
     ensure_dataset(job)
     if job.resume:
@@ -208,11 +209,11 @@ def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
     _check_model_and_data(Path(cfg.actor_rollout_ref.model.path), Path(cfg.data.train_files).parent, cfg)
     print("== 5/5 the command a GPU host runs")
     print(f"   {(job.run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
-    print(closing(job, setup))
+    print(closing(job, checked.setup))
     return 0
 
 
-def closing(job: Job, setup: Any) -> str:
+def closing(job: Job, setup: Setup) -> str:
     """The rehearsal's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
     rehearsed for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
     job as asked does not, and the rank a GPU host runs for a rank rehearsal."""
@@ -220,19 +221,7 @@ def closing(job: Job, setup: Any) -> str:
     from verl_recipes.predict.gpus import parse_gpu
 
     gpu = parse_gpu(job.budgets[0].gpu if job.budgets else f"{job.recipe.gpus.per_gpu_gib:g}GiB")
-    return closing_line(
-        job.recipe,
-        job.variants,
-        job.sets,
-        setup,
-        gpu,
-        job.rehearsal or "",
-        # --gpus gives one node; a variant is planned on the recipe's own layout otherwise
-        gpus=job.layout.per_node if job.layout.nnodes == 1 else None,
-        layers=job.model.trained[0],
-        fixes_off=job.fixes_off,
-        rank=job.rank.label if job.rank else None,
-    )
+    return closing_line(job.recipe, job.composition, setup, gpu, job.rehearsal or "", job.rank)
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -254,14 +243,15 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
     )
 
 
-def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
+def launch(job: Job, checked: Preflight) -> int:
     """On a GPU host: the host checked, the model and data made, then verl under the monitor;
     returns verl's exit code (the run folder holds everything measured)."""
     from omegaconf import OmegaConf
 
     from verl_recipes.workload import userpaths
 
-    for msg in verdict:
+    cfg = checked.cfg
+    for msg in checked.lines:
         print(msg)
     if not job.skip_verify:
         verify(job, gate=True)
@@ -335,9 +325,7 @@ def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_uti
             "verl_fixes_off": list(job.fixes_off),
             "verl_fixes": job.fixes,
             "compile_cache": job.compile_cache,
-            "rank_rehearsal": (
-                {"rank": job.rank.rank, "world": job.rank.world, "pools": rundir.POOLS_SHARED} if job.rank else None
-            ),
+            "rank_rehearsal": job.rank.record() if job.rank else None,
         },
     )
 

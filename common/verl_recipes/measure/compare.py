@@ -56,7 +56,7 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     return {
         "run": run_dir.name,
         "backend": prov.backend,
-        "rank": list(prov.rank_rehearsal) if prov.rank_rehearsal else None,
+        "rank": [prov.rank_rehearsal.rank, prov.rank_rehearsal.world] if prov.rank_rehearsal else None,
         "variants": prov.variants,
         "cap_gib": prov.cap_gib,
         "gpu": ", ".join(sorted({g["name"] for g in summary.get("gpus", [])})),

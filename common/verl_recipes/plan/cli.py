@@ -25,8 +25,7 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,8 @@ from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import helpful, path_to_fit
 from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.setup import load_setup
+from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.recipe.run_config import Composition
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -188,46 +189,38 @@ def run(args: argparse.Namespace) -> int:
     if args.write:
         raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
-    job = Job(args.variant, args.sets, args.gpus, args.layers)
-    text, fits = judge(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off, job)
+    asked = Composition(tuple(args.variant), tuple(args.sets), args.gpus, args.layers, tuple(args.verl_fix_off))
+    text, fits = judge(label, s, recipe, asked, gpus, args.tokens_per_s, args.provider, args.json)
     print(text)
     # a gate: with --gpu, exit 1 unless the job fits every GPU named (without it, plan only informs)
     return 0 if not gpus or all(fits.values()) else 1
 
 
-@dataclass(frozen=True)
-class Job:
-    """What `plan` was asked beyond the setup: the recipe's variants and --set lines, train's
-    --gpus and --layers; the variants that fit are planned with the same."""
-
-    variants: Sequence[str] = ()
-    sets: Sequence[str] = ()
-    gpus: int | None = None
-    layers: int | None = None
-
-
 def judge(
     label: str,
     s: Setup,
-    recipe: Any = None,
+    recipe: Recipe | None = None,
+    asked: Composition | None = None,
     gpus: list[GPU] | None = None,
     tokens_per_s: float | None = None,
     provider: str | None = None,
     as_json: bool = False,
-    fixes_off: list[str] | None = None,
-    job: Job | None = None,
 ) -> tuple[str, dict[str, bool]]:
-    """The plan of one configuration on `gpus` (default: every catalogued GPU), with what would make
-    it fit where it does not, as text or JSON, and the verdict per GPU id: the calibrated
-    prediction where the recipe has one for this layout (`plan.advice`), else the planner's."""
-    job = job or Job()
+    """The plan of one configuration (`recipe` composed as `asked`) on `gpus` (default: every
+    catalogued GPU), with what would make it fit where it does not, as text or JSON, and the verdict
+    per GPU id: the calibrated prediction where the recipe has one for this layout (`plan.advice`),
+    else the planner's."""
+    asked = asked or Composition()
+    fixes_off = asked.fixes_off
     gpus = gpus or list(catalogue().values())
     c = Constants()
     plans = [plan_gpu(s, g, c) for g in gpus]
     # the most reliable evidence per GPU: a committed run of this job there, else a committed
     # calibrated prediction, else the planner alone
     held_by = memory_run(s, recipe.id) if recipe is not None else None
-    cals = {p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
+    cals = {
+        p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, asked.variants, s, p.gpu) for p in plans
+    }
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
     advice: dict[str, Advice] = {}
     for p in plans:
@@ -241,16 +234,14 @@ def judge(
         same = path_to_fit(s, g, c, more_gpus=False)
         advice[p.gpu.id] = Advice(
             judged_against=g if extra else None,
-            variants=fitting_variants(
-                recipe, job.variants, job.sets, g, gpus=job.gpus, layers=job.layers, fixes_off=fixes_off or ()
-            ),
+            variants=fitting_variants(recipe, asked, g),
             best=sg[0] if sg else None,
             path=same,
             more_gpus_path=None if same else path_to_fit(s, g, c),
         )
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
     # a job of several GPUs: say whether a full run, a rehearsed rank or nothing stands behind it
-    behind = behind_line(recipe, job.variants, s.world) if recipe is not None and s.world > 1 else None
+    behind = behind_line(recipe, asked.variants, s.world) if recipe is not None and s.world > 1 else None
     j = Judgement(
         label,
         s,
@@ -259,8 +250,8 @@ def judge(
         dict(cals),
         fits,
         advice,
-        plan_host(s, fixes_off or []),
-        tuple(fixes_off or ()),
+        plan_host(s, fixes_off),
+        fixes_off,
         cost_lines,
         cost_js,
         behind,

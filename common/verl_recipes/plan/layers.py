@@ -162,7 +162,7 @@ def fit_layout(runs: list[MeasuredRun], c: Constants, one_depth: bool = False) -
         gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
         plan_pk = _planned_peaks(s, gpu, c)
         rehearsal = run.provenance.rank_rehearsal
-        rank = rehearsal[0] if rehearsal is not None else None
+        rank = rehearsal.rank if rehearsal is not None else None
         for ph, v in _peaks(run).items():
             if ph in plan_pk:
                 by_rank.setdefault((ph, s.arch.layers), {}).setdefault(rank, []).append((float(v), float(plan_pk[ph])))

@@ -111,7 +111,7 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
     for run in runs:
         rank = read_provenance(run).rank_rehearsal
         n_base = max((len(v) for v in base_peaks.values()), default=1)
-        gpu = rank[0] if rank and rank[1] == n_base else 0
+        gpu = rank.rank if rank and rank.world == n_base else 0
         peaks, plan = _peaks(run), (_planned(run) if planner else {})
         rows = []
         for ph in PHASES:
@@ -137,7 +137,12 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
                 }
             )
         out["runs"].append(
-            {"run": run.name, "rank": list(rank) if rank else None, "baseline_gpu": gpu, "tokens": _tokens(run)}
+            {
+                "run": run.name,
+                "rank": [rank.rank, rank.world] if rank else None,
+                "baseline_gpu": gpu,
+                "tokens": _tokens(run),
+            }
             | _steady(run)
             | {"rows": rows}
         )

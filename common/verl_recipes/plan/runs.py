@@ -134,7 +134,7 @@ def run_setup(run: MeasuredRun) -> Any:
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     setup = setup_from_config(cfg, arch, run.fixes_off)
     rehearsal = run.provenance.rank_rehearsal
-    return replace(setup, fake_group=True).with_rank(rehearsal[0]) if rehearsal else setup
+    return replace(setup, fake_group=True).with_rank(rehearsal) if rehearsal else setup
 
 
 def judged_setup(run: MeasuredRun) -> Any:

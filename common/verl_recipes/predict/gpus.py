@@ -83,3 +83,12 @@ def parse_gpu(spec: str) -> GPU:
             raise RecipeError(f"--gpu {spec}: the memory must be positive")
         return GPU(id=spec, name=f"{spec} cap", memory_bytes=b, visible_bytes=b)
     raise RecipeError(f"--gpu {spec}: not a catalogue GPU ({', '.join(cat)}) or a size like 24GiB")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The GPU a job is judged against (`parse_gpu`: a catalogue id or a size like
+    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
+
+    gpu: str
+    label: str

@@ -28,6 +28,7 @@ from verl_recipes import RecipeError
 from verl_recipes.fixes import CRITIC_BATCHING_FIX
 from verl_recipes.layout import (
     MegatronLayout,
+    RankSpec,
     batch_over_ranks,
     data_parallel,
     heads_over_tp,
@@ -154,15 +155,15 @@ class Setup:
     # layer, and the power-of-two blocks they fall into).
     pp_stage: int | None = field(default=None, compare=False)
 
-    def with_rank(self, rank: int) -> Setup:
-        """This Setup as rank `rank` of its job runs it: its pipeline stage (megatron-core's rank
+    def with_rank(self, rank: RankSpec) -> Setup:
+        """This Setup as `rank` of its job runs it: its pipeline stage (megatron-core's rank
         order, `MegatronLayout.coordinates`); unchanged where the actor is not pipelined."""
         from dataclasses import replace
 
         a = self.actor
         if a.backend != "megatron" or a.pp <= 1:
             return self
-        return replace(self, pp_stage=MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank)["pp"])
+        return replace(self, pp_stage=MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank.rank)["pp"])
 
     @property
     def world(self) -> int:

@@ -450,9 +450,10 @@ def write_report(
 
 def _rank_line(rank: tuple[int, int]) -> str:
     """verl_recipes.measure.report.rank_line: the one sentence every rehearsal's figures carry."""
+    from verl_recipes.layout import RankSpec
     from verl_recipes.measure.report import rank_line
 
-    return rank_line(rank)
+    return rank_line(RankSpec(*rank))
 
 
 def _notes(
