@@ -425,7 +425,12 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     monkeypatch.chdir(tmp_path)
     job = _job("13b-fsdp", "--rank", "3", "--gpus", "4")
     assert job.rank == RankSpec(3, 4) and job.layout.world == 4
-    assert job.run_dir.parent == tmp_path / "runs" and job.run_dir.name.startswith("13b-fsdp-rank3of4-")
+    # a dry run on this CPU host, named for the recipe's 40 GiB card (an A100): runs/<recipe>/<name>
+    assert (
+        job.run_dir
+        == tmp_path / "runs" / "13b-fsdp" / "a100x1-ppo-rank3of4-dryrun"
+        == tmp_path / "runs" / "13b-fsdp" / job.name.text
+    )
     assert launch_env(job, {})[ENV_RANK] == "3/4"
     cfg = preflight(job).cfg
     rec = run_record(job, cfg, trainer_command(job), {}, None)
@@ -434,8 +439,10 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     whole = _job("13b-fsdp", "--run-dir", str(tmp_path / "whole"))
     assert whole.rank is None and ENV_RANK not in launch_env(whole, {})
     assert run_record(whole, cfg, trainer_command(whole), {}, None)["rank_rehearsal"] is None
-    # decided and judged: the run folders are claimed (a lock file beside each), never made
+    # decided and judged: the run folders are claimed (a lock file beside each), never made; the
+    # same job again is the configuration's repeat
     assert not job.run_dir.exists() and not (tmp_path / "whole").exists()
+    assert _job("13b-fsdp", "--rank", "3", "--gpus", "4").run_dir.name == "a100x1-ppo-rank3of4-dryrun-2"
 
 
 @pytest.mark.parametrize(
@@ -503,16 +510,22 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
     the whole Megatron job keep theirs."""
     from verl_recipes import job as job_module
 
-    monkeypatch.setattr(job_module, "local_gpus", lambda: (1, 140.4))
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (1, 140.4, "h200"))
     rank = _job("70b-3d", "--rank", "16", "--run-dir", str(tmp_path / "a"))
     assert rank.rehearsal is None and rank.model.device == "cuda"
     assert rank.model.weights is False and rank.model.path.name == "llama-2-70b-full-width-Lall-noweights"
     fsdp = _job("13b-fsdp", "--rank", "0", "--run-dir", str(tmp_path / "b"))
     assert fsdp.model.weights is True and not fsdp.model.path.name.endswith("-noweights")
-    monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4))
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4, "h200"))
     whole = _job("70b-3d", "--gpus", "8", "--layers", "2", "--run-dir", str(tmp_path / "c"))
     assert whole.model.weights is True
     assert [j.gpu_checkpoint_weights for j in (rank, fsdp, whole)] == [False, True, True]
+    # a GPU host names each run by the rule, on its own GPU family (recipe/run_names.py)
+    assert [j.name.text for j in (rank, fsdp, whole)] == [
+        "h200x1-ppo-rank16of32",
+        "h200x1-ppo-rank0of2",
+        "h200x8-ppo-l2",
+    ]
 
 
 def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
@@ -523,7 +536,7 @@ def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
     from verl_recipes import job as job_module
     from verl_recipes.stack import verify
 
-    monkeypatch.setattr(job_module, "local_gpus", lambda: (0, 0.0))
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (0, 0.0, ""))
     rank = _job("70b-3d", "--rank", "0", "--run-dir", str(tmp_path / "a"))
     assert rank.rehearsal and rank.model.weights is True and rank.gpu_checkpoint_weights is False
     assert verify.disk_need(rank.recipe, rank.gpu_checkpoint_weights) == (20.0, "the run's logs, samples and caches")

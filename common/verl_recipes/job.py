@@ -11,17 +11,18 @@ launch (`verl_recipes.train`) carries it out. No later step reads the command li
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import GIB, RecipeError
+from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.fixes import FIXES
 from verl_recipes.layout import RankSpec
-from verl_recipes.predict.gpus import Budget
+from verl_recipes.predict.gpus import Budget, gpu_family_of
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import Composition, Layout, default_data_dir, gpu_layout
+from verl_recipes.recipe.run_names import RunName, algorithm, check_label, gpu_family
 from verl_recipes.workload import userpaths
 from verl_recipes.workload.arch import resolve_arch
 from verl_recipes.workload.synth import model_dir, shape_config
@@ -109,6 +110,8 @@ class Job:
     rehearsal: str | None
     # rank R of the job's world of N GPUs, rehearsed on one local GPU (--rank); None: the whole job
     rank: RankSpec | None
+    # the run's name by the rule (`run_name`): its folder's under runs/<recipe>/ unless --run-dir
+    name: RunName
 
     @property
     def label(self) -> str:
@@ -151,14 +154,56 @@ def trains_from_weights(recipe: Recipe, rank: RankSpec | None) -> bool:
     return not (rank is not None and recipe.backend == "megatron")
 
 
-def local_gpus() -> tuple[int, float]:
-    """This host's NVIDIA GPUs (NVML) and the smallest one's memory in GiB; (0, 0.0) without any."""
+def local_gpus() -> tuple[int, float, str]:
+    """This host's NVIDIA GPUs (NVML), the smallest one's memory in GiB and their family (`h200`);
+    (0, 0.0, "") without any."""
     from verl_recipes.measure.provenance import gpus
 
     devs = gpus().get("gpus") or []
     if not devs:
-        return 0, 0.0
-    return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
+        return 0, 0.0, ""
+    return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB, gpu_family(devs[0]["name"])
+
+
+def run_name(
+    recipe: Recipe,
+    variants: Sequence[str],
+    layout: Layout,
+    gpu: str,
+    *,
+    layers: int | None = None,
+    cap_gib: float | None = None,
+    rank: RankSpec | None = None,
+    labels: Sequence[str] = (),
+) -> RunName:
+    """A run's name by the rule (`recipe.run_names.RULE`), from what the job is: the GPU family it
+    runs on (or, for a dry run, is judged for), the GPUs it uses (one for a rank rehearsal), the
+    algorithm, the variants, `--layers`, `--cap-gib`, the rank and the `--label` words. `train`
+    names its run folder by it (`Job.name`), and a campaign line must carry the name it gives the
+    line's arguments, so a run keeps one name from campaign line to committed folder."""
+    algo = algorithm(recipe.algorithm, variants)
+    return RunName(
+        gpu=gpu,
+        n=1 if rank is not None else layout.world,
+        algo=algo,
+        variants=tuple(v for v in variants if v != algo),
+        layers=layers,
+        cap_gib=cap_gib,
+        rank=rank,
+        labels=tuple(check_label(x) for x in labels),
+        repeat=None,
+    )
+
+
+def free_run_dir(runs: Path, name: RunName) -> Path:
+    """`runs/<recipe>/<name>`, or the first repeat of it (`-2`, `-3`, ...) that no folder holds and
+    no launch claims yet: a second run of one configuration is its repeat."""
+    k = None
+    while (runs / replace(name, repeat=k).text).exists() or inflight.lock_path(
+        runs / replace(name, repeat=k).text
+    ).exists():
+        k = (k or 1) + 1
+    return runs / replace(name, repeat=k).text
 
 
 def decide(args: argparse.Namespace) -> Job:
@@ -170,19 +215,8 @@ def decide(args: argparse.Namespace) -> Job:
     layout = gpu_layout(recipe, args.gpus, args.smoke)
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
 
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    name = "-".join([recipe.id, *args.variant]) + ("-smoke" if args.smoke else "")
-    name += f"-rank{rank.rank}of{rank.world}" if rank else ""
-    run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
-    # What the user gives is read, never written; what this writes is new, empty or its own. The
-    # run folder is claimed for as long as this process runs: of two launches into it, one goes
-    # on; an attempt that was stopped before it finished is set aside (attempt-N/), never a bar.
-    if args.data:
-        userpaths.check_data_dir(args.data)
-    resume = userpaths.claim_run_dir(run_dir, args.resume)
-
     # A rank rehearsal trains on one GPU; the whole job needs its GPUs per node.
-    n_gpus, gpu_gib = local_gpus()
+    n_gpus, gpu_gib, family = local_gpus()
     need = 1 if rank else layout.per_node
     gpu_ok = 0 < need <= n_gpus
     rehearsal = None
@@ -208,9 +242,22 @@ def decide(args: argparse.Namespace) -> Job:
 
     if rehearsal:
         budgets = (Budget(args.gpu, args.gpu),) if args.gpu else None
+        # a dry run is named for the GPU it is judged for: --gpu's, else the recipe's card
+        family = gpu_family_of(args.gpu or f"{recipe.gpus.per_gpu_gib:g}GiB")
     else:
         label = "the --cap-gib budget" if args.cap_gib else "this GPU"
         budgets = (Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label),)
+
+    labels = [*args.label, *(["smoke"] if args.smoke else []), *(["dryrun"] if rehearsal else [])]
+    layers = None if args.smoke else args.layers
+    name = run_name(recipe, args.variant, layout, family, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels)
+    run_dir = (args.run_dir or free_run_dir(Path("runs") / recipe.id, name)).resolve()
+    # What the user gives is read, never written; what this writes is new, empty or its own. The
+    # run folder is claimed for as long as this process runs: of two launches into it, one goes
+    # on; an attempt that was stopped before it finished is set aside (attempt-N/), never a bar.
+    if args.data:
+        userpaths.check_data_dir(args.data)
+    resume = userpaths.claim_run_dir(run_dir, args.resume)
 
     # The user's checkpoint, else the synthetic one: the shape trained, and the one made here (a
     # tiny model of the same family on a CPU: loading it in transformers takes seconds).
@@ -246,4 +293,5 @@ def decide(args: argparse.Namespace) -> Job:
         skip_verify=args.skip_verify,
         rehearsal=rehearsal,
         rank=rank,
+        name=name,
     )

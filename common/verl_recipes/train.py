@@ -420,6 +420,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="--run-dir may hold a run of the same job: continue it from its checkpoints (Slurm requeue)",
     )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="a lowercase word the run's name carries (recipe/run_names.py's rule); repeatable",
+    )
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
     p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
     p.add_argument("--cap-gib", type=cli_types.positive, help="cap the device total at this many GiB on a larger GPU")

@@ -92,3 +92,15 @@ class Budget:
 
     gpu: str
     label: str
+
+
+def gpu_family_of(spec: str) -> str:
+    """The family (`a10g`, `h200`) a run judged against `spec` is named for: a catalogued id's, or,
+    for a size, the smallest catalogued card of at least that much memory (the largest when none
+    is that large)."""
+    cards, gpu = catalogue(), parse_gpu(spec)
+    if gpu.id in cards:
+        return gpu.id.split("-")[0]
+    fits = sorted((g for g in cards.values() if g.memory_bytes >= gpu.memory_bytes), key=lambda g: g.memory_bytes)
+    card = fits[0] if fits else max(cards.values(), key=lambda g: g.memory_bytes)
+    return card.id.split("-")[0]
