@@ -755,7 +755,7 @@ def test_a_committed_deepspeed_run_is_a_monitored_run(name: str, tmp_path: Path)
     src = RESULTS / name
     run = tmp_path / name
     shutil.copytree(src, run, ignore=shutil.ignore_patterns(*records.FILES, "summary.json", "report.md", "*.png"))
-    written = records.write_records(run)
+    written = records.write_records(run, *harness.load_ds_dir(run))
     assert [p.name for p in written] == list(records.FILES)
     for f in records.FILES:
         assert (run / f).read_text() == (src / f).read_text(), f"{name}/{f} is stale: compare.py records"

@@ -132,7 +132,11 @@ def test_every_bounds_file_is_named_by_the_configuration_of_its_runs(rid: str, p
     for run in runs:
         assert run.is_dir(), f"{path.name}: source run {run} is not a folder"
         ran = what_ran(run, rid)
-        assert ran is not None and _configuration(name) == _configuration(ran), f"{path.name}: {run.name} ran {ran}"
+        assert ran is not None, f"{path.name}: {run.name} has no records"
+        want = replace(ran, labels=(*ran.labels, *(x for x in name.labels if x not in RECORDED_LABELS))).configuration
+        assert _configuration(name) == _configuration(ran), (
+            f"{path.name}: {run.name} ran {want.text}; name it {want.text}.yaml"
+        )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""`verl-recipes train` on a CPU host: the rehearsal, and bad input that fails in one line."""
+"""`verl-recipes train` on a CPU host: the preview, and bad input that fails in one line."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
     subprocess.run(["nvidia-smi", "-L"], capture_output=True, shell=False).returncode == 0
     if os.path.exists("/usr/bin/nvidia-smi")
     else False,
-    reason="a GPU host trains instead of rehearsing",
+    reason="a GPU host trains instead of previewing",
 )
 
 
@@ -32,7 +32,7 @@ def _fit(cfg: Any, model: Path, gib: float, label: str) -> list[str]:
     return fit(setup_from_config(cfg, Arch.from_file(model / "config.json")), [Budget(f"{gib:.2f}GiB", label)], False)
 
 
-def test_rehearsal_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> None:
+def test_a_preview_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> None:
     env = {**os.environ, "VERL_RECIPES_CACHE": str(tmp_path / "cache"), "VERL_RECIPES_ROOT": str(root)}
     proc = subprocess.run(
         [sys.executable, "-m", "verl_recipes.cli", "train", "7b-lora", "--run-dir", str(tmp_path / "run")],
@@ -208,13 +208,13 @@ def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path:
     from verl_recipes.preflight import preflight
 
     job = _job("7b-lora", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
-    rehearsed = preflight(job)
-    need = plan_host(rehearsed.setup).peak.pss
+    dry = preflight(job)
+    need = plan_host(dry.setup).peak.pss
     assert (
         f"host RAM: 7b-lora --variant 24gib needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)"
-        in rehearsed.lines
+        in dry.lines
     )
-    here = dataclasses.replace(job, rehearsal=None, budgets=(Budget("24.00GiB", "the --cap-gib budget"),))
+    here = dataclasses.replace(job, preview=None, budgets=(Budget("24.00GiB", "the --cap-gib budget"),))
     out = "\n".join(preflight(here).lines)
     total = psutil.virtual_memory().total
     warned = [x for x in out.splitlines() if x.startswith("WARN host-ram")]
@@ -243,7 +243,7 @@ def test_gpus_makes_a_multi_node_recipe_a_one_node_run(root: Path, tmp_path: Pat
         "critic.megatron.pipeline_model_parallel_size=1",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     ]
-    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--layers", "2", "--rehearse"]
+    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--layers", "2", "--preview"]
     cmd += [x for s in sets for x in ("--set", s)] + ["--run-dir", str(tmp_path / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -264,10 +264,10 @@ PPO_64 = [
 ]
 
 
-def test_the_rehearsal_refuses_what_a_gpu_host_refuses_with_the_same_line(
+def test_the_preview_refuses_what_a_gpu_host_refuses_with_the_same_line(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The rehearsal checks the job asked for, --set included, not the stock recipe: a batch of 64
+    """The preview checks the job asked for, --set included, not the stock recipe: a batch of 64
     micro-batches of 64 with vLLM at 95% of the GPU fits no GPU; the GPU host's check
     (`preflight.fit` with its GPU's memory) refuses it with the same reason."""
     from verl_recipes.predict.gpus import GIB, parse_gpu
@@ -288,10 +288,10 @@ def test_the_rehearsal_refuses_what_a_gpu_host_refuses_with_the_same_line(
     assert str(e.value).split(" GiB): ", 1)[1] == err.split(" GiB): ", 1)[1]
 
 
-def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
+def test_the_preview_plans_the_gpu_and_layout_asked_for(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--gpu` names the GPU a rehearsal is for; `--gpus` the GPUs the layout must divide over; `--arch`
+    """`--gpu` names the GPU a preview is for; `--gpus` the GPUs the layout must divide over; `--arch`
     the model the plan uses. Each is refused where a GPU host would refuse it."""
     run = str(tmp_path / "run")
     err = _refused(["7b-lora", "--run-dir", run, "--gpu", "a10g-24g"], capsys)
@@ -375,11 +375,11 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
     assert not (tmp_path / "run").exists()  # decided and judged; nothing written
 
 
-def test_a_rank_rehearsal_on_a_cpu_rehearses_the_whole_jobs_rank(
+def test_a_preview_of_a_rank_rehearsal_on_a_cpu_plans_the_whole_jobs_rank(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`train 13b-fsdp --rank 0` on a CPU: the job is the recipe's real two-GPU job (its config
-    says so), the rehearsal says which rank a GPU host runs, and command.sh starts the trainer
+    says so), the preview says which rank a GPU host runs, and command.sh starts the trainer
     with the rank's variable, so the same command on a one-GPU host runs rank 0 of 2."""
     import shlex
 
@@ -396,7 +396,7 @@ def test_a_rank_rehearsal_on_a_cpu_rehearses_the_whole_jobs_rank(
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 2)
     command = (run / "command.sh").read_text().splitlines()[-1]
     assert shlex.split(command)[:4] == [f"{ENV_RANK}=0/2", sys.executable, "-m", "verl_recipes.worker.driver"]
-    assert f"   {command}" in out  # the command a GPU host runs, as the rehearsal prints it
+    assert f"   {command}" in out  # the command a GPU host runs, as the preview prints it
 
 
 def test_a_rank_outside_the_jobs_world_is_refused_in_one_line(
@@ -425,10 +425,10 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     monkeypatch.chdir(tmp_path)
     job = _job("13b-fsdp", "--rank", "3", "--gpus", "4")
     assert job.rank == RankSpec(3, 4) and job.layout.world == 4
-    # a dry run on this CPU host, named for the recipe's 40 GiB card (an A100): runs/<recipe>/<name>
+    # a preview on this CPU host, named for the recipe's 40 GiB card (an A100): runs/<recipe>/<name>
     assert (
         job.run_dir
-        == tmp_path / "runs" / "13b-fsdp" / "a100x1-ppo-rank3of4-dryrun"
+        == tmp_path / "runs" / "13b-fsdp" / "a100x1-ppo-rank3of4-preview"
         == tmp_path / "runs" / "13b-fsdp" / job.name.text
     )
     assert launch_env(job, {})[ENV_RANK] == "3/4"
@@ -442,7 +442,7 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     # decided and judged: the run folders are claimed (a lock file beside each), never made; the
     # same job again is the configuration's repeat
     assert not job.run_dir.exists() and not (tmp_path / "whole").exists()
-    assert _job("13b-fsdp", "--rank", "3", "--gpus", "4").run_dir.name == "a100x1-ppo-rank3of4-dryrun-2"
+    assert _job("13b-fsdp", "--rank", "3", "--gpus", "4").run_dir.name == "a100x1-ppo-rank3of4-preview-2"
 
 
 @pytest.mark.parametrize(
@@ -469,7 +469,7 @@ def test_a_count_or_size_of_nothing_is_one_error_line(
     assert not any(tmp_path.iterdir())
 
 
-def test_a_rehearsal_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that_fits(
+def test_a_preview_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that_fits(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`train 13b-fsdp` as written needs about 70 GiB a GPU; its recipe targets 40 GiB. The plan
@@ -478,9 +478,9 @@ def test_a_rehearsal_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that
     assert main(["train", "13b-fsdp", "--run-dir", str(tmp_path / "run")]) == 0, capsys.readouterr().err[-2000:]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("training needs an NVIDIA GPU (2 x 40GiB); this host has 0 NVIDIA GPU(s)"), last
-    assert "does not fit 40GiB; --variant 40gib does (peak " in last and "rehearse and train with it" in last
+    assert "does not fit 40GiB; --variant 40gib does (peak " in last and "preview and train with it" in last
     assert "run the same command" not in last
-    assert not (tmp_path / "run" / "incomplete.json").exists()  # the rehearsal is done: the folder is complete
+    assert not (tmp_path / "run" / "incomplete.json").exists()  # the preview is done: the folder is complete
 
 
 def test_a_cached_dataset_cut_short_is_made_again(tmp_path: Path, cache: Path) -> None:
@@ -512,7 +512,7 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
 
     monkeypatch.setattr(job_module, "local_gpus", lambda: (1, 140.4, "h200"))
     rank = _job("70b-3d", "--rank", "16", "--run-dir", str(tmp_path / "a"))
-    assert rank.rehearsal is None and rank.model.device == "cuda"
+    assert rank.preview is None and rank.model.device == "cuda"
     assert rank.model.weights is False and rank.model.path.name == "llama-2-70b-full-width-Lall-noweights"
     fsdp = _job("13b-fsdp", "--rank", "0", "--run-dir", str(tmp_path / "b"))
     assert fsdp.model.weights is True and not fsdp.model.path.name.endswith("-noweights")
@@ -528,7 +528,7 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
     ]
 
 
-def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
+def test_a_cpu_preview_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a CPU the rank's tiny stand-in has weights, but the disk check judges the GPU run, whose
@@ -538,7 +538,7 @@ def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
 
     monkeypatch.setattr(job_module, "local_gpus", lambda: (0, 0.0, ""))
     rank = _job("70b-3d", "--rank", "0", "--run-dir", str(tmp_path / "a"))
-    assert rank.rehearsal and rank.model.weights is True and rank.gpu_checkpoint_weights is False
+    assert rank.preview and rank.model.weights is True and rank.gpu_checkpoint_weights is False
     assert verify.disk_need(rank.recipe, rank.gpu_checkpoint_weights) == (20.0, "the run's logs, samples and caches")
     whole = _job("70b-3d", "--run-dir", str(tmp_path / "b"))
     need, what = verify.disk_need(whole.recipe, whole.gpu_checkpoint_weights)

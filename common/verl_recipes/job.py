@@ -2,9 +2,9 @@
 
 `decide` reads the command line and this host (its GPUs) and returns a frozen `Job`: which recipe,
 composed how, on which layout, with which model and data, into which run folder, under which caps
-and budgets, and whether this host trains it or rehearses it. Everything that can be refused
+and budgets, and whether this host trains it or previews it. Everything that can be refused
 from the command line alone is refused here, in one line, before anything is composed or written;
-the pre-flight (`verl_recipes.preflight`) then judges the composed job, and the rehearsal or the
+the pre-flight (`verl_recipes.preflight`) then judges the composed job, and the preview or the
 launch (`verl_recipes.train`) carries it out. No later step reads the command line again.
 """
 
@@ -40,9 +40,9 @@ class Model:
     arch: str
     # decoder layers of the checkpoint made here (None: all of the architecture's)
     layers: int | None
-    # width of the checkpoint made here: "full-width", or "tiny" for a rehearsal on a CPU
+    # width of the checkpoint made here: "full-width", or "tiny" for a preview on a CPU
     scale: str
-    # where its weights are drawn: "cuda" on a GPU host, "cpu" for a rehearsal's tiny stand-in
+    # where its weights are drawn: "cuda" on a GPU host, "cpu" for a preview's tiny stand-in
     device: str
     # the shape the job trains, (layers, scale): what the pre-flight plans, even when a CPU makes
     # a tiny stand-in (--smoke: the recipe's smoke shape; else --layers at full width)
@@ -106,8 +106,8 @@ class Job:
     force: bool
     # do not check the install and the host before training (--skip-verify)
     skip_verify: bool
-    # why this host rehearses instead of training (--rehearse, or too few GPUs); None: it trains
-    rehearsal: str | None
+    # why this host previews the job instead of training it (--preview, or too few GPUs); None: it trains
+    preview: str | None
     # rank R of the job's world of N GPUs, rehearsed on one local GPU (--rank); None: the whole job
     rank: RankSpec | None
     # the run's name by the rule (`run_name`): its folder's under runs/<recipe>/ unless --run-dir
@@ -143,7 +143,7 @@ class Job:
     @property
     def gpu_checkpoint_weights(self) -> bool:
         """Whether the checkpoint the GPU run trains from holds weights (`trains_from_weights`):
-        what the disk check judges, on a CPU rehearsal too, whose tiny stand-in has weights either way."""
+        what the disk check judges, on a CPU preview too, whose tiny stand-in has weights either way."""
         return trains_from_weights(self.recipe, self.rank)
 
 
@@ -177,7 +177,7 @@ def run_name(
     labels: Sequence[str] = (),
 ) -> RunName:
     """A run's name by the rule (`recipe.run_names.RULE`), from what the job is: the GPU family it
-    runs on (or, for a dry run, is judged for), the GPUs it uses (one for a rank rehearsal), the
+    runs on (or, for a preview, is judged for), the GPUs it uses (one for a rank rehearsal), the
     algorithm, the variants, `--layers`, `--cap-gib`, the rank and the `--label` words. `train`
     names its run folder by it (`Job.name`), and a campaign line must carry the name it gives the
     line's arguments, so a run keeps one name from campaign line to committed folder."""
@@ -219,16 +219,14 @@ def decide(args: argparse.Namespace) -> Job:
     n_gpus, gpu_gib, family = local_gpus()
     need = 1 if rank else layout.per_node
     gpu_ok = 0 < need <= n_gpus
-    rehearsal = None
-    if args.rehearse:
-        rehearsal = "--rehearse was given"
+    preview = None
+    if args.preview:
+        preview = "--preview was given"
     elif not gpu_ok:
         what = f"a rank rehearsal of {recipe.id} needs" if rank else "the recipe needs"
-        rehearsal = f"this host has {n_gpus} NVIDIA GPU(s), {what} {need}"
-    if args.gpu and not rehearsal:
-        raise RecipeError(
-            "--gpu names the GPU a rehearsal plans for; this host trains on its own: drop it, or --rehearse"
-        )
+        preview = f"this host has {n_gpus} NVIDIA GPU(s), {what} {need}"
+    if args.gpu and not preview:
+        raise RecipeError("--gpu names the GPU a preview plans for; this host trains on its own: drop it, or --preview")
 
     cap_scale = None
     if args.cap_gib:
@@ -240,15 +238,15 @@ def decide(args: argparse.Namespace) -> Job:
         # card of cap_gib (its gpu_memory_utilization is a fraction of the card's total).
         cap_scale = args.cap_gib / gpu_gib
 
-    if rehearsal:
+    if preview:
         budgets = (Budget(args.gpu, args.gpu),) if args.gpu else None
-        # a dry run is named for the GPU it is judged for: --gpu's, else the recipe's card
+        # a preview is named for the GPU it is judged for: --gpu's, else the recipe's card
         family = gpu_family_of(args.gpu or f"{recipe.gpus.per_gpu_gib:g}GiB")
     else:
         label = "the --cap-gib budget" if args.cap_gib else "this GPU"
         budgets = (Budget(f"{args.cap_gib or gpu_gib:.2f}GiB", label),)
 
-    labels = [*args.label, *(["smoke"] if args.smoke else []), *(["dryrun"] if rehearsal else [])]
+    labels = [*args.label, *(["smoke"] if args.smoke else []), *(["preview"] if preview else [])]
     layers = None if args.smoke else args.layers
     name = run_name(recipe, args.variant, layout, family, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels)
     run_dir = (args.run_dir or free_run_dir(Path("runs") / recipe.id, name)).resolve()
@@ -263,7 +261,7 @@ def decide(args: argparse.Namespace) -> Job:
     # tiny model of the same family on a CPU: loading it in transformers takes seconds).
     arch = args.arch or recipe.model.arch
     trained = (recipe.smoke.layers, recipe.smoke.scale) if args.smoke else (args.layers, "full-width")
-    (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if rehearsal else (trained, "cuda")
+    (layers, scale), device = ((recipe.smoke.layers, "tiny"), "cpu") if preview else (trained, "cuda")
     weights = device != "cuda" or trains_from_weights(recipe, rank)
     path = args.model or model_dir(arch, layers, scale, args.model_out, weights)
     if args.model_out is not None and args.model is None:
@@ -291,7 +289,7 @@ def decide(args: argparse.Namespace) -> Job:
         quiet=args.quiet,
         force=args.force,
         skip_verify=args.skip_verify,
-        rehearsal=rehearsal,
+        preview=preview,
         rank=rank,
         name=name,
     )

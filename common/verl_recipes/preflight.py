@@ -1,6 +1,6 @@
-"""One pre-flight for `train`: the same checks on a CPU rehearsal and before a GPU launch.
+"""One pre-flight for `train`: the same checks on a CPU preview and before a GPU launch.
 
-Whatever a GPU host would refuse, the rehearsal refuses first, with the same one line and a
+Whatever a GPU host would refuse, the preview refuses first, with the same one line and a
 non-zero exit, so it checks the job as it will run, before anything is made or written. Each
 check is its owner's; `preflight` calls them in order, once, on the one composed config:
 
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Preflight:
-    """What the pre-flight leaves the rehearsal or the launch: the config as it will run, the
-    planner's `Setup` the verdict was reached on (the rehearsal's closing line judges the same
+    """What the pre-flight leaves the preview or the launch: the config as it will run, the
+    planner's `Setup` the verdict was reached on (the preview's closing line judges the same
     one), and the lines to print."""
 
     cfg: DictConfig
@@ -83,6 +83,6 @@ def preflight(job: Job) -> Preflight:
         setup = setup.with_rank(job.rank)
         lines = share_lines(cfg, job.rank, arch)
     lines += start_checks.check(cfg, default_data_dir(), None if job.model.theirs else arch)
-    lines += host_lines(setup, job.label, job.fixes_off, job.rank, here=job.rehearsal is None)
+    lines += host_lines(setup, job.label, job.fixes_off, job.rank, here=job.preview is None)
     lines += fit_lines(setup, job.budgets, job.force, job.fixes_off, job.recipe, job.variants)
     return Preflight(cfg, setup, tuple(lines))

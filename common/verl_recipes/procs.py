@@ -179,7 +179,7 @@ class TreeGuard:
             self._proc.wait(timeout=10)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reap",
         help="end the processes one run left behind (Ray, vLLM), leaving other runs alone",

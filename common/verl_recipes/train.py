@@ -1,4 +1,4 @@
-"""`verl-recipes train`: run a recipe with verl's own trainer, or rehearse it on a CPU.
+"""`verl-recipes train`: run a recipe with verl's own trainer, or a preview of it on a CPU.
 
 `run` is the whole path, in order, each step once:
 
@@ -6,9 +6,9 @@
    whatever the command line alone gets wrong is refused there, in one line;
 2. pre-flight and plan (`verl_recipes.preflight`): the job composed against verl's Hydra config,
    once, as it will run, and judged (data, layout, verl's start-up checks, host RAM, the memory
-   plan) before anything is made or written, so what a GPU host would refuse, the rehearsal
+   plan) before anything is made or written, so what a GPU host would refuse, the preview
    refuses, with the same line;
-3. rehearse (no GPU, or `--rehearse`): everything a CPU can check, then a plain statement that
+3. preview (no GPU, or `--preview`): everything a CPU can check, then a plain statement that
    training needs a GPU, exit 0; or launch: the host's install checked (`stack.verify`), the
    model and dataset made (or taken), and verl's own ``main_ppo`` (through
    `verl_recipes.worker.driver`, which applies the driver-side fixes first) started on the saved,
@@ -18,7 +18,7 @@
 
 The user's `--model` and `--data` are read, never written (`verl_recipes.workload.userpaths`),
 and a `--run-dir` is new, empty, or resumed; it is claimed while `train` runs (a second launch
-into it is one line) and marked incomplete from its first write until the rehearsal or the
+into it is one line) and marked incomplete from its first write until the preview or the
 measure step is done, so a run stopped by Ctrl-C or a kill says so and the same command again
 starts over (the stopped attempt kept in attempt-N/).
 
@@ -51,9 +51,9 @@ DRIVER = "verl_recipes.worker.driver"
 
 
 def run(args: argparse.Namespace) -> int:
-    """decide -> pre-flight and plan -> rehearse or launch -> measure (module doc).
+    """decide -> pre-flight and plan -> preview or launch -> measure (module doc).
 
-    From its first write (`write_run`) until the rehearsal or the measure step is done, the run
+    From its first write (`write_run`) until the preview or the measure step is done, the run
     folder is marked incomplete (`userpaths.mark_incomplete`): a run stopped in between says so,
     and the same command again sets that attempt aside and starts over."""
     from verl_recipes.measure import outcome
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     job = decide(args)
     checked = preflight(job)
-    if job.rehearsal is not None:
-        rc = rehearse(job, checked)
+    if job.preview is not None:
+        rc = preview(job, checked)
         userpaths.mark_complete(job.run_dir)
         return rc
     rc = launch(job, checked)
@@ -177,19 +177,19 @@ def verify(job: Job, gate: bool) -> None:
         )
 
 
-def rehearse(job: Job, checked: Preflight) -> int:
+def preview(job: Job, checked: Preflight) -> int:
     """Everything a CPU can check, then the line that says what a GPU host does with the job
     (`plan.advice.closing_line`, judged on the pre-flight's `setup`, as the plan above it)."""
     from omegaconf import OmegaConf
 
-    reason, cfg, verdict = job.rehearsal, checked.cfg, list(checked.lines)
+    reason, cfg, verdict = job.preview, checked.cfg, list(checked.lines)
     ensure_model(job)
     ensure_dataset(job)
     if job.resume:
         verdict.append(f"--resume: {job.run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
     write_run(job, cfg)
 
-    print(f"== rehearsal of {job.recipe.id}: {reason}")
+    print(f"== preview of {job.recipe.id}: {reason}")
     if job.rank is not None:
         print(
             f"== {job.rank.label}: a GPU host runs this job's rank {job.rank.rank} on one GPU "
@@ -214,14 +214,14 @@ def rehearse(job: Job, checked: Preflight) -> int:
 
 
 def closing(job: Job, setup: Setup) -> str:
-    """The rehearsal's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
-    rehearsed for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
+    """The preview's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
+    run for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
     job as asked does not, and the rank a GPU host runs for a rank rehearsal."""
     from verl_recipes.plan.advice import closing_line
     from verl_recipes.predict.gpus import parse_gpu
 
     gpu = parse_gpu(job.budgets[0].gpu if job.budgets else f"{job.recipe.gpus.per_gpu_gib:g}GiB")
-    return closing_line(job.recipe, job.composition, setup, gpu, job.rehearsal or "", job.rank)
+    return closing_line(job.recipe, job.composition, setup, gpu, job.preview or "", job.rank)
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -373,7 +373,7 @@ def _env_path(name: str) -> Path | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="run a recipe: rehearse on CPU, train with verl on GPU")
+    p = sub.add_parser("train", help="run a recipe: a preview on CPU, train with verl on GPU")
     p.add_argument("recipe")
     p.add_argument("--variant", action="append", default=[], help="variant from recipe.yaml; repeatable")
     p.add_argument(
@@ -407,12 +407,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=cli_types.non_negative,
         metavar="R",
         help="rehearse rank R of the job's GPUs (nodes x GPUs per node) on one local GPU; "
-        "a CPU host rehearses the same job",
+        "a CPU host previews the same job",
     )
     p.add_argument(
         "--gpu",
         metavar="ID|NGiB",
-        help="rehearsal: the GPU the job is for (a planner catalogue id or a size like 24GiB); "
+        help="preview: the GPU the job is for (a planner catalogue id or a size like 24GiB); "
         "default: refuse only a job that fits no GPU the planner knows",
     )
     p.add_argument(
@@ -428,7 +428,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a lowercase word the run's name carries (recipe/run_names.py's rule); repeatable",
     )
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
-    p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
+    p.add_argument("--preview", action="store_true", help="a preview even where a GPU exists: every check, no training")
+    # its old name, kept working
+    p.add_argument("--rehearse", dest="preview", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cap-gib", type=cli_types.positive, help="cap the device total at this many GiB on a larger GPU")
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
     p.add_argument("--force", action="store_true", help="run even when the planner predicts it will not fit")

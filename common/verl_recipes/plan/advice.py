@@ -14,7 +14,7 @@ Three sources can say whether a recipe fits a GPU, and they must not disagree in
 
 `whole_fix` is the one line a refusal ends with: every knob of the planner's path to fit, at
 once, with the peak and host RAM it leads to, rather than the single knob that helps most.
-`closing_line` is the rehearsal's last line, which says the same thing as the plan above it.
+`closing_line` is the preview's last line, which says the same thing as the plan above it.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
 from verl_recipes.layout import RankSpec
-from verl_recipes.predict.gpus import GIB, GPU, Budget, catalogue, parse_gpu
+from verl_recipes.predict.gpus import GPU, Budget, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
@@ -265,7 +265,7 @@ def whole_fix(s: Setup, gpu: GPU, fixes_off: Sequence[str] = ()) -> str:
 def closing_line(
     recipe: Recipe, asked: Composition, s: Setup, gpu: GPU, reason: str, rank: RankSpec | None = None
 ) -> str:
-    """The rehearsal's last line, judged on `gpu` (train's --gpu, else the recipe's per-GPU
+    """The preview's last line, judged on `gpu` (train's --gpu, else the recipe's per-GPU
     target) exactly as the plan above it: a job that fits is sent to a GPU host; one that does not
     names the variant that fits, else the whole fix, and is never told to just run. `rank`: a
     GPU host runs that rank of the job on one GPU."""
@@ -281,7 +281,7 @@ def closing_line(
         f = fits[0]
         return (
             f"{head} As it stands the job does not fit {gpu.id}; {f.flags} does (peak "
-            f"{_gib(f.peak_bytes)} GiB, host RAM about {f.host_bytes / GIB:.0f} GiB): rehearse and train with it."
+            f"{_gib(f.peak_bytes)} GiB, host RAM about {f.host_bytes / GIB:.0f} GiB): preview and train with it."
         )
     return f"{head} As it stands the job does not fit {gpu.id}: {whole_fix(s, gpu, fixes_off)}."
 

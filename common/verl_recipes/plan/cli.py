@@ -83,8 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
-    # the old name of --errors, kept working; it says so when used
-    p.add_argument("--validate", dest="errors_old_name", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tolerance", type=cli_types.positive, default=0.10, help="--errors: allowed relative error (0.10)")
     p.add_argument("--allow-empty", action="store_true", help="--errors: pass when no run is committed")
     p.add_argument(
@@ -166,9 +164,7 @@ def _costs(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.errors_old_name:
-        print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
-    if args.errors or args.errors_old_name:
+    if args.errors:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if not args.target:
         raise RecipeError("give a recipe id or a config.yaml path (or --errors)")

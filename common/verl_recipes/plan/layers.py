@@ -115,8 +115,8 @@ def _peaks(run: MeasuredRun) -> dict[str, int]:
 def _planned_peaks(s: Setup, gpu: GPU, c: Constants) -> dict[str, int]:
     plan = plan_gpu(s, gpu, c)
     out = {p.phase: p.total for p in plan.phases}
-    if "update_weights" in out and "loaded" in out:  # measured `outside` includes verl's first sync
-        out["loaded"] = max(out["loaded"], out["update_weights"])
+    if "update_weights" in out and "outside" in out:  # measured `outside` includes verl's first sync
+        out["outside"] = max(out["outside"], out["update_weights"])
     return out
 
 
@@ -200,7 +200,7 @@ def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
     for d in run_dirs:
         run = read_run(d)
         if not run.phases:
-            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU rehearsal cannot be fitted")
+            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU preview cannot be fitted")
         groups.setdefault(_layout(run_setup(run)), []).append(run)
     return groups
 
@@ -211,7 +211,7 @@ def _own_card_floors(
     """Per phase, GiB: what a rank of the target's own layout measured at the target's depth on a
     card of the target's size, plus the planner's terms its rehearsal lacks (the job's figure less
     the rank's). The line through the depths carries each phase as fixed plus per-layer parts; a
-    phase whose peak changes regime with depth (`loaded`: vLLM's start on a large card, Megatron's
+    phase whose peak changes regime with depth (`outside`: vLLM's start on a large card, Megatron's
     build of a whole model on a small one) it can carry below what the card itself showed."""
     out: dict[str, float] = {}
     for run in runs:

@@ -28,10 +28,6 @@ from verl_recipes.fixes import EVERYTHING, Evidence, RunKind, concerning, record
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
 
-# The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
-# outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
-_ALIASES = {"outside": "loaded"}
-
 
 @dataclass
 class MeasuredRun:
@@ -79,7 +75,7 @@ def read_run(run_dir: Path) -> MeasuredRun:
     for name, pk in (s.get("phases") or {}).items():
         per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
         if per:
-            phases[_ALIASES.get(name, name)] = per
+            phases[name] = per
     # the median of steps 2+, the figure bounds, compare-runs and the results tables give
     rates = [x for st in steady_steps(s.get("steps") or []) if (x := st.get("throughput"))]
     parts = path.parts

@@ -703,7 +703,7 @@ def host_ram_warning(what: str, need: int, total: int | None = None) -> str | No
 def host_lines(s: Setup, label: str, fixes_off: Sequence[str], rank: RankSpec | None, here: bool) -> list[str]:
     """The pre-flight's host RAM for the run `label` names: on the host that trains (`here`), RAM
     below the planner's figure is one `WARN host-ram` line, never a refusal (`host_ram_warning`);
-    a rehearsal states the figure for the GPU host to have. A rank rehearsal's host runs one rank
+    a preview states the figure for the GPU host to have. A rank rehearsal's host runs one rank
     and its share of the job's CPU worker pools."""
     ranks_here = 1 if rank is not None else None
     need = plan_host(s, fixes_off, ranks_here=ranks_here, pools_shared=rank is not None).peak.pss

@@ -1,7 +1,7 @@
 """What verl checks of a composed config before Ray starts, checked here first, on any host.
 
 `verl-recipes train`'s pre-flight runs these on the config as it will run, so what a GPU host's
-``main_ppo`` would refuse at start-up a CPU rehearsal refuses first, in one line: the data files
+``main_ppo`` would refuse at start-up a CPU preview refuses first, in one line: the data files
 the config names (against what verl reads from them, `workload.userpaths.check_parquet`) and verl's
 own start-up validation, `verl.utils.config.validate_config`. verl loads inside the function that
 runs its check: reading a recipe needs no verl.

@@ -248,7 +248,7 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
             Check(
                 "gpu",
                 "warn",
-                f"no GPU ({why}); only CPU rehearsals can run here",
+                f"no GPU ({why}); only CPU previews can run here",
                 "run on a host with NVIDIA GPUs (docker run --gpus all) to train",
             )
         ]
