@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes.layout import RankSpec
 from verl_recipes.paths import repo_root
 from verl_recipes.peers import compose as peers_compose
 from verl_recipes.peers import table as peers_table
@@ -68,9 +69,9 @@ def _measured_cell(recipe: Recipe) -> str:
         if backend:  # the other side of a comparison: its figures are not verl's
             tags.append(f"{backend}, not verl")
         verl_bounds = verl_bounds or backend is None
-        rank = doc.get("rank_rehearsal")
+        rank = RankSpec.from_record(doc.get("rank_rehearsal"))
         if rank:  # a rehearsed rank's memory is that rank's; its speed is never the job's
-            tags.append(f"rank rehearsal, {rank['rank']} of {rank['world']}")
+            tags.append(f"rank rehearsal, {rank.rank} of {rank.world}")
             tput = None
         label = Path(name).stem + (f" ({'; '.join(tags)})" if tags else "")
         parts = [f"{peak:.1f} GiB peak" if peak is not None else "", f"{tput:,.0f} tok/s" if tput else ""]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
+from verl_recipes.layout import RankSpec
 from verl_recipes.rundir import read_provenance
 
 
@@ -60,9 +61,9 @@ def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
             continue
         if provs[0].get("backend"):  # another training loop (DeepSpeed) stands behind none of verl's jobs
             continue
-        rank = doc.get("rank_rehearsal")
+        rank = RankSpec.from_record(doc.get("rank_rehearsal"))
         if rank:
-            job, r = int(rank["world"]), int(rank["rank"])
+            job, r = rank.world, rank.rank
         else:  # a full run used the GPUs it measured
             job = len(
                 {g for m in doc["measured"].values() for per in (m.get("memory_gib") or {}).values() for g in per}
