@@ -61,7 +61,9 @@ def _campaign_lines(path: Path) -> list[tuple[str, str, str, str]]:
 CAMPAIGNS = Path(__file__).parents[1] / "gpu" / "campaigns"
 
 
-def _check_run_name(campaign: str, name: str, args: Any, layout: Any, earlier: list[str]) -> None:
+def _check_run_name(
+    campaign: str, name: str, args: Any, recipe: Any, sets: Any, layout: Any, earlier: list[str]
+) -> None:
     """A `train` line is named `<recipe>/<run name>`, the name `train` gives its arguments on the
     GPU family the name says (`job.run_name`, recipe/run_names.py's rule), so the run folder under
     the campaign's runs/ is the folder committed under recipes/<recipe>/results/; a second line of
@@ -70,10 +72,8 @@ def _check_run_name(campaign: str, name: str, args: Any, layout: Any, earlier: l
     from verl_recipes.job import run_name
     from verl_recipes.layout import RankSpec
     from verl_recipes.predict.gpus import catalogue
-    from verl_recipes.recipe.metadata import get_recipe
     from verl_recipes.recipe.run_names import RULE, parse_run_name
 
-    recipe = get_recipe(args.recipe)
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
     labels = [*args.label, *(["smoke"] if args.smoke else [])]
     layers = None if args.smoke else args.layers
@@ -83,7 +83,9 @@ def _check_run_name(campaign: str, name: str, args: Any, layout: Any, earlier: l
     except RecipeError:
         got = None
     family = got.gpu if got is not None else "h200"
-    want = run_name(recipe, args.variant, layout, family, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels)
+    want = run_name(
+        recipe, args.variant, layout, family, sets=sets, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels
+    )
     repeat = (
         got.repeat if got is not None and got.configuration == want and f"{recipe.id}/{want.text}" in earlier else None
     )
@@ -107,8 +109,8 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
     import shlex
 
     from verl_recipes import train
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
+    from verl_recipes.job import recipe_sets_layout
+    from verl_recipes.recipe.run_config import compose_run
 
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())
@@ -129,13 +131,13 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
             assert (root / words[1]).is_file(), f"{campaign}: {name}: no {words[1]}"
             continue
         args = parser.parse_args(["train", *words])
-        recipe = get_recipe(args.recipe)
-        layout = gpu_layout(recipe, args.gpus, args.smoke)
-        _check_run_name(campaign, name, args, layout, seen[:-1])
+        args.rest = []
+        recipe, sets, layout = recipe_sets_layout(args)  # a recipe id, or a verl job (--verl-example)
+        _check_run_name(campaign, name, args, recipe, sets, layout, seen[:-1])
         cfg = compose_run(
             recipe,
             args.variant,
-            args.sets,
+            list(sets),
             layout,
             model=Path("/m"),
             data=Path("/d"),
@@ -310,3 +312,17 @@ def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early
     assert w.returncode == 0 and time.monotonic() - t0 < 30
     assert "CAMPAIGN typo ENDED EARLY (exit 2)" in w.stdout
     assert w.stdout.strip().endswith("CAMPAIGN DONE")
+
+
+@pytest.mark.parametrize(
+    "campaign", sorted(p.name for p in [*CAMPAIGNS.glob("7b-prod*.txt"), CAMPAIGNS / "7b-learn.txt"])
+)
+def test_the_prod_batch_campaigns_name_their_runs_by_the_rule(campaign: str) -> None:
+    """A line's name is the run folder its results are committed under, so it follows the rule
+    (recipe/run_names.py) with the recipe's variants, the card it is written for first."""
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_names import parse_run_name
+
+    variants = get_recipe("7b-lora").variants
+    for name, _, _, _ in _campaign_lines(CAMPAIGNS / campaign):
+        assert parse_run_name(name.removeprefix("7b-lora/"), variants).n == 1, f"{campaign}: {name}"

@@ -362,7 +362,7 @@ def test_megatron_builds_a_model_whole_before_verl_offloads_it() -> None:
     """70b-3d's training worker reached 69.3-69.5 GiB while loading, once per model, in every
     full-depth rank (before vLLM starts; on an H100 that is the loading phase's peak): Megatron
     builds weights, main-grad buffer and optimizer states before verl offloads them. The planner's
-    `loaded` holds one model's build on a card where vLLM's budget is smaller, and the measured
+    `outside` holds one model's build on a card where vLLM's budget is smaller, and the measured
     build is within 10% of it."""
     from verl_recipes.plan.runs import read_run, run_setup
     from verl_recipes.predict.phases import plan_gpu

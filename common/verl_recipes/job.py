@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes import GIB, RecipeError
 from verl_recipes.fixes import FIXES
 from verl_recipes.layout import RankSpec
 from verl_recipes.predict.gpus import Budget, gpu_family_of
@@ -112,6 +112,8 @@ class Job:
     rank: RankSpec | None
     # the run's name by the rule (`run_name`): its folder's under runs/<recipe>/ unless --run-dir
     name: RunName
+    # the command line named the run folder (--run-dir): the same command comes back to it
+    run_dir_named: bool = True
 
     @property
     def label(self) -> str:
@@ -171,6 +173,7 @@ def run_name(
     layout: Layout,
     gpu: str,
     *,
+    sets: Sequence[str] = (),
     layers: int | None = None,
     cap_gib: float | None = None,
     rank: RankSpec | None = None,
@@ -181,7 +184,7 @@ def run_name(
     algorithm, the variants, `--layers`, `--cap-gib`, the rank and the `--label` words. `train`
     names its run folder by it (`Job.name`), and a campaign line must carry the name it gives the
     line's arguments, so a run keeps one name from campaign line to committed folder."""
-    algo = algorithm(recipe.algorithm, variants)
+    algo = algorithm(recipe, variants, sets)
     return RunName(
         gpu=gpu,
         n=1 if rank is not None else layout.world,
@@ -195,26 +198,42 @@ def run_name(
     )
 
 
-def free_run_dir(runs: Path, name: RunName) -> Path:
-    """`runs/<recipe>/<name>`, or the first repeat of it (`-2`, `-3`, ...) that no folder holds and
-    no launch claims yet: a second run of one configuration is its repeat."""
-    k = None
-    while (runs / replace(name, repeat=k).text).exists() or inflight.lock_path(
-        runs / replace(name, repeat=k).text
-    ).exists():
-        k = (k or 1) + 1
-    return runs / replace(name, repeat=k).text
+def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...], Layout]:
+    """The recipe, its --set lines and its layout: a recipe id's, or a verl job's as its users
+    write it (a script, a suite entry, a command line after `--`: `recipe.verl_job`), whose own
+    overrides come before the user's --set lines and whose trainer.* keys are its layout."""
+    from verl_recipes.recipe.verl_load import load_job
+
+    vjob = load_job(args.recipe, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
+    if vjob is None:
+        if args.rest:
+            raise RecipeError(f"{args.recipe} {' '.join(args.rest)}: one recipe; a verl command goes after --")
+        if not args.recipe:
+            raise RecipeError("give a recipe id, a verl script (--verl-script PATH) or --verl-example NAME")
+        recipe = get_recipe(args.recipe)
+        return recipe, tuple(args.sets), gpu_layout(recipe, args.gpus, args.smoke)
+    for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--smoke", args.smoke)):
+        if given:
+            raise RecipeError(f"{flag} applies to recipes; a verl job's layout is its trainer.* keys (--set)")
+    from verl_recipes.plan.verl_script import header
+
+    print("\n".join(header(vjob)))  # what `plan` says above the same job
+    return vjob.recipe, vjob.sets, vjob.layout
 
 
 def decide(args: argparse.Namespace) -> Job:
     """The job the command line asks for on this host; refuses in one line what cannot run."""
-    recipe = get_recipe(args.recipe)
+    recipe, sets, layout = recipe_sets_layout(args)
     bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
     if bad_fix:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
-    layout = gpu_layout(recipe, args.gpus, args.smoke)
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
 
+    if args.resume and args.run_dir is None:
+        raise RecipeError(
+            "--resume continues the run in --run-dir DIR, and none was given; pass the folder of the run "
+            "to continue (a run without --run-dir goes to a new folder under runs/)"
+        )
     # A rank rehearsal trains on one GPU; the whole job needs its GPUs per node.
     n_gpus, gpu_gib, family = local_gpus()
     need = 1 if rank else layout.per_node
@@ -248,8 +267,12 @@ def decide(args: argparse.Namespace) -> Job:
 
     labels = [*args.label, *(["smoke"] if args.smoke else []), *(["preview"] if preview else [])]
     layers = None if args.smoke else args.layers
-    name = run_name(recipe, args.variant, layout, family, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels)
-    run_dir = (args.run_dir or free_run_dir(Path("runs") / recipe.id, name)).resolve()
+    name = run_name(
+        recipe, args.variant, layout, family, sets=sets, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels
+    )
+    # a default folder, runs/<recipe>/<name>, is made here: the next repeat of the name when it is
+    # taken, never one another command has (two started in one second)
+    run_dir = args.run_dir.resolve() if args.run_dir else userpaths.new_run_dir(Path("runs") / recipe.id, name.text)
     # What the user gives is read, never written; what this writes is new, empty or its own. The
     # run folder is claimed for as long as this process runs: of two launches into it, one goes
     # on; an attempt that was stopped before it finished is set aside (attempt-N/), never a bar.
@@ -272,7 +295,7 @@ def decide(args: argparse.Namespace) -> Job:
     return Job(
         recipe=recipe,
         variants=tuple(args.variant),
-        sets=tuple(args.sets),
+        sets=sets,
         layout=layout,
         model=model,
         data=args.data or default_data_dir(),
@@ -292,4 +315,5 @@ def decide(args: argparse.Namespace) -> Job:
         preview=preview,
         rank=rank,
         name=name,
+        run_dir_named=args.run_dir is not None,
     )

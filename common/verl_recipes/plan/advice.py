@@ -14,7 +14,8 @@ Three sources can say whether a recipe fits a GPU, and they must not disagree in
 
 `whole_fix` is the one line a refusal ends with: every knob of the planner's path to fit, at
 once, with the peak and host RAM it leads to, rather than the single knob that helps most.
-`closing_line` is the preview's last line, which says the same thing as the plan above it.
+`closing_line` is the preview's last line, which says the same thing as the plan above it, in
+the same three words (`predict.margin`): a tight job is told its margin and what buys it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from verl_recipes.predict.gpus import GPU, Budget, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
+from verl_recipes.predict.margin import FITS, TIGHT, margin
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.recipe.run_config import Composition
@@ -92,10 +94,12 @@ def calibrated(recipe: Recipe | None, variants: Sequence[str], s: Setup, gpu: GP
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
     A file matches when it predicts the same variants on the same catalogued GPU (or one exposing
-    the same memory), with the same GPU count, nodes and depth; a truncated plan (`--layers`) or
-    another `--gpus` is another job.
+    the same memory), with the same GPU count, nodes, depth and parallel layout; a truncated plan
+    (`--layers`), another `--gpus` or a `--set` of another TP or PP is another job.
     """
     import yaml
+
+    from verl_recipes.plan.layers import layout_of
 
     if recipe is None:
         return None
@@ -116,6 +120,8 @@ def calibrated(recipe: Recipe | None, variants: Sequence[str], s: Setup, gpu: GP
             and int(t.get("gpus") or 0) == s.world
             and int(t.get("nnodes") or 0) == s.nnodes
             and int(t.get("layers") or 0) == s.arch.layers
+            # a --set that changes the parallel layout is another job
+            and t.get("layout") in (None, layout_of(s))
         )
         if not same:
             continue
@@ -275,7 +281,18 @@ def closing_line(
     needs = f"one GPU, for {rank.label}" if rank else f"{s.world} x {gpu.id}"
     head = f"training needs an NVIDIA GPU ({needs}); {reason}."
     if verdict(p, cal):
-        return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
+        phase, peak = (cal.peak_phase, cal.peak_bytes) if cal else (p.peak.phase, p.peak.total)
+        m = margin(s, phase, peak, gpu.visible_bytes, Constants().nccl_bytes_per_communicator)
+        if m.word == FITS:
+            return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
+        buy = fitting_variants(recipe, asked, judged_gpu(gpu, excess(p, cal) + m.band))
+        with_it = (
+            f"; {buy[0].flags} buys it (peak {_gib(buy[0].peak_bytes)} GiB): preview and train with it" if buy else ""
+        )
+        return (
+            f"{head} The plan above is tight on {gpu.id}: {_gib(m.headroom)} GiB under the card, where "
+            f"{_gib(m.band)} GiB is known to move the peak (`plan` states it){with_it}."
+        )
     fits = fitting_variants(recipe, asked, gpu)
     if fits:
         f = fits[0]
@@ -313,6 +330,19 @@ def _peak_text(plan: GPUPlan, cal: Calibrated | None) -> str:
     return f"{plan.peak.phase} {plan.peak.total / GIB:.1f} GiB"
 
 
+def _word(setup: Setup, plan: GPUPlan, cal: Calibrated | None) -> str:
+    """`plan`'s word for a job under the card: fits, or tight with the margin it lacks
+    (`predict.margin`); a tight job runs, and is told so."""
+    phase, peak = (cal.peak_phase, cal.peak_bytes) if cal is not None else (plan.peak.phase, plan.peak.total)
+    m = margin(setup, phase, peak, plan.gpu.visible_bytes, Constants().nccl_bytes_per_communicator)
+    if m.word != TIGHT:
+        return "fits"
+    return (
+        f"tight (under the card by {m.headroom / GIB:.1f} GiB, less than the {m.band / GIB:.1f} GiB "
+        "`plan` states moves it) on"
+    )
+
+
 def fit_lines(
     setup: Setup,
     budgets: Sequence[Budget] | None,
@@ -331,7 +361,7 @@ def fit_lines(
     cals = [calibrated(recipe, variants, setup, g) for g, _ in gpus]
     judged = [(plan_gpu(setup, g), g, label, cal) for (g, label), cal in zip(gpus, cals, strict=True)]
     fits = [(p, label, cal) for p, _, label, cal in judged if verdict(p, cal)]
-    lines = [f"plan: fits {label}: peak {_peak_text(p, cal)}" for p, label, cal in fits]
+    lines = [f"plan: {_word(setup, p, cal)} {label}: peak {_peak_text(p, cal)}" for p, label, cal in fits]
     short = [
         label + (f" ({_peak_text(p, cal)})" if cal is not None else "")
         for p, _, label, cal in judged

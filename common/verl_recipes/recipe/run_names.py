@@ -17,11 +17,14 @@ one GPU, and its figures are a rank's, never the whole job's.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+
+import yaml
 
 from verl_recipes import RecipeError
 from verl_recipes.layout import RankSpec
+from verl_recipes.recipe.metadata import Recipe
 
 RULE = "<gpu>x<n>-<algo>[-<variant>...][-l<L>][-cap<G>][-rank<R>of<N>][-<label>...][-<k>]"
 ALGOS = ("ppo", "grpo")
@@ -63,10 +66,19 @@ class RunName:
         return replace(self, repeat=None)
 
 
-def algorithm(default: str, variants: Iterable[str]) -> str:
-    """The algorithm a recipe runs with `variants`: the last variant named like an algorithm (the
-    one the name does not repeat), else the recipe's own."""
-    return next((v for v in reversed(list(variants)) if v in ALGOS), default)
+def algorithm(recipe: Recipe, variants: Sequence[str], sets: Iterable[str] = ()) -> str:
+    """The algorithm the job runs, as the name says it: verl's `algorithm.adv_estimator` after the
+    recipe's layers and `--set` (`gae` is PPO; verl's default is `gae`), read from the layers'
+    YAML without composing verl's config (the name is decided before the pre-flight composes)."""
+    estimator = "gae"
+    for path in recipe.config_files(list(variants)):
+        doc = yaml.safe_load(path.read_text()) or {}
+        value = (doc.get("algorithm") or {}).get("adv_estimator") if isinstance(doc, dict) else None
+        estimator = str(value) if value else estimator
+    for line in sets:
+        key, _, value = line.partition("=")
+        estimator = value.strip() if key.strip() == "algorithm.adv_estimator" else estimator
+    return "ppo" if estimator == "gae" else estimator
 
 
 def check_label(label: str) -> str:
