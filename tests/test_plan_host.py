@@ -425,7 +425,7 @@ def test_a_non_first_rank_builds_no_checkpoint_copy_on_its_host() -> None:
 
     s = tiny(False)
     exact = 2 * Arch.from_config(TINY).params()
-    r0, r1 = (plan_host(s.with_rank(r), ranks_here=1, pools_shared=True) for r in (0, 1))
+    r0, r1 = (plan_host(s.with_rank(RankSpec(r, s.world)), ranks_here=1, pools_shared=True) for r in (0, 1))
     assert _term(r0, "load", "actor checkpoint copy") == exact
     assert _term(r1, "load", "actor checkpoint copy") == 0
     assert r0.moment("load").pss - r1.moment("load").pss == exact
@@ -435,5 +435,5 @@ def test_a_non_first_rank_builds_no_checkpoint_copy_on_its_host() -> None:
     assert _term(plan_host(s), "load", "actor checkpoint copy") == exact
     tied = tiny(True)
     tied_exact = 2 * Arch.from_config({**TINY, "tie_word_embeddings": True}).params()
-    assert _term(plan_host(tied.with_rank(1), ranks_here=1), "load", "actor checkpoint copy") == tied_exact
+    assert _term(plan_host(tied.with_rank(RankSpec(1, tied.world)), ranks_here=1), "load", "actor checkpoint copy") == tied_exact
     assert _term(plan_host(tied), "load", "actor checkpoint copy") == 2 * tied_exact

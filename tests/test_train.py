@@ -473,9 +473,9 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     whole = _job("13b-fsdp", "--run-dir", str(tmp_path / "whole"))
     assert whole.rank is None and ENV_RANK not in launch_env(whole, {})
     assert run_record(whole, cfg, trainer_command(whole), {}, None)["rank_rehearsal"] is None
-    # decided and judged: the run folders are claimed (a lock file beside each), never made; the
-    # same job again is the configuration's repeat
-    assert not job.run_dir.exists() and not (tmp_path / "whole").exists()
+    # decided and judged: a named run folder is claimed (a lock file beside it), never made; the
+    # default one is made empty, and the same job again is the configuration's repeat
+    assert not any(job.run_dir.iterdir()) and not (tmp_path / "whole").exists()
     assert _job("13b-fsdp", "--rank", "3", "--gpus", "4").run_dir.name == "a100x1-ppo-rank3of4-preview-2"
 
 

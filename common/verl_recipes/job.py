@@ -19,10 +19,13 @@ from typing import Any
 from verl_recipes import GIB, RecipeError
 from verl_recipes.fixes import FIXES
 from verl_recipes.layout import RankSpec
+from verl_recipes.measure.provenance import gpus
+from verl_recipes.plan.verl_script import header
 from verl_recipes.predict.gpus import Budget, gpu_family_of
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import Composition, Layout, default_data_dir, gpu_layout
 from verl_recipes.recipe.run_names import RunName, algorithm, check_label, gpu_family
+from verl_recipes.recipe.verl_load import load_job
 from verl_recipes.workload import userpaths
 from verl_recipes.workload.arch import resolve_arch
 from verl_recipes.workload.synth import model_dir, shape_config
@@ -159,7 +162,6 @@ def trains_from_weights(recipe: Recipe, rank: RankSpec | None) -> bool:
 def local_gpus() -> tuple[int, float, str]:
     """This host's NVIDIA GPUs (NVML), the smallest one's memory in GiB and their family (`h200`);
     (0, 0.0, "") without any."""
-    from verl_recipes.measure.provenance import gpus
 
     devs = gpus().get("gpus") or []
     if not devs:
@@ -202,7 +204,6 @@ def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...
     """The recipe, its --set lines and its layout: a recipe id's, or a verl job's as its users
     write it (a script, a suite entry, a command line after `--`: `recipe.verl_job`), whose own
     overrides come before the user's --set lines and whose trainer.* keys are its layout."""
-    from verl_recipes.recipe.verl_load import load_job
 
     vjob = load_job(args.recipe, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
     if vjob is None:
@@ -215,7 +216,6 @@ def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...
     for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--smoke", args.smoke)):
         if given:
             raise RecipeError(f"{flag} applies to recipes; a verl job's layout is its trainer.* keys (--set)")
-    from verl_recipes.plan.verl_script import header
 
     print("\n".join(header(vjob)))  # what `plan` says above the same job
     return vjob.recipe, vjob.sets, vjob.layout

@@ -43,8 +43,14 @@ from verl_recipes import RecipeError, cli_types, inflight, procs, rundir
 from verl_recipes.fixes import ENV_FIXES_OFF
 from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
+from verl_recipes.measure import outcome
+from verl_recipes.measure.provenance import record
+from verl_recipes.plan.advice import closing_line
+from verl_recipes.predict.gpus import parse_gpu
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.preflight import Preflight, preflight
+from verl_recipes.stack.verify import print_checks, run_checks
+from verl_recipes.workload import dataset, synth, userpaths
 
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
 #: the trainer's entry point: verl's main_ppo behind the driver-side fixes
@@ -57,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
     From its first write (`write_run`) until the preview or the measure step is done, the run
     folder is marked incomplete (`userpaths.mark_incomplete`): a run stopped in between says so,
     and the same command again sets that attempt aside and starts over."""
-    from verl_recipes.measure import outcome
-    from verl_recipes.workload import userpaths
 
     job = decide(args)
     checked = preflight(job)
@@ -87,8 +91,6 @@ def write_run(job: Job, cfg: Any) -> None:
     its own), the folder marked incomplete first. command.sh carries what a GPU host needs to run
     the same job again, the rank rehearsal's variable included."""
     from omegaconf import OmegaConf
-
-    from verl_recipes.workload import userpaths
 
     userpaths.mark_incomplete(job.run_dir, job.run_dir_named)
     if job.resume:
@@ -148,8 +150,6 @@ def ensure_model(job: Job) -> Path:
     argv += ["--out", str(model.path)] + (["--layers", str(model.layers)] if model.layers else [])
     argv += [] if model.weights else ["--no-weights"]
     if model.device == "cpu":
-        from verl_recipes.workload import synth
-
         try:
             in_process(synth, argv)
         except RecipeError:
@@ -169,7 +169,6 @@ def ensure_model(job: Job) -> Path:
 def ensure_dataset(job: Job) -> Path:
     """The user's folder as given (checked up front, never written into), else the embedded
     dataset, made in the cache once and again only when it is not whole (`dataset.complete`)."""
-    from verl_recipes.workload import dataset
 
     if job.data_theirs:
         return job.data
@@ -196,7 +195,6 @@ def verify(job: Job, gate: bool) -> None:
     It runs in this process: its torch calls (the device count, NCCL's version) do not start
     CUDA here, so nothing of this process stays on the GPU the run measures, and the all-reduce
     runs in processes of its own."""
-    from verl_recipes.stack.verify import print_checks, run_checks
 
     checks = run_checks(job.recipe, allreduce=job.rank is None, weights=job.gpu_checkpoint_weights)
     print_checks(checks, indent="   " if not gate else "")
@@ -252,8 +250,6 @@ def closing(job: Job, setup: Setup) -> str:
     """The preview's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
     run for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
     job as asked does not, and the rank a GPU host runs for a rank rehearsal."""
-    from verl_recipes.plan.advice import closing_line
-    from verl_recipes.predict.gpus import parse_gpu
 
     gpu = parse_gpu(job.budgets[0].gpu if job.budgets else f"{job.recipe.gpus.per_gpu_gib:g}GiB")
     return closing_line(job.recipe, job.composition, setup, gpu, job.preview or "", job.rank)
@@ -281,7 +277,6 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
 def launch(job: Job, checked: Preflight) -> int:
     """On a GPU host: the host checked, the model and data made, then verl under the monitor;
     returns verl's exit code (the run folder holds everything measured)."""
-    from verl_recipes.workload import userpaths
 
     cfg = checked.cfg
     for msg in checked.lines:
@@ -334,8 +329,6 @@ def launch(job: Job, checked: Preflight) -> int:
 def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_util: float | None) -> dict[str, Any]:
     """The run's provenance: the host and stack (`measure.provenance.record`) and the job as it ran."""
     from omegaconf import OmegaConf
-
-    from verl_recipes.measure.provenance import record
 
     return record(
         cmd,

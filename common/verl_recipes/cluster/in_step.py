@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
@@ -46,7 +47,6 @@ def match_ifnames(spec: str, names: Sequence[str]) -> list[str]:
 
 def iface_ipv4(name: str) -> str | None:
     """The IPv4 address of an interface (SIOCGIFADDR), or None."""
-    import fcntl
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -301,7 +302,6 @@ _BATCH_SETS = {
 
 def _train_args(train_cmd: str) -> tuple[list[str], dict[str, str]]:
     """The --variant names and --set KEY=VALUE pairs of a `verl-recipes train` command line."""
-    import shlex
 
     try:
         words = shlex.split(train_cmd)

@@ -25,16 +25,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from verl_recipes import GIB, RecipeError
 from verl_recipes.layout import RankSpec
+from verl_recipes.paths import repo_root
+from verl_recipes.plan.layers import layout_of
+from verl_recipes.plan.runs import memory_run
 from verl_recipes.predict.gpus import GPU, Budget, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
-from verl_recipes.predict.knobs import Suggestion
+from verl_recipes.predict.knobs import Suggestion, path_to_fit
 from verl_recipes.predict.margin import FITS, TIGHT, margin
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.predict.setup import load_setup
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.recipe.run_config import Composition
+from verl_recipes.rundir import read_provenance
 
 PREDICTED_SCHEMA = "verl-recipes/predicted/1"
 
@@ -97,9 +104,6 @@ def calibrated(recipe: Recipe | None, variants: Sequence[str], s: Setup, gpu: GP
     the same memory), with the same GPU count, nodes, depth and parallel layout; a truncated plan
     (`--layers`), another `--gpus` or a `--set` of another TP or PP is another job.
     """
-    import yaml
-
-    from verl_recipes.plan.layers import layout_of
 
     if recipe is None:
         return None
@@ -149,13 +153,10 @@ def measured(recipe: Recipe | None, s: Setup, gpu: GPU, run: Any = None) -> Cali
     reliable: NVML's device peak over the whole run), or None. `run` is `plan.runs.memory_run`'s
     answer when the caller has it (finding it composes every committed run's config): a run that
     went without a fix of the start-up or of the step's time still held this job's memory."""
-    from verl_recipes.rundir import read_provenance
 
     if recipe is None:
         return None
     if run is None:
-        from verl_recipes.plan.runs import memory_run
-
         run = memory_run(s, recipe.id)
     if run is None or read_provenance(run.run_dir).cap_gib is not None:
         return None
@@ -203,7 +204,6 @@ def verdict_line(plan: GPUPlan, cal: Calibrated | None, root: Path | None = None
 
 
 def _rel(path: Path, root: Path | None) -> str:
-    from verl_recipes.paths import repo_root
 
     try:
         return str(path.resolve().relative_to((root or repo_root()).resolve()))
@@ -214,7 +214,6 @@ def _rel(path: Path, root: Path | None) -> str:
 def fitting_variants(recipe: Recipe | None, asked: Composition, gpu: GPU) -> list[VariantFit]:
     """The recipe's variants that fit `gpu` when added to the job's (or, where they do not compose
     with them, alone), composed as the job is otherwise, smallest peak first."""
-    from verl_recipes.predict.setup import load_setup
 
     if recipe is None:
         return []
@@ -252,7 +251,6 @@ def variant_line(f: VariantFit, gpu: GPU) -> str:
 def whole_fix(s: Setup, gpu: GPU, fixes_off: Sequence[str] = ()) -> str:
     """Every knob the planner's path to fit needs, as one set of `--set`s, with the peak and host
     RAM it leads to; or what no knob can do."""
-    from verl_recipes.predict.knobs import path_to_fit
 
     c = Constants()
     for more, where in ((False, f"on {s.world} GPU(s)"), (True, "with more GPUs")):

@@ -38,6 +38,7 @@ import yaml
 
 from verl_recipes import RecipeError, cli_types, inflight
 from verl_recipes.fixes import MERGE_FIX
+from verl_recipes.paths import repo_root
 from verl_recipes.plan.advice import (
     Advice,
     Calibrated,
@@ -53,6 +54,8 @@ from verl_recipes.plan.evidence import behind_line
 from verl_recipes.plan.layers import document, predict, render
 from verl_recipes.plan.render import Judgement, plan_json, render_text
 from verl_recipes.plan.runs import capped_runs, memory_run, rate_run, unpriced_runs
+from verl_recipes.plan.verl_script import compose_job, header, suite_plans, suite_table, with_summary
+from verl_recipes.predict.budgets import TOLERANCE, largest
 from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
 from verl_recipes.predict.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
@@ -61,8 +64,10 @@ from verl_recipes.predict.knobs import helpful, path_to_fit
 from verl_recipes.predict.margin import EXIT, TIGHT, Margin, margin
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 from verl_recipes.predict.setup import load_setup
+from verl_recipes.predict.speed import estimate
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.recipe.run_config import Composition
+from verl_recipes.recipe.verl_load import load_job
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -203,9 +208,6 @@ def run(args: argparse.Namespace) -> int:
     if args.errors:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if args.verl_examples:
-        from verl_recipes.paths import repo_root
-        from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
-
         rows = suite_plans()
         if not args.write:
             print(suite_table(rows), end="")
@@ -216,7 +218,6 @@ def run(args: argparse.Namespace) -> int:
         inflight.write_text(readme, text, "README.md")
         print(f"wrote {args.write} and {readme}'s table of verl's examples")
         return 0
-    from verl_recipes.recipe.verl_load import load_job
 
     vjob = load_job(args.target, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
     if vjob is not None:
@@ -259,7 +260,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
     """`plan` of a verl job: the header of what was mapped and not modelled, then the plan."""
-    from verl_recipes.plan.verl_script import compose_job, header
 
     for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--from-layers", args.from_layers)):
         if given:
@@ -392,8 +392,6 @@ def _headroom(
 def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = None) -> str:
     """`plan --budgets`: per GPU, the largest settings that fit (`predict.budgets`), the peaks with
     them, and the step they predict (`predict.speed`) with its cost per million tokens."""
-    from verl_recipes.predict.budgets import TOLERANCE, largest
-    from verl_recipes.predict.speed import estimate
 
     gib = 1024**3
     lines = [

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.plan.comm_fit import write_fit as write_comm_fit
@@ -105,7 +107,6 @@ def format_table(rows: list[Row], tolerance: float) -> str:
 
 def load_notes(root: Path) -> dict[tuple[str, str], str]:
     """(run folder, phase) -> why its error is what it is, from validation/planner-notes.yaml."""
-    import yaml
 
     path = root / "validation" / "planner-notes.yaml"
     if not path.is_file():

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from verl_recipes import RecipeError
 from verl_recipes.layout import RankSpec
 from verl_recipes.rundir import read_provenance
@@ -45,7 +47,6 @@ class Evidence:
 
 def behind(recipe: Any, variants: Sequence[str], world: int) -> list[Evidence]:
     """The committed bounds files of `recipe` measured for exactly these variants at `world` GPUs."""
-    import yaml
 
     out = []
     for name in getattr(recipe, "expected", []):

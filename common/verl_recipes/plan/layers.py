@@ -53,7 +53,8 @@ from verl_recipes.plan.runs import MeasuredRun, read_run, run_setup
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
-from verl_recipes.rundir import PROVENANCE, read_provenance
+from verl_recipes.rundir import PHASES as PHASES_LOG
+from verl_recipes.rundir import PROVENANCE, read_jsonl, read_provenance
 
 SCHEMA = "verl-recipes/predicted/1"
 
@@ -99,8 +100,6 @@ def _layout(s: Setup) -> str:
 def unfinished(run_dir: Path) -> set[str]:
     """verl's phases the run entered and did not finish (their end marker says ok false), in the
     planner's names: a run that died inside a phase measured only how far that phase got."""
-    from verl_recipes.rundir import PHASES as PHASES_LOG
-    from verl_recipes.rundir import read_jsonl
 
     path = run_dir / PHASES_LOG
     events = read_jsonl(path)[0] if path.is_file() else []

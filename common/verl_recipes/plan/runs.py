@@ -25,8 +25,12 @@ from typing import Any
 
 from verl_recipes import GIB, RecipeError, rundir
 from verl_recipes.fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
-from verl_recipes.predict.inputs import Setup
+from verl_recipes.paths import repo_root
+from verl_recipes.predict.inputs import Setup, setup_from_config
+from verl_recipes.predict.model import Arch
+from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
+from verl_recipes.workload.arch import arch_config_path
 
 
 @dataclass
@@ -93,7 +97,6 @@ def results_dir(recipe_dir: Path) -> Path:
 def committed_runs(root: Path | None = None, recipe: str | None = None) -> list[MeasuredRun]:
     """Every committed run of verl's trainer with a summary (of one recipe, with `recipe`), in path
     order; runs of another training loop are left out (module docstring)."""
-    from verl_recipes.paths import repo_root
 
     base = root or repo_root()
     pattern = f"recipes/{recipe or '*'}"
@@ -111,10 +114,6 @@ def run_setup(run: MeasuredRun) -> Any:
     path, else the recipe's bundled architecture)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.predict.inputs import setup_from_config
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.workload.arch import arch_config_path
-
     saved = run.run_dir / CONFIG
     if not saved.is_file():
         raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
@@ -125,8 +124,6 @@ def run_setup(run: MeasuredRun) -> Any:
             arch = Arch.from_file(cand)
             break
     else:
-        from verl_recipes.recipe.metadata import get_recipe
-
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     setup = setup_from_config(cfg, arch, run.fixes_off)
     rehearsal = run.provenance.rank_rehearsal
@@ -260,7 +257,6 @@ def capped_runs(s: Setup, recipe_id: str) -> list[MeasuredRun]:
     every fix on that changes the device's memory. They measure a card of the cap's size in memory
     only: their rate is the larger GPU's compute behind a smaller KV cache, a rate no card of that
     size has, so it prices nothing."""
-    from dataclasses import replace
 
     util = s.rollout.gpu_memory_utilization
     out = [

@@ -9,28 +9,32 @@ the layout) and, by name, each key the job sets that the planner does not model
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
+from verl_recipes.predict.gpus import parse_gpu
+from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
+from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.verl_keys import not_modelled
-from verl_recipes.recipe.verl_job import VerlJob
+from verl_recipes.recipe.run_config import compose_run
+from verl_recipes.recipe.verl_job import VerlJob, verl_job
+from verl_recipes.recipe.verl_suite import load_suite
 from verl_recipes.workload.arch import arch_config_path
 
 
 def compose_job(job: VerlJob, layers: int | None = None, fixes_off: Sequence[str] = ()) -> tuple[Any, Setup]:
     """(composed config, Setup) of the job, as `train` composes it."""
-    from verl_recipes.recipe.run_config import compose_run
 
     try:
         cfg = compose_run(job.recipe, [], list(job.sets), job.layout)
     except RecipeError as e:
         raise RecipeError(f"{job.source}: {e}") from None
     path = arch_config_path(job.arch)
-    import json
 
     arch = Arch.from_config(json.loads(path.read_text()), f"{job.arch}/config.json")
     if layers is not None:
@@ -53,7 +57,6 @@ TABLE = "table.md"
 
 
 def _gib(b: float) -> str:
-    from verl_recipes import GIB
 
     return f"{b / GIB:.1f}"
 
@@ -75,12 +78,6 @@ class Row:
 
 def suite_plans() -> list[Row]:
     """Every suite entry planned on TABLE_GPUS at its own GPU count (or its one line)."""
-    from verl_recipes import GIB
-    from verl_recipes.predict.gpus import parse_gpu
-    from verl_recipes.predict.host import plan_host
-    from verl_recipes.predict.phases import Constants, plan_gpu
-    from verl_recipes.recipe.verl_job import verl_job
-    from verl_recipes.recipe.verl_suite import load_suite
 
     gpus = [parse_gpu(g) for g in TABLE_GPUS]
     c = Constants()

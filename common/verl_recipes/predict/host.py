@@ -61,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from verl_recipes import GIB, RecipeError
@@ -700,8 +701,6 @@ def host_ram_warning(what: str, need: int, total: int | None = None) -> str | No
     cannot get the memory later.
     """
     if total is None:
-        import psutil
-
         total = int(psutil.virtual_memory().total)
     if total < need:
         return (

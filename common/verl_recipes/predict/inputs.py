@@ -21,7 +21,7 @@ verl/workers/engine/fsdp/transformer_impl.py):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl_recipes import RecipeError
@@ -161,7 +161,6 @@ class Setup:
     def with_rank(self, rank: RankSpec) -> Setup:
         """This Setup as `rank` of its job runs it: the rank, and its pipeline stage (megatron-core's
         rank order, `MegatronLayout.coordinates`) where the actor is pipelined."""
-        from dataclasses import replace
 
         a = self.actor
         if a.backend != "megatron" or a.pp <= 1:
@@ -553,7 +552,6 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
 
 
 def _replace(role: Role, **kw: Any) -> Role:
-    from dataclasses import replace
 
     return replace(role, **kw)
 

@@ -15,13 +15,17 @@ The composed config is saved unresolved (interpolations kept) and verl is starte
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError
+from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
+from verl_recipes.recipe.verl_schema import check_layer
 
 
 def verl_config_dir() -> Path:
@@ -43,7 +47,6 @@ def compose_verl(config_name: str) -> Any:
     config's name and every file's path, modification time and size); each caller gets its own
     copy. Hydra reads and merges some 30 YAML files for each composition, about a second, and
     `docs`, `plan` and a campaign compose a recipe many times over."""
-    import copy
 
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -121,8 +124,6 @@ def merge_strict(base: Any, delta: Any, source: str, lines: dict[str, str] | Non
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    from verl_recipes.recipe.verl_schema import check_layer
-
     OmegaConf.set_struct(base, True)
     _open_empty_nodes(base)
     try:
@@ -158,8 +159,6 @@ def check_passed_through(delta: Any, source: str) -> None:
     the checkpoint load have started; a typo would surface there as an AttributeError. The pinned
     provider's fields are committed (verl_recipes.recipe.provider_fields), so the check
     runs here, on any machine, before anything starts."""
-    from verl_recipes.paths import repo_root
-    from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
 
     found = [k.rsplit(".", 1) for k in _all_keys(delta) if k.count(".") and k.split(".")[-2] in PASSED_THROUGH]
     if not found:

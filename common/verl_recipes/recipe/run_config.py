@@ -18,6 +18,8 @@ from verl_recipes import rundir
 from verl_recipes.paths import cache_dir
 from verl_recipes.recipe.compose import compose_recipe
 from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.workload import reward
+from verl_recipes.workload.arch import arch_config_path
 
 #: what Ray runs at the start of every verl worker process (verl_recipes.worker.hooks).
 SETUP_HOOK = "verl_recipes.worker.hooks.setup"
@@ -79,9 +81,6 @@ def launcher_settings(
     """What the launcher owns in verl's config: paths, GPUs, steps, logging, the reward. Without
     `model` the recipe's bundled architecture folder stands in (planning needs no checkpoint)."""
     from omegaconf import OmegaConf
-
-    from verl_recipes.workload import reward
-    from verl_recipes.workload.arch import arch_config_path
 
     model = model or arch_config_path(recipe.model.arch).parent
 

@@ -14,6 +14,7 @@ communication time, no imbalance between ranks; its step time is a compute-only 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 from verl_recipes import RecipeError
 from verl_recipes.layout import JOB_POOLS, RankSpec, layout_of, pool_share, rollout_stand_in
+from verl_recipes.worker import megatron_rehearsal
 from verl_recipes.worker.import_hooks import after_import, replacing
 
 # --- the worker side: the fake process group -------------------------------------------------
@@ -73,7 +75,6 @@ def _rebind(source: str, name: str) -> Any:
     it was bound before `source` was patched."""
 
     def rebind(mod: ModuleType) -> None:
-        import importlib
 
         patched = getattr(importlib.import_module(source), name)
         if getattr(mod, name, None) is not patched:
@@ -367,7 +368,6 @@ def apply() -> RankSpec | None:
         "verl.single_controller.base.worker", _wrap("Worker._register_dispatch_collect_info", _make_register, spec)
     )
     after_import("torch.distributed", _wrap("broadcast_object_list", _make_broadcast_object_list, spec))
-    from verl_recipes.worker import megatron_rehearsal
 
     megatron_rehearsal.apply()
     return spec
