@@ -236,7 +236,8 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path: Path) -> 
     assert [p.returncode for p in procs] == [0, 0], results
     dirs = sorted(Path(out.splitlines()[0]) for out, _ in results)
     assert dirs[0] != dirs[1] and dirs[1].name == dirs[0].name + "-2", dirs
-    assert dirs[0].name.startswith("7b-lora-") and all(d.parent == tmp_path / "runs" for d in dirs)
+    # named by the rule (`job.run_name`): a preview here, judged for the recipe's 24 GiB card
+    assert dirs[0].name == "a10gx1-ppo-preview" and all(d.parent == tmp_path / "runs" / "7b-lora" for d in dirs)
     assert all((d / "verl_config.yaml").is_file() for d in dirs)
 
 

@@ -435,5 +435,8 @@ def test_a_non_first_rank_builds_no_checkpoint_copy_on_its_host() -> None:
     assert _term(plan_host(s), "load", "actor checkpoint copy") == exact
     tied = tiny(True)
     tied_exact = 2 * Arch.from_config({**TINY, "tie_word_embeddings": True}).params()
-    assert _term(plan_host(tied.with_rank(RankSpec(1, tied.world)), ranks_here=1), "load", "actor checkpoint copy") == tied_exact
+    assert (
+        _term(plan_host(tied.with_rank(RankSpec(1, tied.world)), ranks_here=1), "load", "actor checkpoint copy")
+        == tied_exact
+    )
     assert _term(plan_host(tied), "load", "actor checkpoint copy") == 2 * tied_exact
