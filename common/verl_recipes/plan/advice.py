@@ -85,6 +85,25 @@ def _gib(b: float) -> str:
     return f"{b / GIB:.1f}"
 
 
+_EXPECTED: dict[tuple[str, int, int], Any] = {}
+
+
+def _expected_doc(path: Path) -> Any:
+    """A committed expected/*.yaml, parsed once per process while it is unchanged (the key is its
+    path, modification time and size): `docs` asks `calibrated` for every recipe, variant and GPU,
+    and each call reads every file of the recipe. Callers only read it."""
+    import yaml
+
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _EXPECTED:
+        try:
+            _EXPECTED[key] = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    return _EXPECTED[key]
+
+
 def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Calibrated | None:
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
@@ -92,15 +111,10 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
     the same memory), with the same GPU count, nodes and depth; a truncated plan (`--layers`) or
     another `--gpus` is another job.
     """
-    import yaml
-
     if recipe is None:
         return None
     for path in sorted((recipe.dir / "expected").glob("*.yaml")):
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        doc = _expected_doc(path)
         if not isinstance(doc, dict) or doc.get("schema") != PREDICTED_SCHEMA:
             continue
         t = doc.get("target") or {}

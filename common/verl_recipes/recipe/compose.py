@@ -16,6 +16,7 @@ The composed config is saved unresolved (interpolations kept) and verl is starte
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,10 +166,67 @@ def load_delta(path: Path) -> Any:
     from omegaconf import OmegaConf
 
     try:
-        delta = OmegaConf.load(path)
+        delta = load_config(path)
     except Exception as e:  # yaml errors come in several types
         raise RecipeError(f"{path}: not valid YAML: {e}") from None
     return delta if delta is not None else OmegaConf.create({})
+
+
+@functools.cache
+def _fast_loader() -> Any:
+    """OmegaConf's YAML loader (its float and duplicate-key rules, no timestamps) on libyaml's
+    parser, where PyYAML was built with it; else OmegaConf's own."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    slow = get_yaml_loader()
+    try:
+        from yaml.cyaml import CParser  # type: ignore[attr-defined]
+    except ImportError:
+        return slow
+
+    class Loader(CParser, slow):  # type: ignore[misc,valid-type]
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+    return Loader
+
+
+def load_config(path: Path) -> Any:
+    """`OmegaConf.load(path)`, the same config, parsed in C: a saved verl config is 1,000 lines, and
+    the pure-Python parser takes most of the time `docs` and `plan` spend reading committed runs.
+    A file that does not parse is read again by OmegaConf itself, for its own error message."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    try:
+        obj = yaml.load(path.read_text(encoding="utf-8"), Loader=_fast_loader())
+    except yaml.YAMLError:
+        return OmegaConf.load(path)
+    if obj is not None and not isinstance(obj, (list, dict, str)):
+        return OmegaConf.load(path)  # OmegaConf's own error for a scalar document
+    return OmegaConf.create() if obj is None else OmegaConf.create(obj)
+
+
+_SAVED: dict[tuple[str, int, int], Any] = {}
+
+
+def saved_config(path: Path) -> Any:
+    """A run's saved verl_config.yaml, read once per process while the file is unchanged (the key
+    is its path, modification time and size): `plan` reads every committed run of the recipe for
+    its verdict and again for its cost line, `docs` for each results row and its drift. Read-only,
+    since every reader shares it."""
+    from omegaconf import OmegaConf
+
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _SAVED:
+        cfg = load_config(path)
+        OmegaConf.set_readonly(cfg, True)
+        _SAVED[key] = cfg
+    return _SAVED[key]
 
 
 def parse_sets(sets: Iterable[str]) -> Any:

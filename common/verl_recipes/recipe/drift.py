@@ -44,8 +44,10 @@ def drift(recipe: Recipe, run_dir: Path) -> list[tuple[str, Any, Any]]:
     """(key, the recipe's value now, the run's value) for each key that differs in what ran."""
     from omegaconf import OmegaConf  # verl's config library: not at import (the recipe wing's rule)
 
+    from verl_recipes.recipe.compose import saved_config
+
     prov = read_provenance(run_dir)
-    cfg = OmegaConf.load(run_dir / CONFIG)
+    cfg = saved_config(run_dir / CONFIG)  # read-only, shared with the planner's reads of the run
     has_critic = OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
     ignored_critic = CRITIC_BATCHING_FIX in recorded_off(prov)
     named = {str(s).split("=", 1)[0].lstrip("+~") for s in prov.sets}  # the run's own --set, named already
