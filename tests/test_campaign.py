@@ -70,8 +70,8 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
     import shlex
 
     from verl_recipes import train
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
+    from verl_recipes.job import recipe_sets_layout
+    from verl_recipes.recipe.run_config import compose_run
 
     parser = argparse.ArgumentParser()
     train.register(parser.add_subparsers())
@@ -92,12 +92,12 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
             assert (root / words[1]).is_file(), f"{campaign}: {name}: no {words[1]}"
             continue
         args = parser.parse_args(["train", *words])
-        recipe = get_recipe(args.recipe)
-        layout = gpu_layout(recipe, args.gpus, args.smoke)
+        args.rest = []
+        recipe, sets, layout = recipe_sets_layout(args)  # a recipe id, or a verl job (--verl-example)
         cfg = compose_run(
             recipe,
             args.variant,
-            args.sets,
+            list(sets),
             layout,
             model=Path("/m"),
             data=Path("/d"),
@@ -271,3 +271,17 @@ def test_a_campaign_that_cannot_start_is_refused_at_once_and_one_that_ends_early
     assert w.returncode == 0 and time.monotonic() - t0 < 30
     assert "CAMPAIGN typo ENDED EARLY (exit 2)" in w.stdout
     assert w.stdout.strip().endswith("CAMPAIGN DONE")
+
+
+@pytest.mark.parametrize(
+    "campaign", sorted(p.name for p in [*CAMPAIGNS.glob("7b-prod*.txt"), CAMPAIGNS / "7b-learn.txt"])
+)
+def test_the_prod_batch_campaigns_name_their_runs_by_the_rule(campaign: str) -> None:
+    """A line's name is the run folder its results are committed under, so it follows the rule
+    (recipe/run_names.py) with the recipe's variants, the card it is written for first."""
+    from verl_recipes.recipe.metadata import get_recipe
+    from verl_recipes.recipe.run_names import parse_run_name
+
+    variants = get_recipe("7b-lora").variants
+    for name, _, _, _ in _campaign_lines(CAMPAIGNS / campaign):
+        assert parse_run_name(name, variants).n == 1, f"{campaign}: {name}"

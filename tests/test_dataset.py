@@ -19,7 +19,7 @@ from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.workload.arch import resolve_arch
 from verl_recipes.workload.dataset import DATA_SOURCE, build, write
-from verl_recipes.workload.reward import compute_score, extract_answer
+from verl_recipes.workload.reward import compute_score, compute_text_score, extract_answer, text_share
 from verl_recipes.workload.synth import build_tokenizer, hf_config, shape_config
 
 REWARD_KEYS = {"reward.custom_reward_function.path": "pkg://verl_recipes.workload.reward",
@@ -154,3 +154,45 @@ def test_reward_file_loads_without_the_package() -> None:
 
     fn = load_extern_object(module_path=reward.__file__, object_name="compute_score")
     assert fn is not compute_score and fn("x", "#### 12", "12") == 1.0  # type: ignore[operator]
+
+
+def test_text_share_counts_the_characters_outside_filler_ids() -> None:
+    assert text_share("Ana has 3 apples. #### 3") == 1.0
+    assert text_share("<|reserved_12|><|reserved_7|>") == 0.0
+    assert text_share("ab<|reserved_0|>") == pytest.approx(2 / 16)  # the filler is 14 characters
+    assert text_share("") == 0.0  # an empty answer writes no text
+    assert compute_text_score(DATA_SOURCE, "no filler here", "12") == 1.0
+    assert compute_score(DATA_SOURCE, "no filler here", "12") == 0.0  # the default is unchanged
+
+
+def test_a_random_models_answers_score_on_the_text_reward_from_the_start(tokenizer: tuple[str, Any]) -> None:
+    """Uniform draws over the vocabulary, as a random model samples them, decoded as verl's reward
+    manager decodes them (skip_special_tokens), 64 tokens an answer: some answers score above 0,
+    none near 1, and most groups of 8 differ (a group of equal scores teaches GRPO nothing);
+    answers of learned tokens score 1. Qwen2's 151,936 ids leave the fewest learned ones."""
+    import random
+
+    _, tok = tokenizer
+    vocab = len(tok)
+    learned = [i for i in range(vocab) if not tok.convert_ids_to_tokens(i).startswith("<|reserved_")]
+    rng = random.Random(0)
+    answers = [tok.decode([rng.randrange(vocab) for _ in range(64)], skip_special_tokens=True) for _ in range(256)]
+    scores = [compute_text_score(DATA_SOURCE, a, "0") for a in answers]
+    assert 0.0 < max(scores) < 0.5 and sum(s > 0 for s in scores) >= len(scores) // 8, scores
+    groups = [scores[i : i + 8] for i in range(0, len(scores), 8)]
+    assert sum(len(set(g)) > 1 for g in groups) >= len(groups) * 3 // 4
+    text = tok.decode([rng.choice(learned) for _ in range(64)], skip_special_tokens=True)
+    assert compute_text_score(DATA_SOURCE, text, "0") == 1.0, text
+
+
+def test_verls_loader_finds_the_text_reward_by_the_name_a_recipe_layer_gives() -> None:
+    import verl_recipes.workload.reward as reward
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    cfg = OmegaConf.create(
+        {"reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_text_score"}}}
+    )
+    fn = get_custom_reward_fn(cfg)
+    assert fn is not None
+    kw = {"data_source": DATA_SOURCE, "ground_truth": "3", "extra_info": {}}
+    assert fn(solution_str="x<|reserved_1|>", **kw) == pytest.approx(1 / 15)

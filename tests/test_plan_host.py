@@ -38,7 +38,7 @@ from verl_recipes.predict.host import (
     run_label,
     sleep_level,
 )
-from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
 from verl_recipes.recipe.compose import compose_verl, merge_strict, parse_sets
 from verl_recipes.rundir import read_provenance
@@ -402,3 +402,32 @@ def test_a_rehearsed_rank_that_shares_the_jobs_pools_holds_one_worker_of_each() 
     assert whole.base_rss - shared.base_rss == less
     assert whole.base_pss - shared.base_pss == less - 21 * c.pool_worker_shared_bytes
     assert plan_host(s, pools_shared=True).moment("train").base_rss == plan_host(s).moment("train").base_rss
+
+
+def test_a_non_first_rank_builds_no_checkpoint_copy_on_its_host() -> None:
+    """verl's FSDP engine builds each model with `from_pretrained` on the CPU on rank 0 and on the
+    meta device on every other rank, which receives its shards from rank 0's broadcast; with tied
+    embeddings every rank loads (`get_init_weight_context_manager`). A rank rehearsal's host runs
+    one rank with a rank's share of the job's pools. By hand, the tiny Llama on 2 GPUs in bf16
+    (2 bytes a parameter): rank 0 holds the checkpoint copy while it loads, rank 1 none and
+    otherwise the same host; tied, each rank holds one copy, and node 0 of the job two."""
+
+    def tiny(tied: bool) -> Setup:
+        sets = [*BASE, "trainer.n_gpus_per_node=2", "data.train_batch_size=4"]
+        cfg = merge_strict(compose_verl("ppo_trainer"), parse_sets(sets), "t")
+        return setup_from_config(cfg, Arch.from_config({**TINY, "tie_word_embeddings": tied}))
+
+    s = tiny(False)
+    exact = 2 * Arch.from_config(TINY).params()
+    r0, r1 = (plan_host(s.with_rank(r), ranks_here=1, pools_shared=True) for r in (0, 1))
+    assert _term(r0, "load", "actor checkpoint copy") == exact
+    assert _term(r1, "load", "actor checkpoint copy") == 0
+    assert r0.moment("load").pss - r1.moment("load").pss == exact
+    for moment in ("first sync", "train", "update_weights"):
+        assert r0.moment(moment).pss == r1.moment(moment).pss, moment
+    # node 0 of the real job: rank 0 loads, rank 1 beside it does not
+    assert _term(plan_host(s), "load", "actor checkpoint copy") == exact
+    tied = tiny(True)
+    tied_exact = 2 * Arch.from_config({**TINY, "tie_word_embeddings": True}).params()
+    assert _term(plan_host(tied.with_rank(1), ranks_here=1), "load", "actor checkpoint copy") == tied_exact
+    assert _term(plan_host(tied), "load", "actor checkpoint copy") == 2 * tied_exact

@@ -251,3 +251,50 @@ print(json.dumps({"received": objs, "sent": mine}))
     assert asked.returncode == 0, asked.stderr[-2000:]
     got = json.loads(asked.stdout.strip().splitlines()[-1])
     assert got == {"received": [{"shape": [3, 4]}], "sent": [{"from": "rank 1"}]}
+
+
+def _fsdp_probe() -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "common")}
+    env.pop(ENV_RANK, None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "fixtures" / "fsdp_rank_probe.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+
+
+def test_every_rank_builds_every_fsdp_model_verl_builds() -> None:
+    """verl's FSDP model build as rank 0 and rank 1 of two under the fake group: actor, critic and
+    reference, LoRA and full, FSDP2 and FSDP1, tied embeddings. Rank 1 receives rank 0's key list
+    (it computes it) and runs torch's own broadcast path: its shards are its own 1/2 at the sizes
+    rank 0's are, finite, and a forward (and backward) runs; the two ranks together hold each
+    FSDP2 model exactly once. The control is rank 1 without that list: verl's load fails with the
+    error a GPU host met on the 13B critic. One process builds all 19 (about 15 s: torch,
+    transformers, peft and verl import once)."""
+    pytest.importorskip("verl")
+    pytest.importorskip("peft")
+    out = _fsdp_probe()
+    views = {(v["case"], v["rank"]): v for v in out if not v["control"]}
+    cases = sorted({case for case, _ in views})
+    assert len(cases) == 9 and len(views) == 18
+    for case in cases:
+        r0, r1 = views[(case, 0)], views[(case, 1)]
+        for v in (r0, r1):
+            assert v["ok"], v
+            assert (v["on_meta"], v["nonfinite"], v["finite_forward"]) == (0, 0, True), v
+        assert r0["full_numel"] == r1["full_numel"] > 0
+        if case.endswith("fsdp1"):
+            # flat parameters: each rank holds the same padded half
+            assert r0["dtensors"] == 0 and r0["local_numel"] == r1["local_numel"] >= r0["full_numel"] / 2
+        else:
+            assert r0["dtensors"] == r1["dtensors"] > 0
+            assert r0["local_numel"] + r1["local_numel"] == r0["full_numel"], case
+    # the value head (one row) lives on rank 0 alone: rank 1's critic is smaller by exactly it
+    assert views[("critic-full-fsdp2", 0)]["local_numel"] - views[("critic-full-fsdp2", 1)]["local_numel"] == 65
+    (control,) = [v for v in out if v["control"]]
+    assert control["rank"] == 1 and not control["ok"]
+    assert "got mixed torch.Tensor and DTensor" in control["error"]

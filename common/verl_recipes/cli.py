@@ -99,7 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: `verl-recipes {argv[0]}` is the old name of `verl-recipes {ALIASES[argv[0]]}`", file=sys.stderr)
         argv[0] = ALIASES[argv[0]]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # plan's and train's words after `--` are a command line of their own (`plan -- python3 -m
+    # verl.trainer.main_ppo ...`, or a verl script's `$@`): handed to them whole (`rest`)
+    tail = argv[argv.index("--") + 1 :] if argv[:1] in (["plan"], ["train"]) and "--" in argv else None
+    args = parser.parse_args(argv[: argv.index("--")] if tail is not None else argv)
+    if tail is not None:
+        args.rest = [*args.rest, *tail]
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

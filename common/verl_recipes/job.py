@@ -137,15 +137,36 @@ def local_gpus() -> tuple[int, float]:
     return len(devs), min(d["memory_total_bytes"] for d in devs) / GIB
 
 
+def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...], Layout]:
+    """The recipe, its --set lines and its layout: a recipe id's, or a verl job's as its users
+    write it (a script, a suite entry, a command line after `--`: `recipe.verl_job`), whose own
+    overrides come before the user's --set lines and whose trainer.* keys are its layout."""
+    from verl_recipes.recipe.verl_load import load_job
+
+    vjob = load_job(args.recipe, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
+    if vjob is None:
+        if args.rest:
+            raise RecipeError(f"{args.recipe} {' '.join(args.rest)}: one recipe; a verl command goes after --")
+        if not args.recipe:
+            raise RecipeError("give a recipe id, a verl script (--verl-script PATH) or --verl-example NAME")
+        recipe = get_recipe(args.recipe)
+        return recipe, tuple(args.sets), gpu_layout(recipe, args.gpus, args.smoke)
+    for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--smoke", args.smoke)):
+        if given:
+            raise RecipeError(f"{flag} applies to recipes; a verl job's layout is its trainer.* keys (--set)")
+    for line in (f"verl job: {vjob.source}", *(f"mapped: {m}" for m in vjob.mapped)):
+        print(line)
+    return vjob.recipe, vjob.sets, vjob.layout
+
+
 def decide(args: argparse.Namespace) -> Job:
     """The job the command line asks for on this host; refuses in one line what cannot run."""
     from verl_recipes.workload import userpaths
 
-    recipe = get_recipe(args.recipe)
+    recipe, sets, layout = recipe_sets_layout(args)
     bad_fix = next((f for f in args.verl_fix_off if f not in FIXES), None)
     if bad_fix:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
-    layout = gpu_layout(recipe, args.gpus, args.smoke)
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -202,7 +223,7 @@ def decide(args: argparse.Namespace) -> Job:
     return Job(
         recipe=recipe,
         variants=tuple(args.variant),
-        sets=tuple(args.sets),
+        sets=sets,
         layout=layout,
         model=model,
         data=args.data or default_data_dir(),

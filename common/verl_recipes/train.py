@@ -349,6 +349,9 @@ def launch_env(job: Job, env: dict[str, str]) -> dict[str, str]:
         rundir.RUN_DIR_ENV: str(job.run_dir),
         "VERL_FILE_LOGGER_PATH": str(job.run_dir / rundir.VERL_METRICS),
         "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "disabled"),
+        # verl's TensorBoard logger writes here (a verl job's wandb/mlflow loggers map to it), not
+        # into the folder `train` was started from
+        "TENSORBOARD_DIR": env.get("TENSORBOARD_DIR", str(job.run_dir / "tensorboard")),
         "PYTHONUNBUFFERED": "1",
     }
     if job.cap_scale is not None:
@@ -386,7 +389,12 @@ def _env_path(name: str) -> Path | None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run a recipe: rehearse on CPU, train with verl on GPU")
-    p.add_argument("recipe")
+    p.add_argument("recipe", nargs="?", help="recipe id, or a verl script (.sh) as its users write it")
+    p.add_argument(
+        "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
+    )
+    p.add_argument("--verl-script", type=Path, metavar="PATH", help="a verl job's bash script, as its users write it")
+    p.add_argument("--verl-example", metavar="NAME", help="a verl example of validation/verl-examples/suite.yaml")
     p.add_argument("--variant", action="append", default=[], help="variant from recipe.yaml; repeatable")
     p.add_argument(
         "--set",

@@ -7,4 +7,5 @@ set -euo pipefail
 run=${1:?usage: gpu/probes/rollout-bench.sh RUN_DIR RECIPE [ARGS...]}
 shift
 mkdir -p "$run"
-verl-recipes rollout-bench "$@" --calls 3 --out "$run/rollout-bench.json"
+# three timed calls unless the arguments name their own --calls (the last one given counts)
+verl-recipes rollout-bench --calls 3 "$@" --out "$run/rollout-bench.json"

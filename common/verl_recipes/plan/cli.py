@@ -5,6 +5,9 @@
     verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
     verl-recipes plan --errors [--tolerance 0.10] [--allow-empty]
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100x32-ppo.yaml
+    verl-recipes plan run_qwen2-7b.sh [-- KEY=VALUE ...]      (a verl script as written; also --verl-script)
+    verl-recipes plan --verl-example grpo-qwen3-8b             (an entry of validation/verl-examples/suite.yaml)
+    verl-recipes plan -- python3 -m verl.trainer.main_ppo KEY=VALUE ...
 
 A recipe id is composed exactly as `verl-recipes train` composes it (verl's Hydra config, the
 recipe's deltas and variants, the recipe's GPU count or `--gpus`, then `--set`; `--layers` truncates the
@@ -51,7 +54,17 @@ from verl_recipes.predict.setup import load_setup
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
-    p.add_argument("target", nargs="?", help="recipe id, or a path to a config.yaml of deltas")
+    p.add_argument("target", nargs="?", help="recipe id, a path to a config.yaml of deltas, or a verl script (.sh)")
+    p.add_argument(
+        "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
+    )
+    p.add_argument("--verl-script", type=Path, metavar="PATH", help="a verl job's bash script, as its users write it")
+    p.add_argument("--verl-example", metavar="NAME", help="a verl example of validation/verl-examples/suite.yaml")
+    p.add_argument(
+        "--verl-examples",
+        action="store_true",
+        help="the table of every verl example of the suite (with --write: validation/verl-examples/table.md)",
+    )
     p.add_argument("--variant", action="append", default=[], help="a recipe variant (repeatable)")
     p.add_argument(
         "--gpu",
@@ -79,6 +92,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         default=[],
         metavar="NAME",
         help=f"plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: {MERGE_FIX})",
+    )
+    p.add_argument(
+        "--budgets",
+        action="store_true",
+        help="the largest token budgets and vLLM settings that fit each --gpu, as --set lines, with the "
+        "step they predict (verl_recipes.predict.budgets, .speed)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
@@ -169,8 +188,29 @@ def run(args: argparse.Namespace) -> int:
         print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
     if args.errors or args.errors_old_name:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
+    if args.verl_examples:
+        from verl_recipes.paths import repo_root
+        from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
+
+        rows = suite_plans()
+        if not args.write:
+            print(suite_table(rows), end="")
+            return 0
+        readme = repo_root() / "README.md"
+        text = with_summary(readme.read_text(), rows)  # refused before anything is written
+        inflight.write_text(args.write, suite_table(rows), "the table")
+        inflight.write_text(readme, text, "README.md")
+        print(f"wrote {args.write} and {readme}'s table of verl's examples")
+        return 0
+    from verl_recipes.recipe.verl_load import load_job
+
+    vjob = load_job(args.target, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
+    if vjob is not None:
+        return _verl_job(args, vjob)
+    if args.rest:
+        raise RecipeError(f"{args.target} {' '.join(args.rest)}: one recipe or file; a verl command goes after --")
     if not args.target:
-        raise RecipeError("give a recipe id or a config.yaml path (or --errors)")
+        raise RecipeError("give a recipe id, a config.yaml path or a verl script (or --errors)")
     if args.gpus is not None and args.gpus < 1:
         raise RecipeError(f"--gpus {args.gpus}: give at least 1")
     label, s, recipe = load_setup(
@@ -185,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.from_layers:
         return _from_layers(args, s)
+    if args.budgets:
+        print(budgets_text(label, s, [parse_gpu(g) for g in args.gpu] or [catalogue()["h100-80g"]], args.provider))
+        return 0
     if args.write:
         raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
@@ -192,6 +235,29 @@ def run(args: argparse.Namespace) -> int:
     text, fits = judge(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off, job)
     print(text)
     # a gate: with --gpu, exit 1 unless the job fits every GPU named (without it, plan only informs)
+    return 0 if not gpus or all(fits.values()) else 1
+
+
+def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
+    """`plan` of a verl job: the header of what was mapped and not modelled, then the plan."""
+    from verl_recipes.plan.verl_script import compose_job, header
+
+    for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--from-layers", args.from_layers)):
+        if given:
+            raise RecipeError(f"{flag} applies to recipes; a verl job sets its layout with trainer.* (--set)")
+    if args.write:
+        raise RecipeError("--write goes with --errors or --from-layers")
+    _, s = compose_job(vjob, args.layers, args.verl_fix_off)
+    gpus = [parse_gpu(g) for g in args.gpu]
+    label = f"{vjob.name}" + (f" at {args.layers} layer(s)" if args.layers else "")
+    text, fits = judge(label, s, None, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off)
+    lines = header(vjob)
+    if args.json:
+        doc = json.loads(text)
+        doc["verl_job"] = {"source": vjob.source, "mapped": list(vjob.mapped), "header": lines}
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\n".join([*lines, "", text]))
     return 0 if not gpus or all(fits.values()) else 1
 
 
@@ -268,6 +334,53 @@ def judge(
     if as_json:
         return json.dumps(plan_json(j), indent=2), fits
     return render_text(j), fits
+
+
+def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = None) -> str:
+    """`plan --budgets`: per GPU, the largest settings that fit (`predict.budgets`), the peaks with
+    them, and the step they predict (`predict.speed`) with its cost per million tokens."""
+    from verl_recipes.predict.budgets import TOLERANCE, largest
+    from verl_recipes.predict.speed import estimate
+
+    gib = 1024**3
+    lines = [
+        f"budgets: {label}: the largest that fit, every trainer term taken {TOLERANCE:.0%} larger "
+        "(PREDICTED; verl_recipes/predict/budgets.py)"
+    ]
+    offers = load_prices(prices_file())
+    for g in gpus:
+        b = largest(s, g)
+        lines.append(f"{g.id}:")
+        lines += [f"  --set {x}" for x in b.sets()]
+        peaks = ", ".join(f"{p.phase} {p.total / gib:.1f}" for p in b.plan.phases)
+        lines.append(f"  peaks with them, GiB of {g.visible_gib:.1f}: {peaks}; KV cache {b.plan.kv_tokens:,} tokens")
+        if not (g.bandwidth and g.bf16_flops):
+            lines.append("  step: no bandwidth or bf16 rate for this card in predict/gpus.yaml")
+            continue
+        e = estimate(b.applied(s), g)
+        d, pr = e.decode, e.priors
+        lines.append(
+            f"  decode roofline: {d.concurrent} sequences at once, {d.step_ms:.1f} ms a decode step (weights + KV "
+            f"read / {g.bandwidth / 1e12:.2f} TB/s), {d.tokens_per_s:,.0f} generated tokens/s, "
+            f"{d.rollout_s:.0f} s for {d.sequences} x {d.response_tokens} tokens"
+        )
+        phases = ", ".join(f"{k} {v:.0f} s" for k, v in e.phases.items())
+        lines.append(
+            f"  step, PREDICTED (decode at {pr.decode_efficiency:.0%} of the roofline, training at "
+            f"{pr.train_mfu:.0%} of {g.bf16_flops / 1e12:.0f} TFLOPS, every sequence at full length): {phases}; "
+            f"{e.step_s:.0f} s a step, {e.tokens:,} tokens, {e.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; "
+            f"a run of 2 / 3 / 4 steps with a {pr.start_s:.0f} s start: "
+            + " / ".join(f"{e.run_s(n):.0f}" for n in (2, 3, 4))
+            + " s"
+        )
+        o = pick_offer(offers, g.id, provider)
+        if o is not None:
+            c = compute_cost(o, s.world, e.tokens_per_s_per_gpu * s.world, e.tokens)
+            lines.append(
+                f"  cost at that rate, PREDICTED: ${c.usd_per_million_tokens:.2f} per million tokens, "
+                f"${c.usd_per_step:.3f} a step at {o.provider} ${o.usd_per_gpu_hour}/GPU-h ({o.date}, {o.source})"
+            )
+    return "\n".join(lines)
 
 
 def _from_layers(args: argparse.Namespace, s: Setup) -> int:

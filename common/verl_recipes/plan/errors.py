@@ -36,6 +36,7 @@ from pathlib import Path
 
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
+from verl_recipes.plan.comm_fit import write_fit as write_comm_fit
 from verl_recipes.plan.host_fits import write_fits
 from verl_recipes.plan.host_runs import format_rows, host_rows
 from verl_recipes.plan.host_runs import markdown as host_markdown
@@ -142,6 +143,9 @@ def main_errors(
 ) -> int:
     if not 0 < tolerance < 1:
         raise RecipeError(f"--tolerance {tolerance}: give a fraction such as 0.10")
+    if write is not None:  # the FSDP communicator fit first: the device rows are planned with it
+        comm_file = write_comm_fit(root or repo_root())
+        print(f"wrote {comm_file}" if comm_file else "communicator fit: its runs are not in this checkout")
     rows, ok = error_rows(root, tolerance)
     if not rows:
         msg = "plan --errors: no measured runs found (recipes/*/results/*/summary.json); the planner is unchecked"

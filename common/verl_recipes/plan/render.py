@@ -68,7 +68,8 @@ def _constants_line(c: Constants) -> str:
     src = f"fitted from {', '.join(c.fitted_from)}" if c.fitted_from else "priors, not yet fitted to measured runs"
     return (
         f"constants ({src}): CUDA context {c.cuda_context_bytes / GIB:.2f} GiB/process, vLLM CUDA graphs "
-        f"{c.vllm_graph_bytes / GIB:.2f} GiB, NCCL {c.nccl_bytes_per_communicator / GIB:.3f} GiB/communicator"
+        f"{c.vllm_graph_bytes / GIB:.2f} GiB, NCCL {c.nccl_bytes_per_communicator / GIB:.3f} GiB/communicator "
+        "(vLLM, Megatron)"
     )
 
 
@@ -180,10 +181,32 @@ def host_lines(hp: HostPlan) -> list[str]:
     return out
 
 
+#: the prefix of the FSDP process group's terms (`phases._group_terms`, `predict.fsdp_comm`)
+GROUP_PREFIX = "trainer NCCL"
+
+
+def group_lines(j: Judgement) -> list[str]:
+    """What the real job's process group adds to every phase of a rank, per communicator: the part a
+    rank rehearsal (`train --rank`, the fake group) cannot allocate, so its figure is the rest."""
+    p = j.plans[0]
+    terms = [t for t in p.peak.terms if t.name.startswith(GROUP_PREFIX) and t.bytes]
+    if not terms:
+        return []
+    group = sum(t.bytes for t in terms)
+    out = [
+        f"real process group, per rank, PREDICTED: {group / GIB:.2f} GiB in every phase; a rank rehearsal allocates "
+        f"none of it: its figure is the plan's less this ({(p.peak.total - group) / GIB:.2f} + "
+        f"{group / GIB:.2f} = {p.peak.total / GIB:.2f} GiB at {p.peak.phase} on {p.gpu.id})"
+    ]
+    return out + [f"  {t.name[len('trainer ') :]}: {t.bytes / GIB:.2f} GiB" for t in terms]
+
+
 def render_text(j: Judgement) -> str:
     out = [f"plan: {j.label}", *describe(j.setup), _constants_line(j.constants), ""]
     out += _peak_table(j)
     out += ["", *_dominant_terms(j.plans[0]), ""]
+    group = group_lines(j)
+    out += [*group, ""] if group else []
     out += _verdict_lines(j)
     out += ["", *host_lines(j.host)]
     if j.cost_lines:
@@ -294,6 +317,13 @@ def plan_json(j: Judgement) -> dict[str, Any]:
         "host": host_json(j.host),
         "cost": j.cost_json,
     }
+    group = [t for t in j.plans[0].peak.terms if t.name.startswith(GROUP_PREFIX) and t.bytes]
+    if group:  # what a rank rehearsal's fake group cannot allocate, in every phase
+        js["real_process_group"] = {
+            "rehearsal_allocates": False,
+            "bytes": sum(t.bytes for t in group),
+            "terms": [{"name": t.name, "bytes": t.bytes} for t in group],
+        }
     if j.behind:
         js["behind"] = j.behind
     return js

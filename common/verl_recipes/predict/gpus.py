@@ -29,6 +29,8 @@ class GPU:
     visible_bytes: int
     source: str = ""
     nvml_names: tuple[str, ...] = ()  # what NVML calls this card: a run is matched to it by these
+    bandwidth: float | None = None  # peak memory bytes/s (the vendor's page): the decode roofline
+    bf16_flops: float | None = None  # peak dense bf16 FLOP/s: the step-time prediction
 
     def runs_as(self, nvml_name: str | None) -> bool:
         """Whether a run on the device NVML named `nvml_name` ran on this card."""
@@ -53,6 +55,8 @@ def catalogue() -> dict[str, GPU]:
             visible_bytes=visible,
             source=e["source"],
             nvml_names=tuple(str(n) for n in e.get("nvml_names") or ()),
+            bandwidth=float(e["memory_bandwidth_bytes_per_s"]) if "memory_bandwidth_bytes_per_s" in e else None,
+            bf16_flops=float(e["bf16_dense_flops"]) if "bf16_dense_flops" in e else None,
         )
     return out
 

@@ -451,15 +451,32 @@ def _optimizer(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> li
     return []
 
 
-def _checkpoint_copy(s: Setup, role: Role, critic: bool) -> int:
-    """`from_pretrained` on the CPU: the whole model, once per FSDP group on node 0."""
+def cpu_loading_ranks(s: Setup, ranks_here: int | None = None) -> int:
+    """How many of the host's trainer ranks build a whole model on the CPU with `from_pretrained`.
+
+    verl's FSDP engine builds it on the CPU on the first rank of its FSDP mesh and on the meta
+    device elsewhere, or on every rank when embeddings are tied
+    (`get_init_weight_context_manager`); its mesh spans every rank (verl's `fsdp_size: -1`), so
+    rank 0 alone loads, and node 0 holds one copy. A rank rehearsal's host runs `ranks_here`
+    ranks: one copy each when tied, else one for rank 0 and none for any other rank (it receives
+    its shards from rank 0's broadcast).
+    """
+    if s.arch.tie_embeddings:
+        return ranks_here or s.gpus_per_node
+    if ranks_here and s.rank is not None:
+        return int(s.rank == 0)
+    return 1
+
+
+def _checkpoint_copy(s: Setup, role: Role, critic: bool, loaders: int = 1) -> int:
+    """`from_pretrained` on the CPU: the whole model, once per loading rank of the host
+    (`cpu_loading_ranks`)."""
     if role.backend == "megatron":
         return 0
-    copies = s.gpus_per_node if s.arch.tie_embeddings else 1
-    return copies * _exact(base_tensors(s.arch, critic), role.param_bytes, 1)
+    return loaders * _exact(base_tensors(s.arch, critic), role.param_bytes, 1)
 
 
-def _upcast_pages(s: Setup, role: Role, critic: bool) -> int:
+def _upcast_pages(s: Setup, role: Role, critic: bool, loaders: int = 1) -> int:
     """The checkpoint's own pages while `from_pretrained` upcasts it (`model_dtype: fp32` from a
     bf16 checkpoint): the fp32 copy is new memory, and the safetensors files it is read from stay
     mapped, in RSS, until `from_pretrained` returns (`plan_host` counts them in that moment only).
@@ -469,8 +486,7 @@ def _upcast_pages(s: Setup, role: Role, critic: bool) -> int:
     checkpoint. Every committed checkpoint is stored in bf16."""
     if role.backend == "megatron" or role.param_bytes <= 2:
         return 0
-    copies = s.gpus_per_node if s.arch.tie_embeddings else 1
-    return copies * _exact(base_tensors(s.arch, critic), 2, 1)
+    return loaders * _exact(base_tensors(s.arch, critic), 2, 1)
 
 
 def cpu_backup_sync(s: Setup, fixes_off: Iterable[str] = ()) -> bool:
@@ -525,7 +541,7 @@ def _pools(s: Setup, ranks_here: int | None, pools_shared: bool) -> tuple[int, i
 
 
 def _load_terms(
-    s: Setup, roles: list[tuple[Role, bool]], resident: dict[str, list[HostTerm]], per_node: int
+    s: Setup, roles: list[tuple[Role, bool]], resident: dict[str, list[HostTerm]], per_node: int, loaders: int
 ) -> list[HostTerm]:
     """load: the roles one after another; each holds its checkpoint copy while it builds. The
     checkpoint's pages are mapped while `from_pretrained` reads them, and unmapped when it
@@ -536,8 +552,8 @@ def _load_terms(
     loads: list[list[HostTerm]] = []
     done: list[HostTerm] = []
     for role, crit in roles:
-        copy = HostTerm(f"{role.name} checkpoint copy (from_pretrained)", _checkpoint_copy(s, role, crit))
-        pages = HostTerm(f"{role.name} checkpoint pages (read while upcast)", _upcast_pages(s, role, crit))
+        copy = HostTerm(f"{role.name} checkpoint copy (from_pretrained)", _checkpoint_copy(s, role, crit, loaders))
+        pages = HostTerm(f"{role.name} checkpoint pages (read while upcast)", _upcast_pages(s, role, crit, loaders))
         loads.append([*done, copy, pages])
         if _cpu_policy(role):
             shapes = base_tensors(s.arch, crit) + lora_tensors(s.arch, role)
@@ -627,7 +643,8 @@ def plan_host(
     `c`: the fit of the base (`host_fit` of the configuration: the fix `ray-local-start` off or
     on, vLLM's executor) unless given. `ranks_here`: how many of the node's ranks the host runs,
     when not all of them: a rank rehearsal (`train --rank`) runs one rank's processes, so its host
-    holds one rank's share of every per-rank term (and rank 0's checkpoint copy when it is rank 0), not the node's.
+    holds one rank's share of every per-rank term, not the node's, and the checkpoint copy only
+    where that rank builds one (`cpu_loading_ranks`: rank 0, or any rank of a tied-embedding model).
     `pools_shared`: the host also runs only those ranks' share of the job's CPU worker pools
     (`layout.JOB_POOLS`: a rehearsal whose provenance says `pools: rank share`; one without
     it ran them whole)."""
@@ -651,7 +668,7 @@ def plan_host(
     optim_exact = MEGATRON_OPT_PIN_FIX not in fixes_off
     optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit, optim_exact))]
     held = [t for r, _ in roles for t in resident[r.name]]
-    load = _load_terms(s, roles, resident, per_node)
+    load = _load_terms(s, roles, resident, per_node, cpu_loading_ranks(s, ranks_here))
     sync = _sync_terms(s, fixes_off, per_node)
     notes = [_megatron_note(s, exact_pin, optim_exact)] if s.backend == "megatron" else []
     base_t, base_s, base_l = _bases(s, c, per_node, _pools(s, ranks_here, pools_shared))

@@ -153,16 +153,20 @@ class Setup:
     # holds the most (the host planner weighs the first and the last: embedding against output
     # layer, and the power-of-two blocks they fall into).
     pp_stage: int | None = field(default=None, compare=False)
+    # The rank of its job the plan is of (`with_rank`: a rank rehearsal's, the pre-flight of
+    # `train --rank`); None, every plan of a configuration, means node 0's ranks.
+    rank: int | None = field(default=None, compare=False)
 
     def with_rank(self, rank: int) -> Setup:
-        """This Setup as rank `rank` of its job runs it: its pipeline stage (megatron-core's rank
-        order, `MegatronLayout.coordinates`); unchanged where the actor is not pipelined."""
+        """This Setup as rank `rank` of its job runs it: the rank, and its pipeline stage
+        (megatron-core's rank order, `MegatronLayout.coordinates`) where the actor is pipelined."""
         from dataclasses import replace
 
         a = self.actor
         if a.backend != "megatron" or a.pp <= 1:
-            return self
-        return replace(self, pp_stage=MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank)["pp"])
+            return replace(self, rank=rank)
+        stage = MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank)["pp"]
+        return replace(self, rank=rank, pp_stage=stage)
 
     @property
     def world(self) -> int:

@@ -68,9 +68,10 @@ Terms and where each comes from:
     output, the next one's and its shard, on FSDP2's own CUDA streams, whose cached blocks the
     compute stream cannot reuse; each role that has run a forward since the last `empty_cache`
     adds its own on top of the carried floor. At a world of 1 FSDP2 gathers nothing: 0.
-  * per process: a CUDA context, and the trainer's real process group (`_nccl_trainer`: one NCCL
-    communicator's buffers per group with peers, and on Megatron its groups' measured base); a
-    rank rehearsal's fake group holds none (`Setup.fake_group`). Named constants below: priors
+  * per process: a CUDA context, and the trainer's real process group (`_nccl_trainer`: on FSDP
+    NCCL's buffers per communicator and its own state, `predict.fsdp_comm`; on Megatron one
+    communicator's buffers per group with peers and its groups' measured base); a rank
+    rehearsal's fake group holds none (`Setup.fake_group`). Named constants below: priors
     until fitted from measured runs by `verl_recipes.plan.errors`, unless they say what measured them.
 
 Upper bounds: every sequence is taken at max_prompt_length + max_response_length; remove-padding
@@ -83,6 +84,7 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from verl_recipes import GIB
+from verl_recipes.predict import fsdp_comm
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.inputs import Role, Setup
 
@@ -107,9 +109,8 @@ class Constants:
     # ...), each its own NCCL communicator. Measured as the training process's memory beyond verl's
     # max reserved (`compare-ranks`, peaks of steps 2+): 2.43 GiB in each of 70b-3d's plain runs on
     # one GPU (TP1, 1-3 layers: a real group of one), 0.81 in each of its rank rehearsals (TP2 and
-    # TP4 under the fake group, which has no communicator). FSDP's real group, 0.45-0.53 GiB the
-    # same way (13b-fsdp, verl-vs-deepspeed), is left in the prior above: its other terms already
-    # meet its runs.
+    # TP4 under the fake group, which has no communicator). FSDP's real group is
+    # `predict.fsdp_comm`'s, per communicator.
     group_base_bytes_megatron: int = 1660 * MIB
     # Bytes per (token x vocab) element of a micro-batch's padded logits. A forward that computes
     # log-probs and entropy (old_log_prob): 14 = the bf16 lm_head output (2) + softmax's fp32
@@ -292,6 +293,10 @@ def _tokens(s: Setup, role: Role, train: bool) -> int:
         rows = max(1, (s.ppo_mini_batch_size if train else s.train_batch_size) * s.rollout.n // max(s.dp(role), 1))
         n_micro = -(-rows * s.train_seq_len // budget)
         t = -(-rows // n_micro) * s.train_seq_len
+        if s.remove_padding:
+            # padding-free: a micro-batch packs real tokens up to the budget, whatever the rows'
+            # lengths (sequences shorter than the bound put more of them in one micro-batch)
+            t = min(budget, rows * s.train_seq_len)
     else:
         t = (role.micro_train if train else role.micro_infer) * s.train_seq_len
     div = role.cp if role.backend == "megatron" else role.ulysses_sp
@@ -424,8 +429,18 @@ def _nccl_trainer(s: Setup, c: Constants) -> int:
         dp = s.world // (r.tp * r.pp * r.cp)
         groups = sum(1 for g in (r.tp, r.pp, r.cp, dp) if g > 1)
         return c.group_base_bytes_megatron + groups * c.nccl_bytes_per_communicator
-    groups = 1 if s.world > 1 else 0
-    return groups * c.nccl_bytes_per_communicator
+    return fsdp_comm.fsdp_group_bytes(s)
+
+
+def _group_terms(s: Setup, c: Constants) -> list[Term]:
+    """The trainer's real process group: on FSDP one term per NCCL communicator and NCCL's own
+    (`predict.fsdp_comm`), so what a rank rehearsal cannot allocate is named; on Megatron one."""
+    if s.actor.backend != "megatron":
+        terms = fsdp_comm.fsdp_group_terms(s)
+        return [Term(f"trainer {name}", b, "trainer") for name, b in terms] or [
+            Term("trainer process group (NCCL)", 0, "trainer")
+        ]
+    return [Term("trainer process group (NCCL)", _nccl_trainer(s, c), "trainer")]
 
 
 def _nccl_vllm(s: Setup, c: Constants) -> int:
@@ -643,7 +658,7 @@ def _fixed_terms(s: Setup, total: int, budget: int, c: Constants) -> _Fixed:
     base = [
         Term("driver reserve (NVML used, no process)", c.device_reserved_bytes, "device"),
         Term("trainer CUDA context", c.cuda_context_bytes, "trainer"),
-        Term("trainer process group (NCCL)", _nccl_trainer(s, c), "trainer"),
+        *_group_terms(s, c),
         Term("vLLM CUDA context", c.cuda_context_bytes, "vllm"),
         Term("vLLM NCCL buffers", _nccl_vllm(s, c), "vllm"),
     ]

@@ -80,7 +80,9 @@ def launcher_settings(
         "actor_rollout_ref": {"model": {"path": str(model)}},
         "critic": {"model": {"path": str(model), "tokenizer_path": str(model)}},
         "data": {"train_files": str(data / "train.parquet"), "val_files": str(data / "test.parquet")},
-        "reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}},
+        # the module is the launcher's; which of its scores (verl's default name, compute_score: the
+        # arithmetic) a recipe layer may choose
+        "reward": {"custom_reward_function": {"path": reward.__file__}},
         "trainer": trainer,
     }
     return OmegaConf.create(settings)

@@ -83,8 +83,10 @@ def _rebind(source: str, name: str) -> Any:
 
 def _make_load(original: Any, spec: RankSpec) -> Any:
     def fsdp2_load_full_state_dict(model: Any, full_state: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
         out = original(model, full_state, *args, **kwargs)
-        if spec.rank != 0:
+        if dist.get_rank() != 0:
             fill_unsent(model)
         return out
 
@@ -92,7 +94,72 @@ def _make_load(original: Any, spec: RankSpec) -> Any:
     return fsdp2_load_full_state_dict
 
 
-def fill_unsent(model: Any) -> None:
+def _make_init_fn(original: Any, spec: RankSpec) -> Any:
+    def init_fn(x: Any) -> Any:
+        # FSDP1's ``param_init_fn``: a non-zero rank materialises its meta modules with
+        # ``to_empty`` and waits for rank 0's ``sync_module_states`` broadcast, which the fake
+        # group never sends; the module's own tensors get finite values in place instead.
+        import torch.distributed as dist
+
+        x = original(x)
+        if dist.get_rank() != 0:
+            fill_unsent(x, recurse=False)
+        return x
+
+    init_fn.__wrapped__ = original  # type: ignore[attr-defined]
+    return init_fn
+
+
+#: the object rank 0's broadcast of a state dict's key list would carry, for the one
+#: `broadcast_object_list` a non-zero rank receives inside `_broadcast_state_dict`
+_from_rank0: list[dict[str, Any]] = []
+
+
+def rank0_state_info(full_state: dict[str, Any]) -> dict[str, Any]:
+    """The key list rank 0 broadcasts before the tensors (torch's ``_broadcast_state_dict``):
+    ``_TensorInfo(size, dtype)`` for each tensor, the value itself for a scalar or a non-tensor.
+
+    A non-zero rank of verl holds the same state dict on the meta device (or, for a model with
+    tied embeddings, loaded as rank 0 loads it): the same keys, shapes and dtypes, so it computes
+    rank 0's list itself. A scalar it cannot know arrives as zero, in rank 0's dtype.
+    """
+    import torch
+    from torch.distributed._state_dict_utils import _TensorInfo
+
+    info: dict[str, Any] = {}
+    for key, value in full_state.items():
+        if not torch.is_tensor(value):
+            info[key] = value
+        elif value.dim() == 0:
+            info[key] = torch.zeros((), dtype=value.dtype) if value.is_meta else value.cpu()
+        else:
+            info[key] = _TensorInfo(value.size(), value.dtype)
+    return info
+
+
+def _make_broadcast_state_dict(original: Any, spec: RankSpec) -> Any:
+    def _broadcast_state_dict(full_state_dict: Any, local_state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        # torch broadcasts rank 0's key list as an object, then each tensor, and (strict, as
+        # verl loads) drops every local key the list lacks. Under the fake group a non-zero rank
+        # receives no list: it would drop all its keys and load verl's meta or CPU full state
+        # into its DTensor parameters ("aten.copy_.default got mixed torch.Tensor and DTensor").
+        # It receives the list rank 0 computes instead, then runs torch's own path: one full-size
+        # receive buffer a key, its shard copied out, as the real rank does.
+        import torch.distributed as dist
+
+        pg = kwargs.get("pg", args[1] if len(args) > 1 else None)
+        if dist.get_backend(pg) == "fake" and dist.get_rank() != 0:
+            _from_rank0.append(rank0_state_info(full_state_dict))
+        try:
+            return original(full_state_dict, local_state_dict, *args, **kwargs)
+        finally:
+            _from_rank0.clear()
+
+    _broadcast_state_dict.__wrapped__ = original  # type: ignore[attr-defined]
+    return _broadcast_state_dict
+
+
+def fill_unsent(model: Any, recurse: bool = True) -> None:
     """What rank 0's broadcast would have put in a non-zero rank's shards, in values only.
 
     verl loads the checkpoint on rank 0 and broadcasts it (`fsdp2_load_full_state_dict`); under the
@@ -100,11 +167,12 @@ def fill_unsent(model: Any) -> None:
     ``to_empty``, whose NaNs and infinities would reach vLLM through the weight sync and the loss.
     The shards are filled in place with small normal values (the synthetic checkpoint's own
     init scale): the same tensors at the same sizes, so the memory is the rank's as it would be.
+    A tensor still on the meta device (a module FSDP1 has not reached yet) is left as it is.
     """
     import torch
 
     with torch.no_grad():
-        for p in list(model.parameters()) + list(model.buffers()):
+        for p in list(model.parameters(recurse=recurse)) + list(model.buffers(recurse=recurse)):
             local = p.to_local() if hasattr(p, "to_local") else p
             if local.is_floating_point() and local.numel():
                 local.normal_(0.0, 0.02)
@@ -249,6 +317,8 @@ def _make_broadcast_object_list(original: Any, spec: RankSpec) -> Any:
                 else dist.get_global_rank(group or dist.distributed_c10d._get_default_group(), group_src)
             )
             if source != dist.get_rank():
+                if source == 0 and _from_rank0:
+                    object_list[0] = _from_rank0.pop()
                 return None
         return original(object_list, src=src, group=group, device=device, group_src=group_src)
 
@@ -294,6 +364,14 @@ def apply() -> RankSpec | None:
     after_import("verl.utils.fsdp_utils", _wrap("fsdp2_load_full_state_dict", _make_load, spec))
     after_import(
         "verl.workers.engine.fsdp.transformer_impl", _rebind("verl.utils.fsdp_utils", "fsdp2_load_full_state_dict")
+    )
+    after_import("verl.utils.fsdp_utils", _wrap("init_fn", _make_init_fn, spec))
+    after_import("verl.workers.engine.fsdp.transformer_impl", _rebind("verl.utils.fsdp_utils", "init_fn"))
+    after_import(
+        "verl.workers.engine.fsdp.fsdp_turbo_impl", _rebind("verl.utils.fsdp_utils", "fsdp2_load_full_state_dict")
+    )
+    after_import(
+        "torch.distributed.checkpoint.state_dict", _wrap("_broadcast_state_dict", _make_broadcast_state_dict, spec)
     )
     after_import("verl.trainer.main_ppo", _wrap("run_ppo", _make_run_ppo, spec))
     after_import(

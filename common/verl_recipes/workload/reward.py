@@ -1,4 +1,5 @@
-"""The rule reward for the embedded arithmetic dataset (`verl_recipes.workload.dataset`).
+"""The rule rewards: the embedded arithmetic dataset's (`verl_recipes.workload.dataset`), the
+default, and a text reward a random model can score on from its first step.
 
 verl 0.9.1 loads a custom reward function from the trainer config group `reward` (the
 top-level `custom_reward_function` group is legacy and `main_ppo` no longer reads it):
@@ -14,6 +15,15 @@ The naive reward manager then calls it once per response with keyword arguments
 `data_source`, `solution_str` (the decoded response), `ground_truth` (the row's
 `reward_model.ground_truth`) and `extra_info`, plus anything under
 `reward.custom_reward_function.reward_kwargs`; a float return is logged as `acc`.
+
+The launcher sets the path; `name` is verl's default `compute_score` (the arithmetic) unless a
+recipe layer names another function here. `compute_text_score` is the one a random model scores
+on: the synthetic tokenizer (`verl_recipes.workload.synth`) learns a few thousand BPE tokens and
+fills the rest of the vocabulary with inert ids that decode as `<|reserved_N|>`, so a random
+model's answer is mostly filler with a few real tokens (4,096 of Qwen2's 151,936 ids: 2.7% of a
+uniform draw), and the share of real text is non-zero from the first step, varies between the
+answers of one prompt (GRPO's signal) and can rise to 1. The arithmetic reward stays 0 on such a
+model, so no run on it shows that the loop learns.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ _MARKED = re.compile(r"####\s*\$?\s*(-?[\d,]*\d)")
 _NUMBER = re.compile(r"-?\d[\d,]*")
 # Only the tail is searched, as verl's GSM8K scorer does: a long ramble cannot make matching slow.
 _TAIL_CHARS = 300
+#: how the synthetic tokenizer's filler ids decode (`synth.build_tokenizer`)
+FILLER = re.compile(r"<\|reserved_\d+\|>")
 
 
 def extract_answer(solution_str: str) -> int | None:
@@ -58,3 +70,28 @@ def compute_score(
     except ValueError:
         return 0.0
     return 1.0 if answer == expected else 0.0
+
+
+def text_share(solution_str: str) -> float:
+    """The share of the answer's characters that are text the tokenizer learned, not filler ids;
+    0.0 for an empty answer (it writes no text)."""
+    if not solution_str:
+        return 0.0
+    filler = sum(len(m) for m in FILLER.findall(solution_str))
+    return 1.0 - filler / len(solution_str)
+
+
+def compute_text_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> float:
+    """A format reward: the answer is written in the tokenizer's learned vocabulary (`text_share`).
+
+    A trained model scores 1.0 on any answer; a random one starts near 0.01 and gains by putting
+    its probability on learned tokens, which is what the learning check measures. The question
+    and its ground truth play no part.
+    """
+    return text_share(solution_str)

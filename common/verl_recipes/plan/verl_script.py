@@ -1,0 +1,184 @@
+"""`plan` of a verl job as its users write it: the composed configuration, and what the header says.
+
+The job (`recipe.verl_job`) is composed exactly as `train` composes it (`run_config.compose_run`
+on the job's deltas-free recipe, its `--set` lines and its layout), so the plan judges the job a
+rehearsal runs. The header says what was mapped (the model id, the data, the reward, the loggers,
+the layout) and, by name, each key the job sets that the planner does not model
+(`predict.verl_keys.not_modelled`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from verl_recipes import RecipeError
+from verl_recipes.predict.inputs import Setup, setup_from_config
+from verl_recipes.predict.model import Arch
+from verl_recipes.predict.verl_keys import not_modelled
+from verl_recipes.recipe.verl_job import VerlJob
+from verl_recipes.workload.arch import arch_config_path
+
+
+def compose_job(job: VerlJob, layers: int | None = None, fixes_off: Sequence[str] = ()) -> tuple[Any, Setup]:
+    """(composed config, Setup) of the job, as `train` composes it."""
+    from verl_recipes.recipe.run_config import compose_run
+
+    try:
+        cfg = compose_run(job.recipe, [], list(job.sets), job.layout)
+    except RecipeError as e:
+        raise RecipeError(f"{job.source}: {e}") from None
+    path = arch_config_path(job.arch)
+    import json
+
+    arch = Arch.from_config(json.loads(path.read_text()), f"{job.arch}/config.json")
+    if layers is not None:
+        arch = replace(arch, layers=layers)
+    return cfg, setup_from_config(cfg, arch, fixes_off)
+
+
+def header(job: VerlJob) -> list[str]:
+    """The lines above the plan: where the job came from, what was mapped, what is not modelled."""
+    lines = [f"verl job: {job.source} ({len(job.keys)} keys set)"]
+    lines += [f"mapped: {m}" for m in job.mapped]
+    missing = not_modelled(job.keys, job.dropped)
+    lines.append(f"not modelled: {', '.join(missing)}" if missing else "not modelled: none of the keys it sets")
+    return lines
+
+
+#: the GPUs the suite's table is planned on: the cards verl's examples are written for
+TABLE_GPUS = ("a100-80g", "h100-80g", "h200-141g")
+TABLE = "table.md"
+
+
+def _gib(b: float) -> str:
+    from verl_recipes import GIB
+
+    return f"{b / GIB:.1f}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One suite entry as the table shows it: planned, refused with its line, or out."""
+
+    name: str
+    link: str
+    world: str  # "nodes x GPUs"
+    why: str | None = None  # the line an entry that is out or does not plan gives
+    out: bool = False
+    phases: tuple[str, ...] = ()
+    per_gpu: tuple[tuple[str, tuple[float, ...], bool], ...] = ()  # (GPU id, GiB per phase, fits)
+    host_gib: float = 0.0
+    not_modelled: tuple[str, ...] = ()
+
+
+def suite_plans() -> list[Row]:
+    """Every suite entry planned on TABLE_GPUS at its own GPU count (or its one line)."""
+    from verl_recipes import GIB
+    from verl_recipes.predict.gpus import parse_gpu
+    from verl_recipes.predict.host import plan_host
+    from verl_recipes.predict.phases import Constants, plan_gpu
+    from verl_recipes.recipe.verl_job import verl_job
+    from verl_recipes.recipe.verl_suite import load_suite
+
+    gpus = [parse_gpu(g) for g in TABLE_GPUS]
+    c = Constants()
+    rows = []
+    for name, e in load_suite().items():
+        link = f"[{name}](https://github.com/volcengine/verl/blob/{e.commit[:9]}/{e.path})"
+        if e.out:
+            rows.append(Row(name, link, _world(e), e.out, out=True))
+            continue
+        try:
+            job = verl_job(e.command(), name)
+            _, s = compose_job(job)
+        except RecipeError as err:
+            rows.append(Row(name, link, _world(e), str(err)))
+            continue
+        plans = [plan_gpu(s, g, c) for g in gpus]
+        rows.append(
+            Row(
+                name,
+                link,
+                f"{s.nnodes}x{s.gpus_per_node}",
+                phases=tuple(ph.phase for ph in plans[0].phases),
+                per_gpu=tuple((p.gpu.id, tuple(round(ph.total / GIB, 1) for ph in p.phases), p.fits) for p in plans),
+                host_gib=round(plan_host(s, []).peak.pss / GIB, 1),
+                not_modelled=tuple(not_modelled(job.keys, job.dropped)),
+            )
+        )
+    return rows
+
+
+def _full_row(r: Row) -> str:
+    if r.out:
+        return f"| {r.link} | out | {_cell(r.why or '')} | | | |"
+    if r.why:
+        return f"| {r.link} | {r.world} | does not plan: {_cell(r.why)} | | | |"
+    cells = "<br>".join(
+        f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({'fits' if fits else 'does NOT fit'})"
+        for gid, vals, fits in r.per_gpu
+    )
+    return (
+        f"| {r.link} | {r.world} | {'/'.join(r.phases)}: {cells} | {r.host_gib:.1f} | prediction "
+        f"| {', '.join(r.not_modelled) or '-'} |"
+    )
+
+
+def summary(rows: list[Row]) -> str:
+    """The README's table: the entries that plan, their peak per GPU on each card."""
+    head = "| verl example | GPUs | " + " | ".join(TABLE_GPUS) + " | host RAM per node | behind it |"
+    lines = [head, "|---|---|" + "---|" * len(TABLE_GPUS) + "---|---|"]
+    for r in rows:
+        if r.out or r.why:
+            continue
+        peaks = " | ".join(f"{max(vals):.1f} GiB ({'fits' if fits else 'does NOT fit'})" for _, vals, fits in r.per_gpu)
+        lines.append(f"| {r.link} | {r.world} | {peaks} | {r.host_gib:.1f} GiB | prediction |")
+    refused = [r for r in rows if r.why and not r.out]
+    out = [r for r in rows if r.out]
+    lines += [
+        "",
+        f"{len(refused)} more entries of the suite do not plan under verl 0.9.1 and {len(out)} are out of it "
+        "(Megatron, multimodal, mixture-of-experts, Ascend NPU, another rollout engine, a construct not read "
+        "statically), each with its one line in [the full table](validation/verl-examples/table.md).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _world(e: Any) -> str:
+    keys = {o.key: o.text.split("=", 1)[1] for o in e.overrides}
+    return f"{keys.get('trainer.nnodes', '1')}x{keys.get('trainer.n_gpus_per_node', '8')}"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def suite_table(rows: list[Row] | None = None) -> str:
+    """validation/verl-examples/table.md, whole (`plan --verl-examples --write` writes it)."""
+    head = [
+        "# verl's example scripts, planned",
+        "",
+        "Generated by `verl-recipes plan --verl-examples --write validation/verl-examples/table.md` from",
+        "`suite.yaml` (verl's scripts read at the commit each row links); do not edit by hand.",
+        "Per-GPU peaks are GiB (1024^3) per phase, in the order named, PREDICTED by the planner on each",
+        "job's own GPU count; host RAM is the predicted PSS peak of one node. No full run or rank",
+        "rehearsal of these jobs is committed yet: every figure is a prediction.",
+        "",
+        "| example | nodes x GPUs | predicted peak per GPU, GiB, per phase | host RAM per node, GiB "
+        "| behind it | keys not modelled |",
+        "|---|---|---|---|---|---|",
+    ]
+    return "\n".join([*head, *(_full_row(r) for r in rows or suite_plans())]) + "\n"
+
+
+README_BEGIN, README_END = "<!-- verl-examples:begin -->", "<!-- verl-examples:end -->"
+
+
+def with_summary(readme: str, rows: list[Row]) -> str:
+    """README.md's text with its verl-examples block replaced by `summary(rows)`."""
+    start, end = readme.find(README_BEGIN), readme.find(README_END)
+    if start < 0 or end < start:
+        raise RecipeError(f"README.md has no {README_BEGIN} ... {README_END} block")
+    return readme[: start + len(README_BEGIN)] + "\n" + summary(rows) + readme[end:]
