@@ -34,16 +34,17 @@ def verl_config_dir() -> Path:
     return Path(verl.__file__).parent / "trainer" / "config"
 
 
-_VERL: dict[tuple[str, tuple[tuple[str, int, int], ...]], Any] = {}
+_VERL: dict[tuple[str, tuple[tuple[str, int, int], ...]], tuple[Any, Any]] = {}
 
 
-def compose_verl(config_name: str) -> Any:
-    """verl's own root config as Hydra composes it, with no overrides.
+def _composed(config_name: str) -> tuple[Any, Any]:
+    """verl's root config as Hydra composed it, and a copy of it made ready to merge into
+    (`merge_strict`'s struct flags set); both shared within the process: callers never change them.
 
     Composed once per process while no file of verl's config folder changes (the key is the
-    config's name and every file's path, modification time and size); each caller gets its own
-    copy. Hydra reads and merges some 30 YAML files for each composition, about a second, and
-    `docs`, `plan` and a campaign compose a recipe many times over."""
+    config's name and every file's path, modification time and size). Hydra reads and merges some
+    30 YAML files for each composition, about a second, and `docs`, `plan` and a campaign compose a
+    recipe many times over."""
     import copy
 
     from hydra import compose, initialize_config_dir
@@ -55,8 +56,16 @@ def compose_verl(config_name: str) -> Any:
     if key not in _VERL:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(folder), version_base=None):
-            _VERL[key] = compose(config_name=config_name)
-    return copy.deepcopy(_VERL[key])
+            cfg = compose(config_name=config_name)
+        _VERL[key] = (cfg, _ready_to_merge(copy.deepcopy(cfg)))
+    return _VERL[key]
+
+
+def compose_verl(config_name: str) -> Any:
+    """verl's own root config as Hydra composes it, with no overrides: each caller's own copy."""
+    import copy
+
+    return copy.deepcopy(_composed(config_name)[0])
 
 
 #: Mappings verl hands whole to another library, so their keys are that library's, not verl's:
@@ -113,6 +122,15 @@ def _suggest(base: Any, full_key: str) -> str:
     return by_leaf[0] if by_leaf else ""
 
 
+def _ready_to_merge(base: Any) -> Any:
+    """`base` in struct mode (a key verl does not define fails), its free-form mappings open."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.set_struct(base, True)
+    _open_empty_nodes(base)
+    return base
+
+
 def merge_strict(base: Any, delta: Any, source: str) -> Any:
     """Merge `delta` into `base`; an unknown key raises RecipeError naming it and a suggestion."""
     from omegaconf import OmegaConf
@@ -120,10 +138,9 @@ def merge_strict(base: Any, delta: Any, source: str) -> Any:
 
     from verl_recipes.recipe.verl_schema import check_layer
 
-    OmegaConf.set_struct(base, True)
-    _open_empty_nodes(base)
+    _ready_to_merge(base)
     try:
-        merged = OmegaConf.merge(base, delta)
+        merged = OmegaConf.merge(base, delta)  # a new config: `base` itself is left as it was
     except (ConfigKeyError, ConfigAttributeError) as e:
         full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
         hint = _suggest(base, full_key)
@@ -293,14 +310,18 @@ def compose_recipe(
     extra: Any | None = None,
 ) -> Any:
     """The full verl config for a recipe: verl defaults + config.yaml + variant + extra + --set."""
-    cfg = compose_verl(recipe.verl_config_name)
+    import copy
+
+    # verl's config as composed once, shared: every merge below makes a new config, never changes it
+    verl = _composed(recipe.verl_config_name)[1]
+    cfg = verl
     for path in recipe.config_files(variant):
         cfg = merge_strict(cfg, load_delta(path), str(path))
     if extra is not None:
         cfg = merge_strict(cfg, extra, "launcher settings")
     if overrides:
         cfg = _merge_sets(cfg, overrides)
-    return cfg
+    return copy.deepcopy(cfg) if cfg is verl else cfg
 
 
 def compose_file(path: Path, config_name: str = "ppo_trainer", overrides: Sequence[str] = ()) -> Any:
