@@ -87,7 +87,9 @@ def test_hydra_prefixes_in_set_are_answered_for_the_key_meant(capsys: pytest.Cap
     )
     assert tilde.returncode == 2 and "Hydra's ~ deletes 'data.max_prompt_length'" in tilde.stderr
     assert typo.returncode == 2 and "unknown verl config key 'data.train_batch_sise'" in typo.stderr
-    assert "did you mean 'data.train_batch_size'" in typo.stderr
+    # the answer names the line as given and the form that works: + only adds, so it is dropped
+    assert "--set +data.train_batch_sise=16: unknown verl config key" in typo.stderr
+    assert "did you mean --set data.train_batch_size=16?" in typo.stderr
     assert all(len(x.stderr.strip().splitlines()) == 1 for x in [typo])
 
 

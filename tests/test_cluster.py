@@ -356,6 +356,24 @@ def test_dry_run_13b_single_node(tmp_path: Path) -> None:
     assert "verl-recipes train 13b-fsdp" in lines[2]
 
 
+def test_dry_run_refuses_a_job_the_planner_says_does_not_fit_the_allocations_gpu(tmp_path: Path) -> None:
+    """The layout rules pass 13B on 2 GPUs; the planner, asked about the GPU the template is given
+    (GPU=, else NVML's name on the node), refuses it on 40 GB cards, naming the variant that fits.
+    About 10 s: the job and each variant are composed against verl's Hydra config, as `plan` does."""
+    res = dry_run(
+        T13 / "bare.sbatch",
+        tmp_path,
+        SLURM_JOB_NODELIST="gpu07",
+        SLURM_GPUS_ON_NODE="2",
+        SLURM_JOB_ID="45",
+        GPU="a100-40g",
+    )
+    assert res.returncode == 2 and not srun_lines(res.stdout), res.stdout[-2000:]
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the planner predicts 13b-fsdp on 1 x 2 GPU(s) does not fit"), err
+    assert "a100-40g (--gpu a100-40g)" in err[0] and "--variant 40gib does" in err[0], err[0]
+
+
 # --- real jobs on the one-node Slurm -------------------------------------------------------------
 
 

@@ -133,3 +133,20 @@ def test_the_deepspeed_side_of_a_rank_says_what_it_is(root: Path) -> None:
     assert ds["tokens_per_step"] == 32 * 1024  # the rank's 32 prompts of 512 + 512 tokens
     row = next(x for x in render(doc).splitlines() if x.startswith("| h200x1-ppo-rank0of4-deepspeed"))
     assert "(rank rehearsal, 0 of 4)" in row and "| deepspeed, not verl |" in row
+
+
+def test_vllm_alone_is_set_beside_its_decode_roofline_on_its_card(root: Path) -> None:
+    """The PPO bench on an H200: 8 answers at once, each decode step reads the bf16 weights
+    (6,738,415,616 x 2 B) and 8 sequences' KV (32 x 2 x 4,096 x 2 B a token) at the mean prompt
+    plus half the mean answer, over 4.8 TB/s; vLLM alone's generated tokens/s over its median call."""
+    from verl_recipes.measure.compare import bench_figures
+
+    path = root / C / "rollout-bench-h200x1-ppo.json"
+    rec = json.loads(path.read_text())
+    b = bench_figures(path)
+    answer = statistics.median(rec["generated_tokens"]) / 8
+    context = statistics.mean(rec["prompt_tokens"]) + answer / 2
+    step_s = (6_738_415_616 * 2 + 8 * context * 32 * 2 * 4096 * 2) / 4.8e12
+    assert b["roofline_tok_s"] == pytest.approx(8 / step_s, rel=1e-9)
+    assert b["vllm_alone_tok_s"] == pytest.approx(statistics.median(rec["generated_tokens"]) / rec["median_s"])
+    assert 0.3 < b["vllm_alone_tok_s"] / b["roofline_tok_s"] < 1.0  # below the floor's rate, as it must be

@@ -34,15 +34,19 @@ def _gpu() -> str:
     return gpu_family(torch.cuda.get_device_name(0))
 
 
-def test_the_loop_learns_the_text_reward_and_the_control_does_not(root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lr", [None, "0.001"], ids=["variant-lr", "lr0.001"])
+def test_the_loop_learns_the_text_reward_and_the_control_does_not(root: Path, tmp_path: Path, lr: str | None) -> None:
+    """At the variant's learning rate, or (`-k lr0.001`, the campaign's second line, run where the
+    first fails) five times it."""
     from verl_recipes.measure.learning import read_curve, write_curves
 
     keep = os.environ.get("VERL_RECIPES_GPU_RUNS_DIR")
     base = Path(keep) if keep else tmp_path
     name = f"{_gpu()}x1-grpo-learn-l4-qwen2"
     env = {**os.environ, "VERL_RECIPES_ROOT": str(root)}
+    lr_set = ["--set", f"actor_rollout_ref.actor.optim.lr={lr}"] if lr else []
     runs = {
-        "learning": (base / name, []),
+        "learning": (base / (f"{name}-lr{lr}" if lr else name), lr_set),
         "control, lr 0": (base / f"{name}-lr0", ["--set", "actor_rollout_ref.actor.optim.lr=0"]),
     }
     for run_dir, extra in runs.values():

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,8 @@ def test_report_reads_a_gzip_cut_short_and_says_where(tmp_path: Path) -> None:
     packed = gzip.compress(raw)
     (run / "samples.jsonl").unlink()
     (run / "samples.jsonl.gz").write_bytes(packed[: len(packed) // 2])  # a copy that stopped halfway
+    (run / "exit_code").write_text("0\n")  # what the launcher recorded: the run ended well
+    whole = zlib.decompressobj(wbits=31).decompress(packed[: len(packed) // 2]).count(b"\n")
     r = subprocess.run(
         [sys.executable, "-m", "verl_recipes.cli", "report", str(run)],
         capture_output=True,
@@ -246,6 +249,13 @@ def test_report_reads_a_gzip_cut_short_and_says_where(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert 0 < summary["samples"] < raw.count(b'"kind":"sample"')
     assert (run / "report.md").is_file() and not list(run.glob(".*partial*"))
+    # both files say where the samples end, and keep the exit code the run recorded
+    cut = summary["samples_cut"]
+    assert cut["line"] == whole + 1 and cut["file"] == "samples.jsonl.gz" and not cut["exit_record"], cut
+    assert summary["exit_code"] == 0 and summary["ended"]["ok"] and summary["ended"]["last_error"] is None
+    report = (run / "report.md").read_text()
+    assert f"samples cut at line {whole + 1} (time 20" in report and "s after the start) of samples.jsonl.gz" in report
+    assert "exit code: 0 (as the launcher recorded it in exit_code)" in report and "killed?" not in report
 
 
 def test_a_summary_cut_short_is_named_and_left_out_of_the_tables(tmp_path: Path) -> None:

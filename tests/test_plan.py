@@ -863,7 +863,8 @@ def test_a_fix_of_the_padding_free_path_concerns_only_runs_that_take_it(tmp_path
 def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root: Path) -> None:
     """70b-3d's 32-GPU job: a real Megatron process group's base (the 2.43 against 0.81 GiB beyond
     the allocator of the plain TP1 runs and the rehearsed ranks) and one communicator's buffers for
-    each of its TP4, PP2 and DP4 groups; the same rank under the fake group counts none. A committed
+    each group a step's collectives touch: TP4, PP2, DP4 with CP and without, TP x PP and the
+    default group (`megatron_groups`); the same rank under the fake group counts none. A committed
     rank rehearsal is planned that way, a plain run with its group."""
     import dataclasses
 
@@ -874,9 +875,22 @@ def test_a_real_megatron_group_is_counted_and_a_rehearsals_fake_one_is_not(root:
     c = Constants()
     real, fake = (plan_gpu(x, h100, c) for x in (s, dataclasses.replace(s, fake_group=True)))
     group = _term(real, "update_actor", "trainer process group")
-    assert group == c.group_base_bytes_megatron + 3 * c.nccl_bytes_per_communicator
+    assert group == c.group_base_bytes_megatron + 6 * c.nccl_bytes_per_communicator
     assert _term(fake, "update_actor", "trainer process group") == 0
     assert real.phase("update_actor").total - fake.phase("update_actor").total == group
     results = root / "recipes" / "70b-3d" / "results"
     assert run_setup(read_run(results / "h200x1-ppo-rank16of32-partial")).fake_group
     assert not run_setup(read_run(results / "h200x1-ppo-tp1pp1-l2")).fake_group
+
+
+def test_plans_exit_codes_are_in_its_help_and_the_readme(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0 fits, 1 does not fit, 2 bad input: what `--help` and the README say is what `plan` returns."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 the job fits every --gpu named" in help_text and "1 it does not fit a --gpu" in help_text
+    assert "2 bad input" in help_text
+    row = next(ln for ln in (root / "README.md").read_text().splitlines() if ln.startswith("| `plan <id>"))
+    assert "exit 0 when the job fits" in row and "1 when it does not fit" in row and "2 on bad input" in row
+    # 1 is held by test_cli_json_and_text, 0 by the plan with --tokens-per-s; 2 here
+    assert main(["plan", "no-such-recipe", "--gpu", "h200-141g"]) == 2

@@ -97,3 +97,19 @@ def test_plan_budgets_prints_set_lines_a_step_and_its_cost(prod: Any) -> None:
     # the bandwidths the roofline divides by, each from the vendor page the catalogue cites
     rated = {g.id: g.bandwidth for g in catalogue().values() if g.bandwidth}
     assert rated == {"a100-40g": 1.555e12, "a100-80g": 2.039e12, "h100-80g": 3.35e12, "h200-141g": 4.8e12}
+
+
+def test_the_smaller_micro_batch_knob_halves_each_budget_by_its_own_key(prod: Any) -> None:
+    """The prod variant names its log-prob budgets, so halving the update's alone would leave
+    them: the knob's --set lines carry every budget it halves, and the plan it judges has them."""
+    from verl_recipes.predict.knobs import _micro_batch_knob
+
+    knob = _micro_batch_knob(prod)
+    assert knob is not None
+    half = prod.actor.max_tokens_train // 2
+    assert set(knob.sets) >= {
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={half}",
+        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={prod.actor.max_tokens_infer // 2}",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={prod.actor.max_tokens_infer // 2}",
+    }
+    assert (knob.setup.actor.max_tokens_train, knob.setup.actor.max_tokens_infer) == (half, 32768)

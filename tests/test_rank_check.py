@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from verl_recipes.plan.rank_check import compare, render
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "13b-fsdp"
@@ -92,3 +93,14 @@ def test_the_two_gpu_job_differs_from_one_gpu_by_the_planners_difference() -> No
         assert 0.97 <= r["measured_over_planner"] <= 1.03, r
     committed = (RECIPE / "comparisons" / "two-gpus-vs-one.md").read_text()
     assert committed == render(doc), "run the compare-ranks command the 13b-fsdp README gives"
+
+
+def test_a_folder_that_does_not_exist_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_recipes.cli import main
+
+    gone = tmp_path / "nonexistent"
+    assert main(["compare-ranks", str(gone), str(gone)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {gone}: no such folder; give a run folder (the --run-dir of `verl-recipes train`)", err
+    assert main(["report", str(gone)]) == 2
+    assert "no such folder" in capsys.readouterr().err

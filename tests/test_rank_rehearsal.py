@@ -298,3 +298,22 @@ def test_every_rank_builds_every_fsdp_model_verl_builds() -> None:
     (control,) = [v for v in out if v["control"]]
     assert control["rank"] == 1 and not control["ok"]
     assert "got mixed torch.Tensor and DTensor" in control["error"]
+
+
+def test_a_non_zero_rank_computes_the_key_list_rank_0_sends() -> None:
+    """What torch's `_broadcast_state_dict` sends from rank 0 before the tensors, computed from a
+    non-zero rank's own meta state: each tensor's size and dtype, a scalar as a CPU value (zero, in
+    its dtype, where the rank cannot know it), anything else as it is."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed._state_dict_utils import _TensorInfo
+
+    meta = {
+        "w": torch.empty(4, 3, device="meta", dtype=torch.bfloat16),
+        "step": torch.empty((), device="meta", dtype=torch.float32),
+        "seen": torch.tensor(7),
+        "note": "kept",
+    }
+    info = rank_rehearsal.rank0_state_info(meta)
+    assert info["w"] == _TensorInfo(torch.Size([4, 3]), torch.bfloat16)
+    assert info["step"].device.type == "cpu" and info["step"].dtype == torch.float32 and info["step"].item() == 0
+    assert info["seen"].item() == 7 and info["note"] == "kept"

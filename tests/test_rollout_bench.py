@@ -126,9 +126,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(rb.vllm_available(), reason="this host measures; the CPU path is for hosts without vLLM")
-def test_a_cpu_host_prints_what_it_would_run_and_writes_nothing(tmp_path: Path) -> None:
+def test_a_cpu_host_refuses_in_one_line_and_a_dry_run_prints_what_it_would_run(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     res = _cli("7b-lora", "--variant", "grpo", "--out", str(out))
+    assert res.returncode == 2 and res.stderr.strip() == f"error: {rb.NO_GPU}", res.stderr[-2000:]
+    assert not res.stdout
+    res = _cli("7b-lora", "--variant", "grpo", "--out", str(out), "--dry-run")
     assert res.returncode == 0, res.stderr[-2000:]
     assert '"gpu_memory_utilization": 0.3' in res.stdout
     assert "prompts: 8 requests (2 prompts x n=4)" in res.stdout

@@ -134,6 +134,40 @@ def test_a_run_folder_that_holds_a_run_is_refused_and_left_as_it_was(
     assert [p.name for p in notes.iterdir()] == ["todo.txt"]
 
 
+def test_resume_refuses_a_folder_with_nothing_to_continue_and_a_run_of_another_job(
+    root: Path, tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume never starts a new run silently: no --run-dir, a folder that does not exist or is
+    empty, each one line; and a folder of another job (a PPO run, resumed as GRPO) is refused on a
+    CPU with the line a GPU host gives, before anything is made or rewritten."""
+    err = _refused(["7b-lora", "--rehearse", "--resume"], capsys)
+    assert "--resume continues the run in --run-dir DIR, and none was given" in err
+    gone = tmp_path / "typo"
+    assert f"--run-dir {gone} does not exist" in _refused(
+        ["7b-lora", "--rehearse", "--resume", "--run-dir", str(gone)], capsys
+    )
+    assert not gone.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert f"--run-dir {empty} is empty" in _refused(
+        ["7b-lora", "--rehearse", "--resume", "--run-dir", str(empty)], capsys
+    )
+
+    ppo = tmp_path / "ppo"
+    ppo.mkdir()
+    files = {
+        "verl_config.yaml": (root / "recipes/7b-lora/results/h200x1-ppo-packed/verl_config.yaml").read_text(),
+        "command.sh": "#!/usr/bin/env bash\nverl\n",
+    }
+    for name, text in files.items():
+        (ppo / name).write_text(text)
+    err = _refused(["7b-lora", "--variant", "grpo", "--rehearse", "--resume", "--run-dir", str(ppo)], capsys)
+    assert f"--resume: the job differs from the one in {ppo / 'verl_config.yaml'}" in err
+    assert " key(s) differ: actor_rollout_ref." in err and " there, " in err
+    assert {p.name: p.read_text() for p in ppo.iterdir()} == files
+    assert not (cache / "models").exists()  # refused before the model was made
+
+
 def test_a_model_folder_with_only_config_json_says_what_is_missing(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -542,10 +576,10 @@ def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
 
 def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_prediction(tmp_path: Path) -> None:
     """One verdict per job and GPU: 70b-3d's committed calibrated prediction for 32 80 GB cards
-    (its ranks 16 and 0 rehearsed at that layout: 78.85 GiB in update_actor) fits, as `plan` says; the
-    same recipe with that prediction over the card (the TP1 depth fit's 85.8 GiB in update_critic,
-    which the rank rehearsal replaced) is refused with `plan`'s fix, although the planner alone
-    puts the peak at 78.4 GiB."""
+    (its ranks 16 and 0 rehearsed at that layout: 79.23 GiB in update_actor) is tight, as `plan`
+    says, and runs; the same recipe with that prediction over the card (the TP1 depth fit's 85.8
+    GiB in update_critic, which the rank rehearsal replaced) is refused with `plan`'s fix, although
+    the planner alone puts the peak at 78.8 GiB."""
     import shutil
 
     import yaml
@@ -555,8 +589,10 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
 
     _, setup, recipe = load_setup("70b-3d", [], [])
     h100 = [Budget("h100-80g", "h100-80g")]
-    assert fit(setup, h100, False)[0].startswith("plan: fits h100-80g: peak update_actor 78.4 GiB")
-    assert fit(setup, h100, False, calibration=(recipe, []))[0].startswith("plan: fits h100-80g")
+    assert fit(setup, h100, False)[0].startswith("plan: tight (under the card by 0.8 GiB, less than the 3.7 GiB")
+    assert fit(setup, h100, False)[0].endswith("on h100-80g: peak update_actor 78.8 GiB")
+    cal = fit(setup, h100, False, calibration=(recipe, []))[0]
+    assert cal.startswith("plan: tight (under the card by 0.4 GiB") and "update_actor 79.2 GiB" in cal
     over = tmp_path / "70b-3d"
     shutil.copytree(recipe.dir / "expected", over / "expected")
     doc = yaml.safe_load((over / "expected" / "h100x32-ppo.yaml").read_text())
@@ -568,4 +604,4 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
     assert "\n" not in msg and "the calibrated prediction puts update_critic at 85.8 GiB" in msg
     assert "--set trainer.nnodes=8" in msg
     h200 = fit(setup, [Budget("h200-141g", "h200-141g")], False, calibration=(recipe, []))
-    assert h200 == ["plan: fits h200-141g: peak update_actor 78.4 GiB"]
+    assert h200 == ["plan: fits h200-141g: peak update_actor 78.8 GiB"]

@@ -79,6 +79,8 @@ def test_a_checkpoint_folder_needs_config_tokenizer_and_every_shard(tmp_path: Pa
 def test_run_folders_are_new_empty_or_resumed(tmp_path: Path) -> None:
     assert check_run_dir(tmp_path / "new", resume=False) is False
     assert check_run_dir(tmp_path, resume=False) is False  # empty
+    assert "does not exist, so there is no run to continue" in _err(check_run_dir, tmp_path / "new", True)
+    assert "is empty, so there is no run to continue" in _err(check_run_dir, tmp_path, True)
     (tmp_path / "verl_config.yaml").write_text("a: 1\n")
     (tmp_path / "train.log").write_text("attempt 1\n")
     (tmp_path / "checkpoints").mkdir()

@@ -64,6 +64,7 @@ def test_the_environment_and_positional_arguments_fill_defaults() -> None:
     [
         (["python3", "-m", "verl.trainer.main_ppo"], "python3 -m"),
         (["torchrun", "--nproc_per_node", "8", "--standalone", "-m", "verl.trainer.main_ppo"], "torchrun"),
+        (["nohup", "env", "VLLM_USE_V1=1", "python3", "-u", "-m", "verl.trainer.main_ppo"], "python3 -m"),
         (
             ["ray", "job", "submit", "--address", "http://h:8265", "--", "python3", "-m", "verl.trainer.main_ppo"],
             "ray job submit",
@@ -99,12 +100,12 @@ def test_config_name_and_verl_own_config_path() -> None:
 @pytest.mark.parametrize(
     ("script", "line"),
     [
-        ("loop.sh", "loop.sh: line 2: a `for` loop is not read here"),
+        ("loop.sh", "loop.sh: line 4: a `for` loop is not read here"),
         (
             "substitution.sh",
-            "substitution.sh: line 5: an argument of the trainer comes from $(scontrol show hostnames | wc -l)",
+            "substitution.sh: line 7: an argument of the trainer comes from $(scontrol show hostnames | wc -l)",
         ),
-        ("runtime-if.sh", "runtime-if.sh: line 1: this `if` tests $(nvidia-smi -L | wc -l) (line 1)"),
+        ("runtime-if.sh", "runtime-if.sh: line 3: this `if` tests $(nvidia-smi -L | wc -l) (line 3)"),
         ("no-trainer.sh", "no-trainer.sh: does not call verl's trainer"),
     ],
 )

@@ -149,7 +149,8 @@ def test_train_rehearses_on_a_cpu_the_job_plan_judged(
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
     out = capsys.readouterr().out
     assert "== rank rehearsal (0 of 2)" in out
-    assert out.splitlines()[0] == f"verl job: {SCRIPT}"
+    assert out.splitlines()[0] == f"verl job: {SCRIPT} (28 keys set)"  # the header `plan` prints
+    assert "not modelled: actor_rollout_ref.actor.entropy_from_logits_with_chunking" in out
     cfg = OmegaConf.load(run / "verl_config.yaml")
     assert cfg.trainer.total_training_steps == 2 and list(cfg.trainer.logger) == ["console", "file", "tensorboard"]
     assert cfg.actor_rollout_ref.actor.entropy_from_logits_with_chunking is True  # kept, as written

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from verl_recipes import RecipeError, __version__, inflight
+from verl_recipes import RecipeError, __version__, inflight, paths
 
 # subcommand -> (module that implements it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -91,7 +92,8 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand. Bad input is one `error:` line and exit 2; Ctrl-C or a kill (SIGTERM) is
+    """Run one subcommand. Bad input, and a write the machine refuses (a full disk, a read-only
+    filesystem), is one `error:` line and exit 2; Ctrl-C or a kill (SIGTERM) is
     one `interrupted:` line naming what was being written and what was kept, and exit 130: every
     writer cleans up on the way out (`verl_recipes.inflight`), so nothing half-written stays."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -105,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv[: argv.index("--")] if tail is not None else argv)
     if tail is not None:
         args.rest = [*args.rest, *tail]
+    caches, note = paths.library_caches(os.environ)
+    if note:  # before any library reads its cache location: set for this process and every child
+        os.environ.update(caches)
+        print(note, file=sys.stderr)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -119,6 +125,13 @@ def run_guarded(command: str, body: Callable[[], int | None]) -> int:
         return int(body() or 0)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a write the machine refused (full, read-only, not permitted): one line
+        err = inflight.as_os_error(e)
+        line = inflight.fault_line(command, err) if err is not None else None
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the line short

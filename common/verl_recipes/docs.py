@@ -2,9 +2,10 @@
 
 The front README carries one table, the user's: each job in plain words and the GPU types it fits
 (`<!-- gpus:begin -->` ... `<!-- gpus:end -->`). recipes/README.md carries the depth: the recipe
-table (`recipes`), the measured results with cost (`results`) and the planner's predicted peak per
-GPU type (`plans`), each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs
---write` regenerates all four (and recipes/index.json, which noxfile.py reads), `verl-recipes docs
+table (`recipes`), the measured results with cost (`results`), the planner's predicted peak per
+GPU type (`plans`) and the dated status, what ran and what is predicted (`status`), each between
+`<!-- NAME:begin -->` and `<!-- NAME:end -->`. `verl-recipes docs --write` regenerates them all
+(and recipes/index.json, which noxfile.py reads), `verl-recipes docs
 --results` prints the measured results, and tests/test_docs.py fails when a file is stale. Every
 measured number comes from an `expected/*.yaml` file, which names the committed runs it came from: a
 recipe with no measured run shows "not measured yet", never a guess. The plans table is a prediction and says so in its
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes.measure import throughput as throughput_table
 from verl_recipes.paths import repo_root
 from verl_recipes.peers import compose as peers_compose
 from verl_recipes.peers import table as peers_table
@@ -216,8 +218,9 @@ class PlanRow:
     variant: str | None
     world: int
     #: (GPU, peak GiB, why it does not fit or None, "calibrated" where a committed calibrated
-    #: prediction for the layout on that GPU decides, as `plan` judges it, else None)
-    cells: list[tuple[Any, float, str | None, str | None]]
+    #: prediction for the layout on that GPU decides, as `plan` judges it, else None, and the
+    #: verdict in `plan`'s three words: fits, tight, does not fit, `predict.margin`)
+    cells: list[tuple[Any, float, str | None, str | None, str]]
 
 
 _ROWS: dict[tuple[tuple[str, int], ...], list[PlanRow]] = {}
@@ -242,30 +245,40 @@ def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
 def _plan_rows(recipes: dict[str, Recipe]) -> list[PlanRow]:
     from verl_recipes.plan.advice import calibrated
     from verl_recipes.predict.gpus import catalogue
+    from verl_recipes.predict.margin import load_spread, margin
     from verl_recipes.predict.phases import Constants, plan_gpu
     from verl_recipes.predict.setup import load_setup
 
     gpus = list(catalogue().values())
     c = Constants()
+    spread = load_spread()
     out = []
     for r in recipes.values():
         for variant in [None, *r.variants]:
             _, setup, _ = load_setup(r.id, [variant] if variant else [], [])
-            cells: list[tuple[Any, float, str | None, str | None]] = []
+            cells: list[tuple[Any, float, str | None, str | None, str]] = []
             for g in gpus:
                 p = plan_gpu(setup, g, c)
                 peak = p.peak.total / GIB
                 cal = calibrated(r, [variant] if variant else [], setup, g)
-                if cal is not None:  # the same verdict `plan` gives: the calibrated figure decides
+                # the same verdict `plan` gives: the calibrated figure decides, with its margin
+                phase, fig_b = (cal.peak_phase, cal.peak_bytes) if cal else (p.peak.phase, p.peak.total)
+                ok = cal.fits if cal else p.fits
+                word = margin(
+                    setup, phase, fig_b, g.visible_bytes, c.nccl_bytes_per_communicator, starts=ok, doc=spread
+                )
+                if cal is not None:
                     fig = cal.peak_bytes / GIB
-                    cells.append((g, fig, None if cal.fits else f"{fig:.1f} ({cal.peak_phase})", "calibrated"))
+                    cells.append(
+                        (g, fig, None if cal.fits else f"{fig:.1f} ({cal.peak_phase})", "calibrated", word.word)
+                    )
                 elif p.fits:
-                    cells.append((g, peak, None, None))
+                    cells.append((g, peak, None, None, word.word))
                 elif p.peak.total > g.visible_bytes:
-                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})", None))
+                    cells.append((g, peak, f"{peak:.1f} ({p.peak.phase})", None, word.word))
                 else:  # the sum fits, vLLM does not (no KV cache, or no room to start)
                     why = next((q for q in p.problems if " needs " not in q), "does not fit")
-                    cells.append((g, peak, why.split(":")[0], None))
+                    cells.append((g, peak, why.split(":")[0], None, word.word))
             out.append(PlanRow(r, variant, setup.world, cells))
     return out
 
@@ -276,8 +289,9 @@ def plans_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | 
     The question users ask before renting ("which GPUs does this job need, will it fit") for the
     recipes not measured yet, answered by the same planner `plan --errors` checks against every
     measured run. A cell is the predicted peak over the step's phases in GiB per GPU, with the GPU
-    count the recipe is written for; "no" marks a GPU it does not fit and names the phase, or
-    says why vLLM cannot run when the phases' sum would fit.
+    count the recipe is written for, after the verdict in `plan`'s three words: "fits", "tight"
+    (under the card by less than the margin that moves it, `predict.margin`), "does not fit",
+    which names the phase, or says why vLLM cannot run when the phases' sum would fit.
     """
     rows = rows if rows is not None else plan_rows(recipes)
     gpus = [c[0] for c in rows[0].cells] if rows else []
@@ -287,8 +301,8 @@ def plans_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | 
     ]
     for row in rows:
         cells = [
-            (f"{peak:.1f}" if why is None else f"no: {why}") + (f" {basis}" if basis else "")
-            for _, peak, why, basis in row.cells
+            (f"{word} {peak:.1f}" if why is None else f"{word}: {why}") + (f" {basis}" if basis else "")
+            for _, peak, why, basis, word in row.cells
         ]
         out.append(f"| {row.recipe.id} | {row.variant or 'default'} | {row.world} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -328,10 +342,10 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
     for row in rows:
         r = row.recipe
         cells = [
-            (f"yes ({peak:.0f} GiB" + (f", {basis})" if basis else ")"))
+            (f"{word} ({peak:.0f} GiB" + (f", {basis})" if basis else ")"))
             if why is None
-            else ("no" + (f" ({basis})" if basis else ""))
-            for _, peak, why, basis in row.cells
+            else (word + (f" ({basis})" if basis else ""))
+            for _, peak, why, basis, word in row.cells
         ]
         job = f"[{r.title}](recipes/{r.id}/README.md)" if row.variant is None else ""
         setting = variant_summary(r, row.variant) + ("" if row.variant is None else f" (`--variant {row.variant}`)")
@@ -353,6 +367,87 @@ def gpus_table(recipes: dict[str, Recipe] | None = None, rows: list[PlanRow] | N
             measured = "; ".join([x for x in (measured if row.variant is None else "", *links) if x])
         out.append(f"| {job} | {setting} | {row.world} | " + " | ".join(cells) + f" | {measured} |")
     return "\n".join(out)
+
+
+def _run_date(recipe: Recipe, doc: dict[str, Any]) -> str | None:
+    """The newest start date (YYYY-MM-DD) of the committed runs behind a bounds file."""
+    dates = [str(v.get("date_utc") or "") for v in (doc.get("provenance") or {}).values() if isinstance(v, dict)]
+    for run in doc.get("source_runs") or ():
+        dates.append(read_provenance(recipe.dir / str(run)).date_utc or "")
+    return max((d[:10] for d in dates if d), default=None)
+
+
+def _algo(r: Recipe) -> str:
+    """The run-name word of the recipe's own algorithm (`gae` is PPO)."""
+    return "ppo" if r.algorithm.lower() in ("ppo", "gae") else r.algorithm.lower()
+
+
+def status_block(recipes: dict[str, Recipe] | None = None) -> str:
+    """recipes/README.md's status, from the tree: per recipe, whether the job as written ran on its
+    own GPUs, what else ran (rank rehearsals, truncated depths, caps), and each prediction with its
+    peak; dated by the newest committed run behind a bounds file, so it never says less than the
+    tree holds."""
+    from verl_recipes.recipe.run_names import parse_bounds_name
+
+    recipes = recipes if recipes is not None else discover()
+    lines: list[str] = []
+    newest: list[str] = []
+    for r in recipes.values():
+        whole, same, ranks, other, predicted = [], 0, 0, 0, []
+        for f in sorted((r.dir / "expected").glob("*.yaml")):
+            doc = yaml.safe_load(f.read_text()) or {}
+            if doc.get("status") == "predicted":
+                t = doc.get("target") or {}
+                gib = doc.get("predicted_gib") or {}
+                peak = max(gib.values(), default=0.0)
+                verdict = "fits" if doc.get("fits") else "does not fit"
+                predicted.append(
+                    f"[{f.stem}]({r.id}/expected/{f.name}) {peak:.1f} GiB in {doc.get('peak_phase')}, "
+                    f"{verdict} {t.get('gpu')}"
+                )
+                continue
+            date = _run_date(r, doc)
+            if date:
+                newest.append(date)
+            name = parse_bounds_name(f.name, r.variants)
+            if name.rank is not None:
+                ranks += 1
+            elif name.n == r.gpus.count and name.layers is None and name.cap_gib is None:
+                if name.variants or name.labels or name.algo != _algo(r):
+                    same += 1
+                    continue
+                peak, _, step = _figures(doc)
+                figs = ", ".join(
+                    x
+                    for x in (
+                        f"{peak:.1f} GiB" if peak is not None else "",
+                        f"{step:.1f} s a step" if step is not None else "",
+                    )
+                    if x
+                )
+                whole.append(f"[{f.stem}]({r.id}/expected/{f.name}) ({figs})")
+            else:
+                other += 1
+        parts = [
+            f"the job as written, on its {r.gpus.count} GPU(s), measured: " + "; ".join(whole)
+            if whole
+            else f"the job as written, on its {r.gpus.count} GPU(s), not measured yet"
+        ]
+        if same:
+            parts.append(f"{same} of its variants or settings measured on the same GPU(s)")
+        if ranks:
+            parts.append(f"{ranks} configuration(s) measured as rank rehearsals (one GPU as one rank of the job)")
+        if other:
+            parts.append(f"{other} other measured configuration(s) (other GPU counts, depths or caps)")
+        if predicted:
+            parts.append("predicted, not measured: " + "; ".join(predicted))
+        lines.append(f"- `{r.id}`: " + "; ".join(parts) + ".")
+    date = max(newest, default="no run")
+    head = (
+        f"Generated from the bounds files in `expected/` (`verl-recipes docs --write`), as of the newest run "
+        f"behind them ({date}); every figure is in the results table above, every prediction in its file."
+    )
+    return "\n".join([head, "", *lines])
 
 
 def _splice(text: str, begin: str, end: str, body: str, where: str) -> str:
@@ -378,14 +473,27 @@ def generated(root: Path | None = None) -> dict[Path, str]:
     front, detail = root / "README.md", root / "recipes" / "README.md"
     lora = root / "recipes" / "7b-lora" / "README.md"
     # the tables link from the checkout's root; recipes/README.md sits in recipes/
-    tables = {"recipes": recipe_table(), "results": results_table(), "plans": plans_table(rows=rows)}
-    front_blocks = {"gpus": gpus_table(rows=rows), "peers": peers_table.tables("recipes/7b-lora/", root)}
+    tables = {
+        "recipes": recipe_table(),
+        "results": results_table(),
+        "plans": plans_table(rows=rows),
+        "status": status_block(),
+    }
+    front_blocks = {
+        "gpus": gpus_table(rows=rows),
+        "peers": peers_table.tables("recipes/7b-lora/", root),
+        "throughput": throughput_table.table("recipes/7b-lora/", root),
+    }
     return {
         front: render(front.read_text(), front_blocks, "README.md"),
         detail: render(
             detail.read_text(), {k: v.replace("](recipes/", "](") for k, v in tables.items()}, "recipes/README.md"
         ),
-        lora: render(lora.read_text(), {"peers": peers_table.tables("", root)}, "recipes/7b-lora/README.md"),
+        lora: render(
+            lora.read_text(),
+            {"peers": peers_table.tables("", root), "throughput": throughput_table.table("", root)},
+            "recipes/7b-lora/README.md",
+        ),
         root / peers_table.INDEX.with_name("peers.md"): peers_compose.markdown(),
         root / INDEX: recipe_index(),
     }

@@ -14,6 +14,10 @@ anything a later command mistakes for complete:
   left behind.
 * While a command writes, it says what (`writing`, `keep_note`), so an interrupted command prints
   one line naming what was interrupted and what was kept (`interrupted_line`), and exits 130.
+* The machine can refuse a write too: a full disk (ENOSPC, EDQUOT), a read-only filesystem
+  (EROFS), a folder without write permission (EACCES, EPERM). Such a write fails as the
+  interrupted one does (its partial removed, its claim released), and the command prints one line
+  naming the path, what was kept and what to do (`fault_line`), and exits 2.
 
 Standard library only (fcntl: Linux and macOS).
 """
@@ -22,13 +26,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,7 +106,12 @@ def claim(target: Path, what: str) -> Claim:
     if target in _held:
         return _held[target]
     lock = lock_path(target)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    with writing(what, target):  # a fault here names the target, not its hidden lock file
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return _claim(target, lock, what)
+
+
+def _claim(target: Path, lock: Path, what: str) -> Claim:
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -118,10 +129,14 @@ def claim(target: Path, what: str) -> Claim:
         if same:
             break
         os.close(fd)  # the holder released (unlinked) it between our open and our lock: retry
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": this_command(), "since": time.time()}).encode(), 0)
     held = Claim(target, lock, fd, what)
     _held[target] = held
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": this_command(), "since": time.time()}).encode(), 0)
+    except OSError:  # a full disk: the empty lock file goes, so it names no holder to the next command
+        held.release()
+        raise
     return held
 
 
@@ -147,7 +162,7 @@ def clear_partials(target: Path) -> list[Path]:
 
 _writing: list[tuple[str, Path]] = []  # (what, target), innermost last
 _stopped: list[tuple[str, Path]] = []  # left by an exception, innermost first
-_kept: dict[Path, str] = {}  # target -> what stays after an interruption, in words
+_kept: dict[Path, str | Callable[[], str]] = {}  # target -> what stays after an interruption, in words
 
 
 @contextlib.contextmanager
@@ -164,8 +179,9 @@ def writing(what: str, target: Path) -> Iterator[None]:
         _writing.remove(entry)
 
 
-def keep_note(target: Path, text: str | None) -> None:
-    """What an interruption leaves at `target` (e.g. a run folder marked incomplete); None clears it."""
+def keep_note(target: Path, text: str | Callable[[], str] | None) -> None:
+    """What an interruption leaves at `target` (e.g. a run folder marked incomplete); None clears
+    it. A function is asked when the line is printed, so the line says what is true then."""
     if text is None:
         _kept.pop(target, None)
     else:
@@ -179,10 +195,77 @@ def interrupted_line(command: str) -> str:
     if inner:
         what, target = inner[0]
         parts.append(f"while writing {what} {target}; nothing of it was kept ({target} is as it was before)")
-    kept = [f"{t}: {text}" for t, text in _kept.items()]
+    kept = [f"{t}: {text if isinstance(text, str) else text()}" for t, text in _kept.items()]
     if kept:
         parts.append("kept " + "; ".join(kept))
     return ", ".join(parts[:2]) + ("; " + parts[2] if len(parts) > 2 else "")
+
+
+# --- what the machine refuses: a full disk, a read-only filesystem, no permission -------------
+
+#: errno -> (what the machine said, what to do), for the writes the machine refuses
+FAULTS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("no space left on the filesystem", "free space there (df -h {dir}) or write elsewhere"),
+    errno.EDQUOT: ("the disk quota is used up", "free space within the quota or write elsewhere"),
+    errno.EROFS: ("the filesystem is read-only", "write to a writable place"),
+    errno.EACCES: ("no permission to write there", "write to a folder you own, or fix its permissions"),
+    errno.EPERM: ("no permission to write there", "write to a folder you own, or fix its permissions"),
+}
+
+
+def _named_target(filename: str | None) -> Path | None:
+    """The output a failed path stands for: `.<name>.partial-<pid>` and `.<name>.lock` are `<name>`."""
+    if not filename:
+        return None
+    path = Path(os.path.abspath(filename))
+    name = path.name
+    if name.startswith(".") and (PARTIAL in name or name.endswith(LOCK_SUFFIX)):
+        name = name[1:].split(PARTIAL)[0].removesuffix(LOCK_SUFFIX)
+        return path.parent / name
+    return path
+
+
+def as_os_error(e: BaseException) -> OSError | None:
+    """`e` as an OSError: itself, or a library's error that carries one's number in its text (Rust
+    libraries such as Hugging Face tokenizers raise `Exception("No space left on device (os error
+    28)")`); None for anything else."""
+    if isinstance(e, OSError):
+        return e
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1)))) if m else None
+
+
+def fault_line(command: str, e: OSError) -> str | None:
+    """The one line for a write the machine refused (`FAULTS`), or None for any other OSError.
+
+    It names the path (the output being written, not its hidden temporary name), what the machine
+    said, what of it was kept (nothing of a staged output; a run folder marked incomplete) and what
+    to do; the command exits 2."""
+    if e.errno not in FAULTS:
+        return None
+    said, todo = FAULTS[e.errno]
+    inner = _writing[-1:] or _stopped[:1]
+    path = _named_target(e.filename)
+    what = ""
+    if inner:
+        what, target = inner[0]
+        if (
+            path is None
+            or path == target
+            or target in path.parents
+            or path in target.parents
+            or path.parent == target.parent
+        ):
+            path = target
+    where = path or Path.cwd()
+    folder = where if where.is_dir() else where.parent
+    parts = [f"verl-recipes {command}: {said}: {where}" + (f" ({what})" if what else "")]
+    parts.append("nothing half-written was kept there")
+    kept = [f"{t}: {text if isinstance(text, str) else text()}" for t, text in _kept.items()]
+    if kept:
+        parts.append("kept " + "; ".join(kept))
+    parts.append(todo.format(dir=folder) + ", then run the command again")
+    return "; ".join(parts)
 
 
 # --- outputs written under a temporary name, then renamed ------------------------------------

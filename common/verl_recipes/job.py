@@ -106,6 +106,8 @@ class Job:
     rehearsal: str | None
     # rank R of the job's world of N GPUs, rehearsed on one local GPU (--rank); None: the whole job
     rank: RankSpec | None
+    # the command line named the run folder (--run-dir): the same command comes back to it
+    run_dir_named: bool = True
 
     @property
     def fixes(self) -> list[str]:
@@ -154,8 +156,9 @@ def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...
     for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--smoke", args.smoke)):
         if given:
             raise RecipeError(f"{flag} applies to recipes; a verl job's layout is its trainer.* keys (--set)")
-    for line in (f"verl job: {vjob.source}", *(f"mapped: {m}" for m in vjob.mapped)):
-        print(line)
+    from verl_recipes.plan.verl_script import header
+
+    print("\n".join(header(vjob)))  # what `plan` says above the same job
     return vjob.recipe, vjob.sets, vjob.layout
 
 
@@ -169,10 +172,16 @@ def decide(args: argparse.Namespace) -> Job:
         raise RecipeError(f"--verl-fix-off {bad_fix}: no such fix; the fixes are {', '.join(FIXES)}")
     rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
 
+    if args.resume and args.run_dir is None:
+        raise RecipeError(
+            "--resume continues the run in --run-dir DIR, and none was given; pass the folder of the run "
+            "to continue (a run without --run-dir goes to a new folder under runs/)"
+        )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = "-".join([recipe.id, *args.variant]) + ("-smoke" if args.smoke else "")
     name += f"-rank{rank.rank}of{rank.world}" if rank else ""
-    run_dir = (args.run_dir or Path("runs") / f"{name}-{stamp}").resolve()
+    # a default folder is made here, under a name no other command has (two started in one second)
+    run_dir = args.run_dir.resolve() if args.run_dir else userpaths.new_run_dir(Path("runs"), f"{name}-{stamp}")
     # What the user gives is read, never written; what this writes is new, empty or its own. The
     # run folder is claimed for as long as this process runs: of two launches into it, one goes
     # on; an attempt that was stopped before it finished is set aside (attempt-N/), never a bar.
@@ -242,4 +251,5 @@ def decide(args: argparse.Namespace) -> Job:
         skip_verify=args.skip_verify,
         rehearsal=rehearsal,
         rank=rank,
+        run_dir_named=args.run_dir is not None,
     )

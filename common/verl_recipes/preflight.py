@@ -219,6 +219,22 @@ def _peak_text(plan: Any, cal: Any) -> str:
     return f"{plan.peak.phase} {plan.peak.total / GIB:.1f} GiB"
 
 
+def _word(setup: Any, plan: Any, cal: Any) -> str:
+    """`plan`'s word for a job under the card: fits, or tight with the margin it lacks
+    (`predict.margin`); a tight job runs, and is told so."""
+    from verl_recipes.predict.margin import TIGHT, margin
+    from verl_recipes.predict.phases import Constants
+
+    phase, peak = (cal.peak_phase, cal.peak_bytes) if cal is not None else (plan.peak.phase, plan.peak.total)
+    m = margin(setup, phase, peak, plan.gpu.visible_bytes, Constants().nccl_bytes_per_communicator)
+    if m.word != TIGHT:
+        return "fits"
+    return (
+        f"tight (under the card by {m.headroom / GIB:.1f} GiB, less than the {m.band / GIB:.1f} GiB "
+        "`plan` states moves it) on"
+    )
+
+
 def fit(
     setup: Any,
     budgets: list[Budget] | None,
@@ -242,7 +258,7 @@ def fit(
         cal = calibrated(calibration[0], calibration[1], setup, g) if calibration is not None else None
         judged.append((plan_gpu(setup, g), g, label, cal))
     fits = [(p, label, cal) for p, _, label, cal in judged if verdict(p, cal)]
-    lines = [f"plan: fits {label}: peak {_peak_text(p, cal)}" for p, label, cal in fits]
+    lines = [f"plan: {_word(setup, p, cal)} {label}: peak {_peak_text(p, cal)}" for p, label, cal in fits]
     short = [
         label + (f" ({_peak_text(p, cal)})" if cal is not None else "")
         for p, _, label, cal in judged

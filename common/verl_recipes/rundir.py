@@ -148,6 +148,10 @@ class Summary(TypedDict, total=False):
     startup: Startup
     interval_s: float
     samples: int
+    #: where samples.jsonl(.gz) ends early, None when read whole: {file, line (the first not read
+    #: whole), t (epoch s of the last record before it), at_s (from the start), exit_record (the
+    #: monitor's exit record was read; else exit_code is the launcher's `exit_code` file)}
+    samples_cut: dict[str, Any] | None
     skipped_lines: int
     nvml_error: str | None  # why there are no GPU fields
     gpus: list[GpuInfo]
@@ -171,6 +175,8 @@ def steady_steps(steps: list[StepSummary]) -> list[StepSummary]:
 def read_summary(run_dir: Path) -> Summary:
     """A run's summary.json, checked against the schema; one line says what to do when it is not there."""
     path = run_dir / SUMMARY
+    if not run_dir.is_dir():
+        raise RecipeError(f"{run_dir}: no such folder; give a run folder (the --run-dir of `verl-recipes train`)")
     if not path.is_file():
         raise RecipeError(f"{run_dir}: no {SUMMARY}; run `verl-recipes report {run_dir}` first")
     try:
@@ -312,8 +318,14 @@ def read_provenance(run_dir: Path) -> Provenance:
 
 
 def write_provenance(run_dir: Path, record: dict[str, Any]) -> Path:
+    """provenance.json, written under a temporary name and renamed (as `write_summary`)."""
     path = run_dir / PROVENANCE
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    tmp = run_dir / f".{PROVENANCE}.partial-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -422,6 +434,7 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     if opened is None:
         return records, bad
     src, text = opened
+    _cut.pop(str(path), None)
     n = 0
     last = ""
     with text as f:
@@ -436,6 +449,7 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
                 except json.JSONDecodeError:
                     bad += 1
         except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            _cut[str(path)] = Cut(src.name, n if last and not last.endswith("\n") else n + 1, _last_t(records))
             warn_once(
                 src,
                 f"ends early after line {n} ({type(e).__name__}: {e}); read the {len(records)} records before it",
@@ -445,8 +459,32 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
         try:
             json.loads(last)
         except json.JSONDecodeError:
+            _cut[str(path)] = Cut(src.name, n, _last_t(records))
             warn_once(src, f"ends early: line {n} is cut short; read the {len(records)} records before it")
     return records, bad
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a JSON-lines file read by `read_jsonl` ends early: its name as read (PATH or PATH.gz),
+    the first line not read whole, and the time ("t", epoch seconds) of the last record before it."""
+
+    file: str
+    line: int
+    t: float | None
+
+
+_cut: dict[str, Cut] = {}
+
+
+def cut_of(path: Path) -> Cut | None:
+    """Where `path` (or PATH.gz) ended early when `read_jsonl` last read it in this process; None
+    when it was read whole."""
+    return _cut.get(str(path))
+
+
+def _last_t(records: list[dict[str, Any]]) -> float | None:
+    return next((float(r["t"]) for r in reversed(records) if isinstance(r.get("t"), int | float)), None)
 
 
 _warned: set[str] = set()

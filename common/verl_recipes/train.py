@@ -19,8 +19,9 @@
 The user's `--model` and `--data` are read, never written (`verl_recipes.workload.userpaths`),
 and a `--run-dir` is new, empty, or resumed; it is claimed while `train` runs (a second launch
 into it is one line) and marked incomplete from its first write until the rehearsal or the
-measure step is done, so a run stopped by Ctrl-C or a kill says so and the same command again
-starts over (the stopped attempt kept in attempt-N/).
+measure step is done, so a run stopped by Ctrl-C or a kill says so and the same `--run-dir` again
+starts over (the stopped attempt kept in attempt-N/); without --run-dir, each command makes a new
+folder under runs/, never one another command has.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launch reaches them through
 Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment
@@ -38,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, cli_types, procs, rundir
+from verl_recipes import RecipeError, cli_types, inflight, procs, rundir
 from verl_recipes.fixes import ENV_FIXES_OFF
 from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
@@ -88,13 +89,43 @@ def write_run(job: Job, cfg: Any) -> None:
 
     from verl_recipes.workload import userpaths
 
-    userpaths.mark_incomplete(job.run_dir)
+    userpaths.mark_incomplete(job.run_dir, job.run_dir_named)
     if job.resume:
         return
     env = [f"{ENV_RANK}={job.rank.env_value}"] if job.rank else []
     command = "#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join([*env, *trainer_command(job)]) + "\n"
-    (job.run_dir / rundir.COMMAND).write_text(command)
-    OmegaConf.save(cfg, job.run_dir / rundir.CONFIG)
+    # each renamed into place whole: a full disk leaves the file absent, never cut short
+    inflight.write_text(job.run_dir / rundir.COMMAND, command, "the run's command")
+    inflight.write_text(job.run_dir / rundir.CONFIG, OmegaConf.to_yaml(cfg), "the run's composed config")
+
+
+def same_job(job: Job, cfg: Any) -> None:
+    """A resumed run folder holds this job: its saved config is the one composed now (on a GPU
+    host as in a rehearsal), else one line names the first key that differs, and both values."""
+    from omegaconf import OmegaConf
+
+    cfg_path = job.run_dir / rundir.CONFIG
+    saved, now = cfg_path.read_text(), OmegaConf.to_yaml(cfg)
+    if saved == now:
+        return
+    there, here = _flat(OmegaConf.to_container(OmegaConf.create(saved))), _flat(OmegaConf.to_container(cfg))
+    keys = [k for k in dict.fromkeys([*here, *there]) if here.get(k, "(absent)") != there.get(k, "(absent)")]
+    named = [f"{k} is {there.get(k, '(absent)')!r} there, {here.get(k, '(absent)')!r} now" for k in keys[:3]]
+    which = f"{len(keys)} key(s) differ: " + "; ".join(named) + ("; ..." if len(keys) > 3 else "")
+    raise RecipeError(
+        f"--resume: the job differs from the one in {cfg_path} ({which}); resume with the arguments that "
+        "made it, or pass a new --run-dir"
+    )
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config as dotted keys and leaf values."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
 
 
 def ensure_model(job: Job) -> Path:
@@ -182,10 +213,14 @@ def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
     from omegaconf import OmegaConf
 
     reason = job.rehearsal
+    if job.resume:
+        same_job(job, cfg)
     ensure_model(job)
     ensure_dataset(job)
     if job.resume:
-        verdict.append(f"--resume: {job.run_dir} holds a run; a GPU host continues it (nothing here is rewritten)")
+        verdict.append(
+            f"--resume: {job.run_dir} holds a run of this job; a GPU host continues it (nothing here is rewritten)"
+        )
     write_run(job, cfg)
 
     print(f"== rehearsal of {job.recipe.id}: {reason}")
@@ -257,8 +292,6 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
 def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
     """On a GPU host: the host checked, the model and data made, then verl under the monitor;
     returns verl's exit code (the run folder holds everything measured)."""
-    from omegaconf import OmegaConf
-
     from verl_recipes.workload import userpaths
 
     for msg in verdict:
@@ -274,13 +307,8 @@ def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
         vllm_util = round(float(rollout.gpu_memory_utilization) * job.cap_scale, 4)
         rollout.gpu_memory_utilization = vllm_util
     run_dir = job.run_dir
-    cfg_path = run_dir / rundir.CONFIG
     if job.resume:
-        if cfg_path.read_text() != OmegaConf.to_yaml(cfg):
-            raise RecipeError(
-                f"--resume: the job differs from the one in {cfg_path}; resume with the same arguments "
-                "or pass a new --run-dir"
-            )
+        same_job(job, cfg)
         aside = userpaths.set_aside(run_dir)
         if aside:
             print(f"--resume: the earlier attempt's log and measurements are in {aside}")
@@ -288,7 +316,7 @@ def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
     # the model's architecture beside the run: the planner's check of this run reads it (a
     # truncated or user model is not the recipe's bundled one)
     if (job.model.path / "config.json").is_file():
-        (run_dir / rundir.MODEL_CONFIG).write_text((job.model.path / "config.json").read_text())
+        inflight.write_text(run_dir / rundir.MODEL_CONFIG, (job.model.path / "config.json").read_text())
 
     env = {**os.environ, **launch_env(job, dict(os.environ))}
     cmd = trainer_command(job)

@@ -17,16 +17,21 @@ DESCRIPTION = "Ray on a Slurm allocation: check it, start Ray on every node, run
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    say("check ok: " + check(os.environ, args.runtime).summary())
+    say("check ok: " + check(os.environ, args.runtime, gpu=args.gpu).summary())
     return 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    return launch(check(os.environ, args.runtime, args.dry_run), os.environ)
+    return launch(check(os.environ, args.runtime, args.dry_run, gpu=args.gpu), os.environ)
 
 
 def _runtime_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", choices=RUNTIMES, default="bare", help="how steps run (default bare)")
+    p.add_argument(
+        "--gpu",
+        metavar="ID|NGiB",
+        help="the allocation's GPU the planner judges the job on (also GPU=); default: what NVML names here",
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -251,6 +251,7 @@ class Settings:
     hold_s: int = 0
     verify: bool = True
     dry_run: bool = False
+    plan: str | None = None  # the planner's verdict on the job and the allocation's GPU (`fits`)
 
     @property
     def ray_nodes(self) -> int:
@@ -272,7 +273,7 @@ class Settings:
         mode = "rehearsal (CPU, logical GPUs)" if self.rehearsal else "train"
         return (
             f"job {self.job_id} on {','.join(self.hosts)}: {shape}; runtime {self.runtime}; {mode}; "
-            f"job dir {self.job_dir}"
+            f"job dir {self.job_dir}" + (f"; {self.plan}" if self.plan else "")
         )
 
 
@@ -361,11 +362,26 @@ def check_train_layout(root: Path, recipe: str, train_cmd: str, nodes: int, gpus
     layout.batch_over_ranks(rows, minimal, int(facts["train_batch_size"]), int(facts["ppo_mini_batch_size"]))
 
 
+def _plan(recipe: str, train_cmd: str, nodes: int, gpus: int, gpu: str | None) -> str | None:
+    """The planner's verdict (`cluster.fits`) on TRAIN_CMD's job; a job it refuses raises one line.
+    Where the planner cannot run here (a host Python without verl, outside the container the job
+    trains in), `train`'s pre-flight on the head judges the same job."""
+    try:
+        from verl_recipes.cluster.fits import check_fits
+    except ImportError as e:
+        return f"plan: not judged here ({e.name or e} is not installed); `train` judges it on the head"
+    variants, sets = _train_args(train_cmd)
+    try:
+        return check_fits(recipe, variants, [f"{k}={v}" for k, v in sets.items()], nodes, gpus, gpu)
+    except ImportError as e:
+        return f"plan: not judged here ({e.name or e} is not installed); `train` judges it on the head"
+
+
 def looks_like_path(s: str) -> bool:
     return s.startswith(("/", "./", "../", "~")) or s.endswith((".sqsh", ".sif", ".squashfs"))
 
 
-def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settings:
+def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str | None = None) -> Settings:
     """Validate a launch from its environment before anything starts; raise one-line RecipeErrors.
 
     The templates call this (``python -m verl_recipes.cluster check``) and ``launch`` calls it again, so a bad TP/PP
@@ -445,8 +461,10 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
     ports.check(per_host)
 
     root = Path(env.get("VERL_RECIPES_ROOT") or env.get("SLURM_SUBMIT_DIR") or os.getcwd()).resolve()
+    plan = None
     if gpus and not rehearsal and env.get("RECIPE") and train_cmd:
         check_train_layout(root, env["RECIPE"], train_cmd, nodes, gpus, tp, pp)
+        plan = _plan(env["RECIPE"], train_cmd, nodes, gpus, gpu or env.get("GPU", "").strip() or None)
     job_dir = Path(env.get("JOB_DIR") or root / "runs" / f"slurm-{job_id}").resolve()
     mounts = tuple(m for m in (s.strip() for s in env.get("CONTAINER_MOUNTS", "").split(",")) if m)
 
@@ -479,4 +497,5 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False) -> Settin
         hold_s=_env_int(env, "REHEARSAL_HOLD_S", 0, 0),
         verify=_env_flag(env, "VERIFY", True),
         dry_run=dry_run,
+        plan=plan,
     )

@@ -10,7 +10,11 @@ Peak memory is the NVML device peak over the whole run (every process on the run
 With `--bench`, each run's `gen` is set beside vLLM alone on the same work: the `rollout-bench`
 record of the same recipe, variants and `--set` overrides (the work vLLM is given does not depend
 on verl's fixes, so a run with a fix turned off meets the same record, nor on the overrides of
-the training side, `TRAINING_ONLY`, so a run with verl's bypass mode meets it too).
+the training side, `TRAINING_ONLY`, so a run with verl's bypass mode meets it too). vLLM alone's
+generated tokens/s is set beside its decode roofline at the same batch on the card it ran on
+(`verl_recipes.predict.speed.decode_floor`: the weights and the running sequences' KV read once a
+decode step, over the catalogue's memory bandwidth, at the record's mean prompt and answer
+lengths and its `max_num_seqs` sequences at once): the share of the floor vLLM reaches.
 """
 
 from __future__ import annotations
@@ -72,17 +76,50 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
 
 
 def bench_figures(path: Path) -> dict[str, Any]:
-    """What a `rollout-bench` record says: the work it measured and vLLM's median generate call."""
+    """What a `rollout-bench` record says: the work it measured, vLLM's median generate call, its
+    generated tokens/s and the decode roofline of that work on its card (None off the catalogue)."""
     try:
         rec = json.loads(path.read_text())
-        return {
+        out = {
             "bench": path.name,
             "work": rollout_work(rec["recipe"], rec["variants"], rec["sets"]),
             "vllm_alone_s": float(rec["median_s"]),
             "decode_ms_per_step": float(rec["decode_ms_per_step"]),
+            "vllm_alone_tok_s": statistics.median(rec["generated_tokens"]) / float(rec["median_s"]),
         }
+        out["roofline_tok_s"] = _roofline(rec)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise RecipeError(f"{path}: not a rollout-bench record ({e})") from e
+    return out
+
+
+def _roofline(rec: dict[str, Any]) -> float | None:
+    """The decode roofline's generated tokens/s for a bench record's work (module docstring)."""
+    from verl_recipes.predict.gpus import catalogued
+    from verl_recipes.predict.model import Arch
+    from verl_recipes.predict.speed import decode_floor
+    from verl_recipes.recipe.metadata import get_recipe
+
+    gpus = rec.get("provenance", {}).get("gpu", {}).get("gpus") or []
+    gpu = catalogued(gpus[0]["name"]) if gpus else None
+    if gpu is None or not gpu.bandwidth:
+        return None
+    recipe = get_recipe(rec["recipe"])
+    arch = Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json")
+    eng = rec["engine_args"]
+    tp = int(eng.get("tensor_parallel_size") or 1)
+    prompts = [int(n) for n in rec["prompt_tokens"]]
+    answers = statistics.median(rec["generated_tokens"]) / len(prompts)
+    d = decode_floor(
+        arch.params() * 2 / tp,  # vLLM's bf16 weights
+        arch.kv_bytes_per_token(tp, 2),
+        gpu.bandwidth,
+        len(prompts),
+        int(eng["max_num_seqs"]),
+        statistics.mean(prompts),
+        answers,
+    )
+    return len(prompts) * answers / d.rollout_s
 
 
 def compare(baseline: Path, others: list[Path], benches: Sequence[Path] = ()) -> dict[str, Any]:
@@ -99,6 +136,8 @@ def compare(baseline: Path, others: list[Path], benches: Sequence[Path] = ()) ->
         met = by_work.get(r.pop("work"))
         r["bench"] = met["bench"] if met else None
         r["vllm_alone_s"] = met["vllm_alone_s"] if met else None
+        r["vllm_alone_tok_s"] = met["vllm_alone_tok_s"] if met else None
+        r["roofline_tok_s"] = met["roofline_tok_s"] if met else None
         r["gen_ratio"] = r["gen_s"] / met["vllm_alone_s"] if met and r["gen_s"] else None
         r["throughput_ratio"] = (
             r["throughput_tok_s"] / base["throughput_tok_s"]
@@ -121,8 +160,10 @@ def render(doc: dict[str, Any]) -> str:
     )
     cols = 10
     if doc.get("benches"):
-        head += " gen s | vLLM alone s | gen / vLLM alone |"
-        cols += 3
+        head += (
+            " gen s | vLLM alone s | gen / vLLM alone | vLLM alone tokens/s | decode roofline tokens/s | of roofline |"
+        )
+        cols += 6
     lines = [head, "|" + "---|" * cols]
     for r in doc["rows"]:
         # a rehearsed rank's tokens/s is its compute alone; another loop's run is none of verl's variants
@@ -140,7 +181,10 @@ def render(doc: dict[str, Any]) -> str:
             _f(r["peak_ratio"]),
         ]
         if doc.get("benches"):
+            roof = r["roofline_tok_s"]
+            share = r["vllm_alone_tok_s"] / roof if roof and r["vllm_alone_tok_s"] else None
             cells += [_f(r["gen_s"]), _f(r["vllm_alone_s"]), _f(r["gen_ratio"])]
+            cells += [_f(r["vllm_alone_tok_s"], 0), _f(roof, 0), "-" if share is None else f"{share:.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -73,6 +73,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ from typing import Any
 
 import psutil
 
-from verl_recipes import RecipeError, cli_types
+from verl_recipes import RecipeError, cli_types, inflight
 from verl_recipes.procs import TreeGuard, all_pids, die_with_parent, end, has_marker, marked_pids, run_marker
 from verl_recipes.rundir import RUN_DIR_ENV, SAMPLES, JsonlWriter
 
@@ -531,6 +532,7 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rc: int | None = None
+        self.write_fault: str | None = None  # why sampling stopped early (a full or read-only disk)
         self.writer.write(
             {
                 "kind": "start",
@@ -627,6 +629,11 @@ class Monitor:
         while not self._stop.is_set():
             try:
                 self.sample_once()
+            except OSError as e:
+                if e.errno in inflight.FAULTS:
+                    self._stop_sampling(e)
+                    return
+                self.writer.write({"kind": "error", "t": time.time(), "error": repr(e)[:500]})
             except Exception as e:  # keep sampling; record why one sample failed
                 self.writer.write({"kind": "error", "t": time.time(), "error": repr(e)[:500]})
             next_t += self.interval
@@ -635,6 +642,12 @@ class Monitor:
                 next_t = time.monotonic()
                 delay = 0
             self._stop.wait(delay)
+
+    def _stop_sampling(self, e: OSError) -> None:
+        """The disk is full or read-only: the command goes on unmeasured from here, undisturbed, and
+        the report says where the samples end (`samples cut at line N`)."""
+        self.write_fault = f"{self.writer.path}: {inflight.FAULTS[e.errno or 0][0]}"
+        print(f"monitor: {self.write_fault}; sampling stops here, the command goes on", file=sys.stderr, flush=True)
 
     def start(self) -> Monitor:
         self._thread = threading.Thread(target=self._loop, name="verl-recipes-monitor", daemon=True)
@@ -648,6 +661,8 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.write_fault:  # the exit record would not fit either; the launcher records the exit code
+            return
         self.writer.write(
             {
                 "kind": "exit",

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, rundir
+from verl_recipes import RecipeError, inflight, rundir
 
 
 def conclude(run_dir: Path, rc: int, cap_gib: float | None) -> int:
     """Everything measured about a run that exited `rc`; raises the one line a failed or over-cap
     run ends with, returns 0 for a run that did what it was asked."""
-    (run_dir / rundir.EXIT_CODE).write_text(f"{rc}\n")
+    inflight.write_text(run_dir / rundir.EXIT_CODE, f"{rc}\n", "the run's exit code")
     worker_errors(run_dir, rc)
     write_report(run_dir)
     try:
@@ -32,7 +32,7 @@ def conclude(run_dir: Path, rc: int, cap_gib: float | None) -> int:
     if cap_gib:
         over = cap_overrun(run_dir, cap_gib)
         if over:
-            (run_dir / rundir.CAP_EXCEEDED).write_text(over + "\n")
+            inflight.write_text(run_dir / rundir.CAP_EXCEEDED, over + "\n", "the cap's overrun")
             raise RecipeError(over)
     print(f"run folder: {run_dir}")
     return 0

@@ -25,6 +25,7 @@ Process classes are verl_recipes.measure.monitor.CLASSES; host RSS is summed ove
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import math
 import statistics
 from collections import defaultdict
@@ -36,6 +37,7 @@ from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.measure import ending, gen_split, startup
 from verl_recipes.measure.monitor import CLASSES
 from verl_recipes.rundir import (
+    EXIT_CODE,
     GEN_SPLIT,
     METRICS,
     PHASES,
@@ -45,6 +47,7 @@ from verl_recipes.rundir import (
     SUMMARY,
     SUMMARY_SCHEMA,
     TIMELINE,
+    cut_of,
     read_jsonl,
     read_provenance,
     write_summary,
@@ -154,6 +157,24 @@ def _attribute(t: float, intervals: list[Interval]) -> tuple[str, int | None]:
     return inner.name, inner.step if inner.step is not None else step
 
 
+def recorded_exit_code(run_dir: Path) -> int | None:
+    """The exit code `train` recorded beside the run (`exit_code`), or None."""
+    try:
+        return int((run_dir / EXIT_CODE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cut_line(cut: dict[str, Any]) -> str:
+    """`samples cut at line N (time T)`: where the monitor's record ends early."""
+    when = "time unknown"
+    if cut.get("t") is not None:
+        stamp = _dt.datetime.fromtimestamp(cut["t"], _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = f"time {stamp}, {cut['at_s']:.1f} s after the start"
+    lost = "" if cut.get("exit_record") else ", with the monitor's exit record"
+    return f"samples cut at line {cut['line']} ({when}) of {cut['file']}: the tables end there{lost}"
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
     """Build summary.json's content from a run directory."""
     recs, bad = read_jsonl(run_dir / SAMPLES)
@@ -257,6 +278,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     wall = (exit_ or samples[-1])["t"] - t0
     first_step = min((iv.begin for iv in intervals if iv.name == "step"), default=None)
     exit_code = exit_.get("rc") if exit_ else None
+    cut = cut_of(run_dir / SAMPLES)
+    if exit_code is None:  # the monitor's exit record is lost (cut off, or killed): the launcher's is kept
+        exit_code = recorded_exit_code(run_dir)
     return {
         "schema": SUMMARY_SCHEMA,
         "run_dir": str(run_dir),
@@ -267,6 +291,17 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "startup": startup.summarize(run_dir, t0, first_step),
         "interval_s": start.get("interval_s"),
         "samples": len(samples),
+        "samples_cut": (
+            {
+                "file": cut.file,
+                "line": cut.line,
+                "t": cut.t,
+                "at_s": round(cut.t - t0, 3) if cut.t else None,
+                "exit_record": exit_ is not None,
+            }
+            if cut
+            else None
+        ),
         "skipped_lines": bad + bad_ph + bad_met,
         "nvml_error": start.get("nvml_error"),
         "gpus": [
@@ -398,7 +433,14 @@ def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, i
     cmd = " ".join(summary["cmd"] or ["?"])
     lines.append(f"- command: `{cmd[:300]}`")
     ec = summary["exit_code"]
-    lines.append(f"- exit code: {ec}" if ec is not None else "- exit code: none: the monitor did not finish (killed?)")
+    cut = summary.get("samples_cut")
+    if cut:
+        lines.append(f"- {cut_line(cut)}")
+    if ec is not None:
+        from_file = cut is not None and not cut.get("exit_record")
+        lines.append(f"- exit code: {ec}" + (f" (as the launcher recorded it in {EXIT_CODE})" if from_file else ""))
+    else:
+        lines.append("- exit code: none: the monitor did not finish (killed?)")
     if summary.get("ended"):
         lines.append(f"- {ending.one_line(summary['ended'])}")
     lines.append(
@@ -616,6 +658,8 @@ def render_timeline(run_dir: Path, out_png: Path) -> None:
 def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     """Write summary.json, report.md and timeline.png; return the summary."""
     run_dir = run_dir.resolve()
+    if not run_dir.is_dir():
+        raise RecipeError(f"{run_dir}: no such folder; give the --out DIR of `verl-recipes monitor` (a run folder)")
     if not (run_dir / SAMPLES).is_file() and not (run_dir / (SAMPLES + ".gz")).is_file():
         raise RecipeError(f"{run_dir}: no {SAMPLES}; give the --out DIR of `verl-recipes monitor`")
     out = (out_dir or run_dir).resolve()

@@ -62,6 +62,10 @@ LEFT_OUT: dict[str, str] = {}
 
 #: the one line a CPU host ends with
 NEEDS_GPU = "the measurement needs a GPU host with vLLM; on this host: the engine arguments and sampling settings above"
+NO_GPU = (
+    "rollout-bench measures vLLM on a GPU, and this host has none that NVML sees (or no vLLM); run it on a "
+    "GPU host, or pass --dry-run to print the engine arguments and sampling settings it would use"
+)
 
 
 def rollout_config(cfg: Any) -> Any:
@@ -378,6 +382,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out and args.out.exists():
         raise RecipeError(f"--out {args.out} exists; name a new file")
     recipe = get_recipe(args.recipe)
+    gpu = vllm_available()
+    if not gpu and not args.dry_run:  # before anything loads: one line, not a page of library warnings
+        raise RecipeError(NO_GPU)
     data = default_data_dir()
     model = model_dir(recipe.model.arch, None, "full-width")
     # composed as `train` composes it: the recipe's layout, its variants, the --set overrides
@@ -385,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     hf = model_hf_config(recipe)
     engine = engine_args(cfg, hf)
     rc = rollout_config(cfg)
-    gpu = vllm_available()
+    gpu = gpu and not args.dry_run
     if gpu:
         ensure_model(recipe.model.arch)
     ensure_data(data)
@@ -437,4 +444,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--calls", type=int, default=3, help="timed generate calls after one warm-up (default 3)")
     p.add_argument("--out", type=Path, help="the JSON record (default runs/rollout-bench-RECIPE-TIME.json)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the engine arguments, sampling and prompts, measure nothing (any host; without a GPU, "
+        "the command is refused without it)",
+    )
     p.set_defaults(func=run)

@@ -14,7 +14,8 @@ Three sources can say whether a recipe fits a GPU, and they must not disagree in
 
 `whole_fix` is the one line a refusal ends with: every knob of the planner's path to fit, at
 once, with the peak and host RAM it leads to, rather than the single knob that helps most.
-`closing_line` is the rehearsal's last line, which says the same thing as the plan above it.
+`closing_line` is the rehearsal's last line, which says the same thing as the plan above it, in
+the same three words (`predict.margin`): a tight job is told its margin and what buys it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from verl_recipes.predict.gpus import GIB, GPU
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
+from verl_recipes.predict.margin import FITS, margin
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 
 PREDICTED_SCHEMA = "verl-recipes/predicted/1"
@@ -108,9 +110,11 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
     A file matches when it predicts the same variants on the same catalogued GPU (or one exposing
-    the same memory), with the same GPU count, nodes and depth; a truncated plan (`--layers`) or
-    another `--gpus` is another job.
+    the same memory), with the same GPU count, nodes, depth and parallel layout; a truncated plan
+    (`--layers`), another `--gpus` or a `--set` of another TP or PP is another job.
     """
+    from verl_recipes.plan.layers import layout_of
+
     if recipe is None:
         return None
     for path in sorted((recipe.dir / "expected").glob("*.yaml")):
@@ -127,6 +131,8 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
             and int(t.get("gpus") or 0) == s.world
             and int(t.get("nnodes") or 0) == s.nnodes
             and int(t.get("layers") or 0) == s.arch.layers
+            # a --set that changes the parallel layout is another job
+            and t.get("layout") in (None, layout_of(s))
         )
         if not same:
             continue
@@ -301,7 +307,26 @@ def closing_line(
     needs = f"one GPU, for {rank}" if rank else f"{s.world} x {gpu.id}"
     head = f"training needs an NVIDIA GPU ({needs}); {reason}."
     if verdict(p, cal):
-        return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
+        phase, peak = (cal.peak_phase, cal.peak_bytes) if cal else (p.peak.phase, p.peak.total)
+        m = margin(s, phase, peak, gpu.visible_bytes, Constants().nccl_bytes_per_communicator)
+        if m.word == FITS:
+            return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
+        buy = fitting_variants(
+            recipe,
+            variants,
+            sets,
+            judged_gpu(gpu, excess(p, cal) + m.band),
+            gpus=gpus,
+            layers=layers,
+            fixes_off=fixes_off,
+        )
+        with_it = (
+            f"; {buy[0].flags} buys it (peak {_gib(buy[0].peak_bytes)} GiB): rehearse and train with it" if buy else ""
+        )
+        return (
+            f"{head} The plan above is tight on {gpu.id}: {_gib(m.headroom)} GiB under the card, where "
+            f"{_gib(m.band)} GiB is known to move the peak (`plan` states it){with_it}."
+        )
     fits = fitting_variants(recipe, variants, sets, gpu, gpus=gpus, layers=layers, fixes_off=fixes_off)
     if fits:
         f = fits[0]

@@ -15,8 +15,10 @@ model as `train --layers` does); a path is a file of deltas
 on verl's `ppo_trainer` (or `--config-name`). The model's config.json comes from the recipe, or
 `--arch` (a bundled name or a path), or `actor_rollout_ref.model.path`/config.json.
 
-A gate a script can trust: with `--gpu`, the exit status is 1 unless the job fits every GPU named
-(2 for bad input, as everywhere). Where the recipe commits a calibrated prediction for the layout
+A gate a script can trust: with `--gpu`, the verdict of the worst GPU named is the exit status,
+in three words (`verl_recipes.predict.margin`): 0 fits, 3 tight (under the card by less than the
+margin that moves the peak, which `plan` states part by part, with what buys it), 1 does not fit;
+2 is bad input, as everywhere. Where the recipe commits a calibrated prediction for the layout
 (`expected/*.yaml`, status predicted), it decides the verdict, beside the planner's own figure
 (`verl_recipes.plan.advice`); a recipe variant that fits is named before any knob, and every
 suggestion shows its host RAM.
@@ -48,12 +50,18 @@ from verl_recipes.predict.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import helpful, path_to_fit
+from verl_recipes.predict.margin import EXIT, TIGHT, Margin, margin
 from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.setup import load_setup
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
-    p = sub.add_parser("plan", help="predict per-phase, per-GPU peak memory of a verl configuration")
+    p = sub.add_parser(
+        "plan",
+        help="predict per-phase, per-GPU peak memory of a verl configuration",
+        epilog="exit status: 0 the job fits every --gpu named (or none is named: plan only informs); "
+        "1 it does not fit a --gpu named; 2 bad input (one error: line)",
+    )
     p.add_argument("target", nargs="?", help="recipe id, a path to a config.yaml of deltas, or a verl script (.sh)")
     p.add_argument(
         "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
@@ -226,16 +234,21 @@ def run(args: argparse.Namespace) -> int:
     if args.from_layers:
         return _from_layers(args, s)
     if args.budgets:
+        if args.json or args.tokens_per_s:
+            raise RecipeError(
+                "--budgets prints its own predicted rate and cost as text; drop --json and --tokens-per-s"
+            )
         print(budgets_text(label, s, [parse_gpu(g) for g in args.gpu] or [catalogue()["h100-80g"]], args.provider))
         return 0
     if args.write:
         raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
     job = Job(args.variant, args.sets, args.gpus, args.layers)
-    text, fits = judge(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off, job)
-    print(text)
-    # a gate: with --gpu, exit 1 unless the job fits every GPU named (without it, plan only informs)
-    return 0 if not gpus or all(fits.values()) else 1
+    j = judgement(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.verl_fix_off, job)
+    print(json.dumps(plan_json(j), indent=2) if args.json else render_text(j))
+    # a gate: with --gpu, the worst verdict of the GPUs named decides (predict.margin.EXIT: 0 fits,
+    # 3 tight, 1 does not fit); without --gpu, plan only informs
+    return max(EXIT[m.word] for m in j.margins.values()) if gpus else 0
 
 
 def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
@@ -284,8 +297,26 @@ def judge(
     job: Job | None = None,
 ) -> tuple[str, dict[str, bool]]:
     """The plan of one configuration on `gpus` (default: every catalogued GPU), with what would make
-    it fit where it does not, as text or JSON, and the verdict per GPU id: the calibrated
-    prediction where the recipe has one for this layout (`plan.advice`), else the planner's."""
+    it fit where it does not, as text or JSON, and whether it fits per GPU id (tight included):
+    the calibrated prediction where the recipe has one for this layout (`plan.advice`), else the
+    planner's. `judgement` has the verdict in its three words."""
+    j = judgement(label, s, recipe, gpus, tokens_per_s, provider, fixes_off, job)
+    return (json.dumps(plan_json(j), indent=2) if as_json else render_text(j)), j.fits
+
+
+def judgement(
+    label: str,
+    s: Setup,
+    recipe: Any = None,
+    gpus: list[GPU] | None = None,
+    tokens_per_s: float | None = None,
+    provider: str | None = None,
+    fixes_off: list[str] | None = None,
+    job: Job | None = None,
+) -> Judgement:
+    """One configuration judged on `gpus` (default: every catalogued GPU): the plans, the evidence
+    and the verdict per GPU with its margin (`predict.margin`), what would make it fit where it
+    does not, what buys a tight one its margin, the host RAM and the cost."""
     job = job or Job()
     gpus = gpus or list(catalogue().values())
     c = Constants()
@@ -295,6 +326,7 @@ def judge(
     held_by = memory_run(s, recipe.id) if recipe is not None else None
     cals = {p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
+    margins = {p.gpu.id: _margin(s, p, cals[p.gpu.id], c) for p in plans}
     advice: dict[str, Advice] = {}
     for p in plans:
         if fits[p.gpu.id]:
@@ -314,10 +346,15 @@ def judge(
             path=same,
             more_gpus_path=None if same else path_to_fit(s, g, c),
         )
+    headroom = {
+        p.gpu.id: _headroom(recipe, job, s, p, cals[p.gpu.id], margins[p.gpu.id], c, fixes_off or ())
+        for p in plans
+        if margins[p.gpu.id].word == TIGHT
+    }
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
     # a job of several GPUs: say whether a full run, a rehearsed rank or nothing stands behind it
     behind = behind_line(recipe, job.variants, s.world) if recipe is not None and s.world > 1 else None
-    j = Judgement(
+    return Judgement(
         label,
         s,
         plans,
@@ -330,10 +367,33 @@ def judge(
         cost_lines,
         cost_js,
         behind,
+        margins,
+        headroom,
     )
-    if as_json:
-        return json.dumps(plan_json(j), indent=2), fits
-    return render_text(j), fits
+
+
+def _margin(s: Setup, p: Any, cal: Any, c: Constants) -> Margin:
+    """The verdict's figure (the calibrated or measured one where there is one, else the
+    planner's) against its card, with the band that moves it (`predict.margin`)."""
+    phase, peak = (cal.peak_phase, cal.peak_bytes) if cal is not None else (p.peak.phase, p.peak.total)
+    return margin(s, phase, peak, p.gpu.visible_bytes, c.nccl_bytes_per_communicator, starts=verdict(p, cal))
+
+
+def _headroom(
+    recipe: Any, job: Job, s: Setup, p: Any, cal: Any, m: Margin, c: Constants, fixes_off: Sequence[str]
+) -> Advice:
+    """What buys a tight job its margin on one GPU: the recipe's variants and the planner's knobs
+    judged on the card less the band (and less what a calibration adds to the planner)."""
+    g = judged_gpu(p.gpu, excess(p, cal) + m.band)
+    sg = [x for x in helpful(s, g, c) if x.plan.fits and x.knob.setup.world == s.world]
+    return Advice(
+        judged_against=g,
+        variants=fitting_variants(
+            recipe, job.variants, job.sets, g, gpus=job.gpus, layers=job.layers, fixes_off=fixes_off
+        ),
+        best=sg[0] if sg else None,
+        path=path_to_fit(s, g, c, more_gpus=False) if not sg else None,
+    )
 
 
 def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = None) -> str:

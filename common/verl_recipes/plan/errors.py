@@ -22,7 +22,8 @@ its end), so the measured `outside` peak is that sync whenever it is the larger.
 Known causes of errors are kept with the data in `validation/planner-notes.yaml` (run, phase, why);
 `--write FILE` writes the table with that column (validation/planner-errors.md is the committed one),
 and first regenerates the host-RAM model's fitted bases from their runs (`host_fits`, the data
-file `predict/host_fits.yaml`), judging the host rows with them.
+file `predict/host_fits.yaml`), judging the host rows with them, and the run-to-run spread per
+engine from the committed reruns (`plan.spread`, the data file `predict/spread.yaml`).
 A run fails the check when |error| exceeds the tolerance (10% by default) for any phase on any
 GPU, explained or not. No runs at all is a failure too, unless `--allow-empty`: a planner nobody has checked must
 not look checked. The mean residual per phase is printed as the data to refit the constants in
@@ -41,6 +42,7 @@ from verl_recipes.plan.host_fits import write_fits
 from verl_recipes.plan.host_runs import format_rows, host_rows
 from verl_recipes.plan.host_runs import markdown as host_markdown
 from verl_recipes.plan.runs import committed_runs, judged_setup, residual_line
+from verl_recipes.plan.spread import write_spread
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.host import FITTED, load_fits
 from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
@@ -160,6 +162,8 @@ def main_errors(
         print(format_rows(hrows))
     if fits_file is not None:
         print(f"wrote {fits_file}")
+    if write is not None:  # the run-to-run spread per engine, from the committed reruns
+        print(f"wrote {write_spread(base)}")
     if write is not None:
         head = (
             "# The planner against every committed run\n\n"

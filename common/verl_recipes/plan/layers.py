@@ -84,6 +84,12 @@ def _with_layers(s: Setup, n: int) -> Setup:
     return dataclasses.replace(s, arch=dataclasses.replace(s.arch, layers=n))
 
 
+def layout_of(s: Setup) -> str:
+    """The layout a prediction file names (`target.layout`): engine, TP, PP, CP, GPUs, vLLM's TP
+    and the widths; a prediction holds for this layout only."""
+    return _layout(s)
+
+
 def _layout(s: Setup) -> str:
     a = s.actor
     widths = f"h{s.arch.hidden} f{s.arch.intermediate} heads{s.arch.heads}/{s.arch.kv_heads} v{s.arch.vocab}"

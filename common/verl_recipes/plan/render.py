@@ -16,6 +16,7 @@ from verl_recipes.plan.advice import Advice, Calibrated, host_bytes, variant_lin
 from verl_recipes.predict.host import HostPlan
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
+from verl_recipes.predict.margin import Margin, margin_lines
 from verl_recipes.predict.phases import Constants, GPUPlan
 
 
@@ -35,6 +36,8 @@ class Judgement:
     cost_lines: list[str] = field(default_factory=list)
     cost_json: list[dict[str, Any]] = field(default_factory=list)
     behind: str | None = None  # what stands behind a multi-GPU figure (`evidence.behind_line`)
+    margins: dict[str, Margin] = field(default_factory=dict)  # per GPU id: the verdict's band
+    headroom: dict[str, Advice] = field(default_factory=dict)  # per tight GPU id: what buys the margin
 
 
 def _g(b: float) -> str:
@@ -89,7 +92,41 @@ def _peak_table(j: Judgement) -> list[str]:
             row += f"{_g(tot) + mark:>{w + 2}s}"
         out.append(row)
     out.append(f"{'  vLLM KV tokens':18s}" + "".join(f"{p.kv_tokens:>{w + 2}d}" for p in plans))
-    out.append(f"{'  fits':18s}" + "".join(f"{'yes' if j.fits[p.gpu.id] else 'NO':>{w + 2}s}" for p in plans))
+    out.append(f"{'  verdict':18s}" + "".join(f"{_word(j, p):>{w + 2}s}" for p in plans))
+    return out
+
+
+def _word(j: Judgement, p: GPUPlan) -> str:
+    m = j.margins.get(p.gpu.id)
+    return m.word if m is not None else ("fits" if j.fits[p.gpu.id] else "does not fit")
+
+
+def _headroom_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
+    """What buys a tight job its margin: a recipe variant first, then the planner's knobs, each
+    with what it gains on the peak."""
+    m = j.margins[p.gpu.id]
+    adv = adv or Advice()
+    out = []
+    for vf in adv.variants:
+        out.append(
+            f"  to buy the margin: {vf.flags} (peak {vf.peak_phase} {_g(vf.peak_bytes)} GiB, "
+            f"{_g(m.peak_bytes - vf.peak_bytes)} GiB lower; host RAM about {vf.host_bytes / GIB:.0f} GiB)"
+        )
+    best = adv.best
+    if best:
+        out.append(
+            f"  to buy the margin: {best.knob.name}: --set {' --set '.join(best.knob.sets)} "
+            f"(the planner's peak {_g(best.plan.peak.total)} GiB, {_g(p.peak.total - best.plan.peak.total)} GiB lower; "
+            f"host RAM about {host_bytes(best.knob.setup, j.fixes_off) / GIB:.0f} GiB)"
+        )
+    elif adv.path:
+        sets = [x for step in adv.path for x in step.knob.sets]
+        out.append(
+            f"  to buy the margin: {' + '.join(st.knob.name for st in adv.path)}: --set {' --set '.join(sets)} "
+            f"(the planner's peak {_g(adv.path[-1].plan.peak.total)} GiB)"
+        )
+    if not out:
+        out.append(f"  no recipe variant or knob of the planner buys {_g(m.band)} GiB on {p.gpu.id}")
     return out
 
 
@@ -149,11 +186,16 @@ def _verdict_lines(j: Judgement) -> list[str]:
         if cal_line:
             out.append(cal_line)
         if j.fits[p.gpu.id]:
+            m = j.margins.get(p.gpu.id)
             out.append(
-                f"{p.gpu.id}: fits; highest phase {p.peak.phase} {_g(p.peak.total)} of "
+                f"{p.gpu.id}: the planner's highest phase {p.peak.phase} {_g(p.peak.total)} of "
                 f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
                 f"(batch: {p.batch_seqs_per_replica} sequences of {s.seq_len} per vLLM replica)"
             )
+            if m is not None:
+                out += margin_lines(m, p.gpu.id)
+                if m.word == "tight":
+                    out += _headroom_lines(j, p, j.headroom.get(p.gpu.id))
             continue
         out += _advice_lines(j, p, j.advice.get(p.gpu.id))
     return out
@@ -250,8 +292,22 @@ def _gpu_json(j: Judgement, p: GPUPlan) -> dict[str, Any]:
     def knobs(steps: list[Suggestion] | None) -> list[dict[str, Any]] | None:
         return [_knob_json(x, j.fixes_off) for x in steps] if steps else None
 
+    m = j.margins.get(p.gpu.id)
     return {
         "gpu": asdict(p.gpu),
+        "verdict": _word(j, p),
+        "margin": None
+        if m is None
+        else {
+            "peak_phase": m.peak_phase,
+            "peak_bytes": m.peak_bytes,
+            "headroom_bytes": m.headroom,
+            "band_bytes": m.band,
+            "parts": [{"name": x.name, "bytes": x.bytes, "why": x.why} for x in m.parts],
+            # what buys a tight job its margin: the recipe's variants, then the planner's knob
+            "bought_by": [list(v.variants) for v in (j.headroom.get(p.gpu.id) or Advice()).variants],
+            "bought_by_knob": _knob_json(h.best, j.fixes_off) if (h := j.headroom.get(p.gpu.id)) and h.best else None,
+        },
         "fits": j.fits[p.gpu.id],
         "planner_fits": p.fits,
         "calibrated": _calibrated_json(j.calibrated.get(p.gpu.id)),

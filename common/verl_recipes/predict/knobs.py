@@ -118,10 +118,22 @@ def _actor_micro_batches(s: Setup, mb: Setup, sets: list[str]) -> Setup:
     """The actor's (and reference's) micro-batches halved, or its token budget; `sets` gets the lines."""
     a = "actor_rollout_ref"
     if s.actor.dynamic_bsz:
+        # each budget its own key: the log-prob budgets follow ppo_max_token_len_per_gpu only where
+        # a config leaves them unset (verl's interpolation), so a halved update budget alone does
+        # not halve a log-prob budget the config names
         if s.actor.max_tokens_train // 2 >= s.seq_len:
             new = s.actor.max_tokens_train // 2
             sets.append(f"{a}.actor.ppo_max_token_len_per_gpu={new}")
-            mb = replace(mb, actor=replace(mb.actor, max_tokens_train=new, max_tokens_infer=new))
+            mb = replace(mb, actor=replace(mb.actor, max_tokens_train=new))
+        if s.actor.max_tokens_infer // 2 >= s.seq_len:
+            new = s.actor.max_tokens_infer // 2
+            sets += [
+                f"{a}.rollout.log_prob_max_token_len_per_gpu={new}",
+                f"{a}.ref.log_prob_max_token_len_per_gpu={new}",
+            ]
+            mb = replace(mb, actor=replace(mb.actor, max_tokens_infer=new))
+            if mb.ref_role is not None:
+                mb = replace(mb, ref_role=replace(mb.ref_role, max_tokens_infer=new))
         return mb
     if s.actor.micro_train > 1:
         sets.append(f"{a}.actor.ppo_micro_batch_size_per_gpu={s.actor.micro_train // 2}")

@@ -87,6 +87,7 @@ from verl_recipes import GIB
 from verl_recipes.predict import fsdp_comm
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.inputs import Role, Setup
+from verl_recipes.predict.megatron_groups import communicators
 
 MIB = 1024**2
 PHASES = ("loaded", "update_weights", "gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
@@ -424,11 +425,10 @@ def _nccl_trainer(s: Setup, c: Constants) -> int:
     under a rank rehearsal's fake group (`Setup.fake_group`), which has no communicator."""
     if s.fake_group:
         return 0
-    if s.actor.backend == "megatron":
+    if s.actor.backend == "megatron":  # the communicators megatron-core's groups make in a step
         r = s.actor
-        dp = s.world // (r.tp * r.pp * r.cp)
-        groups = sum(1 for g in (r.tp, r.pp, r.cp, dp) if g > 1)
-        return c.group_base_bytes_megatron + groups * c.nccl_bytes_per_communicator
+        comms = communicators(r.tp, r.pp, r.cp, s.world // (r.tp * r.pp * r.cp))
+        return c.group_base_bytes_megatron + len(comms) * c.nccl_bytes_per_communicator
     return fsdp_comm.fsdp_group_bytes(s)
 
 

@@ -101,27 +101,45 @@ def concurrency(s: Setup, gpu: GPU) -> int:
     return max(1, min(s.rollout.max_num_seqs, seqs, whole))
 
 
+def decode_floor(
+    weights_bytes: float,
+    kv_bytes_per_token: float,
+    bandwidth: float,
+    sequences: int,
+    concurrent: int,
+    prompt_tokens: float,
+    response_tokens: float,
+) -> Decode:
+    """The roofline of `sequences` answers of `response_tokens`, `concurrent` at a time (module
+    docstring): each wave's decode steps read the weights and its sequences' KV at the wave's mean
+    context, prompt + response / 2."""
+    b = max(1, min(concurrent, sequences))
+    ctx = prompt_tokens + response_tokens / 2
+
+    def step_s(running: int) -> float:
+        return (weights_bytes + running * ctx * kv_bytes_per_token) / bandwidth
+
+    full, rest = divmod(sequences, b)
+    total = full * response_tokens * step_s(b) + (response_tokens * step_s(rest) if rest else 0.0)
+    one = step_s(b)
+    return Decode(sequences, b, round(prompt_tokens), round(response_tokens), round(1000 * one, 3), b / one, total)
+
+
 def decode_roofline(s: Setup, gpu: GPU, prompt_tokens: int | None = None, response_tokens: int | None = None) -> Decode:
     """The floor of the rollout of one step on one vLLM replica (module docstring)."""
     if not gpu.bandwidth:
         raise RecipeError(f"--gpu {gpu.id}: the catalogue gives no memory bandwidth for it (predict/gpus.yaml)")
     r = s.rollout
-    p = s.prompt_len if prompt_tokens is None else prompt_tokens
-    n_resp = s.response_len if response_tokens is None else response_tokens
     replicas = max(1, s.world // (r.tp * r.pp))
-    seqs = -(-s.train_batch_size * r.n // replicas)
-    b = concurrency(s, gpu)
-    kv = s.arch.kv_bytes_per_token(r.tp, r.dtype_bytes)
-    weights = vllm_weights(s)
-    ctx = p + n_resp / 2
-
-    def step_s(running: int) -> float:
-        return (weights + running * ctx * kv) / gpu.bandwidth  # type: ignore[operator]
-
-    full, rest = divmod(seqs, b)
-    total = full * n_resp * step_s(b) + (n_resp * step_s(rest) if rest else 0.0)
-    one = step_s(b)
-    return Decode(seqs, b, p, n_resp, round(1000 * one, 3), b / one, total)
+    return decode_floor(
+        vllm_weights(s),
+        s.arch.kv_bytes_per_token(r.tp, r.dtype_bytes),
+        gpu.bandwidth,
+        -(-s.train_batch_size * r.n // replicas),
+        concurrency(s, gpu),
+        s.prompt_len if prompt_tokens is None else prompt_tokens,
+        s.response_len if response_tokens is None else response_tokens,
+    )
 
 
 def _forward_flops_per_token(s: Setup, context: float) -> float:

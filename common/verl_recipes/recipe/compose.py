@@ -131,8 +131,12 @@ def _ready_to_merge(base: Any) -> Any:
     return base
 
 
-def merge_strict(base: Any, delta: Any, source: str) -> Any:
-    """Merge `delta` into `base`; an unknown key raises RecipeError naming it and a suggestion."""
+def merge_strict(base: Any, delta: Any, source: str, lines: dict[str, str] | None = None) -> Any:
+    """Merge `delta` into `base`; an unknown key raises RecipeError naming it and a suggestion.
+
+    `lines` maps a key to the `--set` line it came from when that line had Hydra's `+` or `++`:
+    the answer then names the line as given and the suggestion in the form that works (`++key`
+    stays `++key`; `+key` on a key verl has is refused, so the suggestion drops the `+`)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -144,6 +148,17 @@ def merge_strict(base: Any, delta: Any, source: str) -> Any:
     except (ConfigKeyError, ConfigAttributeError) as e:
         full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
         hint = _suggest(base, full_key)
+        line = (lines or {}).get(full_key)
+        if line is not None:
+            form = "++" if line.startswith("++") else ""
+            value = line.partition("=")[2]
+            did = f"; did you mean --set {form}{hint}={value}?" if hint else ""
+            plus = (
+                " (Hydra's + adds a key only to a free-form mapping; the key meant is there already)"
+                if hint and not form
+                else ""
+            )
+            raise RecipeError(f"{source} {line}: unknown verl config key '{full_key}'{did}{plus}") from None
         did = f"; did you mean '{hint}'?" if hint else ""
         raise RecipeError(f"{source}: unknown verl config key '{full_key}'{did}") from None
     except OmegaConfBaseException as e:  # e.g. a list where verl has a section
@@ -300,7 +315,8 @@ def hydra_prefixes(base: Any, sets: Iterable[str]) -> list[str]:
 
 
 def _merge_sets(cfg: Any, overrides: Sequence[str]) -> Any:
-    return merge_strict(cfg, parse_sets(hydra_prefixes(cfg, overrides)), "--set")
+    plus = {line.lstrip("+").partition("=")[0]: line for line in overrides if line.startswith("+")}
+    return merge_strict(cfg, parse_sets(hydra_prefixes(cfg, overrides)), "--set", plus)
 
 
 def compose_recipe(

@@ -45,6 +45,8 @@ _KEYWORDS_REFUSED = {
     "select": "a `select` loop",
     "function": "a function",
 }
+#: words before a command that run it unchanged
+_PREFIXES = ("nohup", "exec", "time", "env")
 #: commands that only set shell options or wait for background work: read, nothing to run
 _SHELL_ONLY = {"set", "wait", "true", ":", "shopt", "ulimit", "umask", "cd", "pushd", "popd", "echo", "printf"}
 
@@ -607,11 +609,16 @@ def _trainer_args(words: Sequence[str | _Unknown]) -> tuple[str, int] | None:
     trainer, else None."""
     plain = [w if isinstance(w, str) else "" for w in words]
     launcher, cut = "python3 -m", 0
+    # `nohup`, `exec`, `time`, `env [VAR=value ...]` run the command after them as it is
+    while cut < len(plain) and (plain[cut] in _PREFIXES or ("env" in plain[:cut] and _ASSIGN.match(plain[cut]))):
+        cut += 1
+    plain = plain[cut:]
     if plain[:3] == ["ray", "job", "submit"]:
         if "--" not in plain:
             return None
-        cut = plain.index("--") + 1
-        plain, launcher = plain[cut:], "ray job submit"
+        after = plain.index("--") + 1
+        cut += after
+        plain, launcher = plain[after:], "ray job submit"
     k = 0
     if plain and (plain[0] == "torchrun" or plain[0].endswith("/torchrun")):
         # torchrun's own options (`--nproc_per_node 8`, `--standalone`) come before `-m MODULE`

@@ -201,13 +201,37 @@ def verl_job(
             mapped.append(f"{key}={_value(keys[key])} -> train --steps")
     if "data.prompt_key" in keys and _value(keys["data.prompt_key"]) != "prompt":
         mapped.append(f"data.prompt_key={_value(keys['data.prompt_key'])} -> prompt (the embedded dataset's)")
+    save = keys.get("trainer.save_freq")
+    no_save = save is not None and isinstance(_value(save), int) and _value(save) > 0
+    if no_save:
+        assert save is not None
+        # verl saves at the last step too (RayPPOTrainer.fit: `is_last_step or ...`), and train
+        # --steps N makes step N the last: a save the job makes only every save_freq steps
+        mapped.append(
+            f"trainer.save_freq={_value(save)} -> -1 (no checkpoint: verl also saves at the last step, "
+            "which train --steps moves)"
+        )
     dropped = [
-        k for k in keys if k in _LAUNCHER or (_is_reward(k) and k not in _REWARD_POOLS) or k == "data.prompt_key"
+        k
+        for k in keys
+        if k in _LAUNCHER
+        or (_is_reward(k) and k not in _REWARD_POOLS)
+        or k == "data.prompt_key"
+        or (k == "trainer.save_freq" and no_save)
     ]
     kept = [o.text for o in cmd.overrides if o.key not in dropped]
     kept.append(f"trainer.logger={json.dumps(LOGGERS)}")
-    backend = "megatron" if cmd.config_name == "ppo_megatron_trainer" else "fsdp"
+    if "trainer.save_freq" in dropped:
+        kept.append("trainer.save_freq=-1")
     adv = _value(keys["algorithm.adv_estimator"]) if "algorithm.adv_estimator" in keys else "gae"
+    enable = _value(keys["critic.enable"]) if "critic.enable" in keys else None
+    for model_key, used in ((_M_KEY, True), ("critic.model", bool(enable) if enable is not None else adv == "gae")):
+        line = _attention(keys, model_key)
+        if line is not None:
+            kept.append(line[0])
+            if used:
+                mapped.append(line[1])
+    backend = "megatron" if cmd.config_name == "ppo_megatron_trainer" else "fsdp"
     recipe = VerlJobRecipe(
         id=name,
         title=f"verl job {name}",
@@ -243,6 +267,32 @@ def _set_override(line: str) -> Override:
 
     text, key = canonical(line, f"--set {line}")
     return Override(text, key, 0, line)
+
+
+_M_KEY = "actor_rollout_ref.model"
+#: the attention kernel verl 0.9.1 asks transformers for when a job names none
+#: (`HFModelConfig`: `override_config.get("attn_implementation", "flash_attention_2")`)
+VERL_ATTENTION = "flash_attention_2"
+
+
+def _attention(keys: dict[str, Override], model: str) -> tuple[str, str] | None:
+    """The attention a job that names none runs here, as a --set line and its mapped line.
+
+    verl's default, flash-attn's kernel, is not in this project's images (no PyPI wheel for the
+    pinned torch). With padding removal (verl's default) the packed sequences need a kernel that
+    keeps them apart: torch's own variable-length one (`torch_varlen`,
+    `worker.packed_attention`), the same packed tokens; without it, sdpa over padded rows."""
+    key = f"{model}.override_config.attn_implementation"
+    if key in keys:
+        return None
+    rp = keys.get(f"{model}.use_remove_padding")
+    packed = bool(_value(rp)) if rp is not None else True
+    impl = "torch_varlen" if packed else "sdpa"
+    why = "the packed sequences kept apart" if packed else "padded rows, as use_remove_padding=false asks"
+    return (
+        f"{key}={json.dumps(impl)}",
+        f"{key} (unset: verl's {VERL_ATTENTION}, whose flash-attn is not installed here) -> {impl} ({why})",
+    )
 
 
 def _is_reward(key: str) -> bool:

@@ -21,6 +21,8 @@ A model folder needs what verl's workers load with the Auto classes: config.json
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import time
@@ -161,6 +163,12 @@ def check_run_dir(path: Path, resume: bool) -> bool:
     if path.exists() and not path.is_dir():
         raise RecipeError(f"--run-dir {path} is a file; pass a new folder")
     if not path.is_dir() or not any(path.iterdir()):
+        if resume:  # a typo in the folder would otherwise start a new run where a requeue expects the old one
+            state = "does not exist" if not path.exists() else "is empty"
+            raise RecipeError(
+                f"--resume: --run-dir {path} {state}, so there is no run to continue; pass the folder of the "
+                "run to continue, or drop --resume to start a new run"
+            )
         return False
     found = holds_run(path)
     if found and resume:
@@ -223,13 +231,26 @@ def set_aside(run_dir: Path, keep: tuple[str, ...] = RESUME_KEEP) -> Path | None
 # --- the run folder while a launcher works in it ---------------------------------------------
 # `train` claims its run folder for as long as it runs (a second launch into it gets one line
 # naming the first) and marks it incomplete until it has finished writing it. A folder so marked
-# was stopped (Ctrl-C, a kill, a crash of the launcher): it never blocks a retry. The same command
-# again moves the stopped attempt whole to attempt-N/ and starts over; --resume continues it.
+# was stopped (Ctrl-C, a kill, a crash of the launcher): it never blocks a retry. The same
+# `--run-dir` again moves the stopped attempt whole to attempt-N/ and starts over; --resume
+# continues it where it has checkpoints. A command without --run-dir makes a new folder each time.
 
-RETRY = (
-    "marked incomplete: the same command starts it again (this attempt moves to attempt-N/), "
-    "--resume continues it from its checkpoints"
-)
+
+def retry_note(run_dir: Path, named: bool) -> str:
+    """What a stopped run folder is left as, and what each way on does, true for this invocation:
+    the same command starts over in this folder only when it named it (`named`); --resume is
+    offered only where verl wrote checkpoints to continue from."""
+    over = "this attempt moves to attempt-N/"
+    text = (
+        f"marked incomplete: the same command starts it over ({over})"
+        if named
+        else f"marked incomplete: the same command makes a new folder; --run-dir {run_dir} starts this one "
+        f"over ({over})"
+    )
+    ckpt = run_dir / rundir.CHECKPOINTS
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        text += f", --resume --run-dir {run_dir} continues it from its checkpoints"
+    return text
 
 
 def is_incomplete(run_dir: Path) -> bool:
@@ -251,12 +272,35 @@ def claim_run_dir(path: Path, resume: bool) -> bool:
     return check_run_dir(path, resume)
 
 
-def mark_incomplete(run_dir: Path) -> None:
-    """Create the run folder (if new) and mark it incomplete until `mark_complete`."""
+def mark_incomplete(run_dir: Path, named: bool = True) -> None:
+    """Create the run folder (if new) and mark it incomplete until `mark_complete`; `named`: the
+    command line named it (--run-dir), so the same command comes back to it (`retry_note`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     info = {"pid": os.getpid(), "command": inflight.this_command(), "since": time.time()}
     inflight.write_text(run_dir / rundir.INCOMPLETE, json.dumps(info) + "\n", "the run folder's marker")
-    inflight.keep_note(run_dir, RETRY)
+    inflight.keep_note(run_dir, lambda: retry_note(run_dir, named))
+
+
+def new_run_dir(base: Path, name: str) -> Path:
+    """A run folder no other command has: `base/name`, else `base/name-2`, `-3`, ... (the rule's
+    `-<k>`). Each is made with one mkdir, which exactly one of two commands started in the same
+    second wins; the other takes the next. Removed again at exit if nothing was written into it."""
+    base.mkdir(parents=True, exist_ok=True)
+    k = 1
+    while True:
+        path = (base / (name if k == 1 else f"{name}-{k}")).resolve()
+        try:
+            path.mkdir()
+        except FileExistsError:
+            k += 1
+            continue
+        atexit.register(_drop_if_empty, path)
+        return path
+
+
+def _drop_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def mark_complete(run_dir: Path) -> None:
