@@ -97,6 +97,23 @@ def _gib(b: float) -> str:
     return f"{b / GIB:.1f}"
 
 
+_EXPECTED: dict[tuple[str, int, int], Any] = {}
+
+
+def _expected_doc(path: Path) -> Any:
+    """A committed expected/*.yaml, parsed once per process while it is unchanged (the key is its
+    path, modification time and size): `docs` asks `calibrated` for every recipe, variant and GPU,
+    and each call reads every file of the recipe. Callers only read it."""
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _EXPECTED:
+        try:
+            _EXPECTED[key] = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    return _EXPECTED[key]
+
+
 def calibrated(recipe: Recipe | None, variants: Sequence[str], s: Setup, gpu: GPU) -> Calibrated | None:
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
@@ -108,10 +125,7 @@ def calibrated(recipe: Recipe | None, variants: Sequence[str], s: Setup, gpu: GP
     if recipe is None:
         return None
     for path in sorted((recipe.dir / "expected").glob("*.yaml")):
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        doc = _expected_doc(path)
         if not isinstance(doc, dict) or doc.get("schema") != PREDICTED_SCHEMA:
             continue
         t = doc.get("target") or {}

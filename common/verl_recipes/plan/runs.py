@@ -28,6 +28,7 @@ from verl_recipes.fixes import EVERYTHING, Evidence, RunKind, concerning, record
 from verl_recipes.paths import repo_root
 from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
+from verl_recipes.recipe.compose import saved_config
 from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
 from verl_recipes.workload.arch import arch_config_path
@@ -136,23 +137,10 @@ def judged_setup(run: MeasuredRun) -> Any:
     return replace(run_setup(run), logged_seq_len=run.longest_sequence)
 
 
-_SAVED: dict[tuple[str, int, int], Any] = {}
-
-
 def _saved_config(path: Path) -> Any:
-    """A run's saved verl_config.yaml, read once per process while the file is unchanged (the key
-    is its path, modification time and size): `plan` reads every committed run of the recipe for
-    its verdict and again for its cost line, and parsing the YAML is most of its time. Read-only,
-    since every reader shares it."""
-    from omegaconf import OmegaConf
+    """A run's saved verl_config.yaml, shared read-only with every other reader in the process."""
 
-    st = path.stat()
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    if key not in _SAVED:
-        cfg = OmegaConf.load(path)
-        OmegaConf.set_readonly(cfg, True)
-        _SAVED[key] = cfg
-    return _SAVED[key]
+    return saved_config(path)
 
 
 def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
