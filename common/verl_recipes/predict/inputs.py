@@ -389,9 +389,9 @@ def _reward_workers(cfg: Any) -> int:
     """`reward.num_workers`, or the legacy `reward_model.num_workers`, which verl 0.9.1 copies over
     it when set (its default is null)."""
     legacy = _sel(cfg, "reward_model.num_workers", None, required=False)
-    if legacy is not None and (want := wants(legacy, int)):
-        raise RecipeError(f"reward_model.num_workers={legacy!r}: must be {want}, or null (verl's default)")
     if legacy is not None:
+        if isinstance(legacy, bool) or not isinstance(legacy, int):
+            raise RecipeError(f"reward_model.num_workers={legacy!r}: must be a whole number, or null (verl's default)")
         return _pool("reward_model.num_workers", legacy)
     return _pool("reward.num_workers", _sel(cfg, "reward.num_workers", 8, required=False))
 

@@ -69,7 +69,7 @@ Terms and where each comes from:
     output, the next one's and its shard, on FSDP2's own CUDA streams, whose cached blocks the
     compute stream cannot reuse; each role that has run a forward since the last `empty_cache`
     adds its own on top of the carried floor. At a world of 1 FSDP2 gathers nothing: 0.
-  * per process: a CUDA context, and the trainer's real process group (`_nccl_trainer`: on FSDP
+  * per process: a CUDA context, and the trainer's real process group (`_group_terms`: on FSDP
     NCCL's buffers per communicator and its own state, `predict.fsdp_comm`; on Megatron one
     communicator's buffers per group with peers and its groups' measured base); a rank
     rehearsal's fake group holds none (`Setup.fake_group`). Named constants below: priors
@@ -420,28 +420,20 @@ def vllm_activation_peak(s: Setup) -> int:
     return layer + sampler
 
 
-def _nccl_trainer(s: Setup, c: Constants) -> int:
-    """The trainer's real process group beyond its allocator: one communicator's buffers per group
-    with peers, and on Megatron its groups' base (`Constants.group_base_bytes_megatron`); nothing
-    under a rank rehearsal's fake group (`Setup.fake_group`), which has no communicator."""
-    if s.fake_group:
-        return 0
-    if s.actor.backend == "megatron":  # the communicators megatron-core's groups make in a step
+def _group_terms(s: Setup, c: Constants) -> list[Term]:
+    """The trainer's real process group beyond its allocator, none under a rank rehearsal's fake
+    group (`Setup.fake_group`), which has no communicator. On FSDP one term per NCCL communicator
+    and NCCL's own (`predict.fsdp_comm`), so what a rank rehearsal cannot allocate is named; on
+    Megatron one: its groups' base (`Constants.group_base_bytes_megatron`) and one communicator's
+    buffers for each group megatron-core's step touches (`predict.megatron_groups`)."""
+    name = "trainer process group (NCCL)"
+    if s.actor.backend == "megatron":
         r = s.actor
         comms = communicators(r.tp, r.pp, r.cp, s.world // (r.tp * r.pp * r.cp))
-        return c.group_base_bytes_megatron + len(comms) * c.nccl_bytes_per_communicator
-    return fsdp_comm.fsdp_group_bytes(s)
-
-
-def _group_terms(s: Setup, c: Constants) -> list[Term]:
-    """The trainer's real process group: on FSDP one term per NCCL communicator and NCCL's own
-    (`predict.fsdp_comm`), so what a rank rehearsal cannot allocate is named; on Megatron one."""
-    if s.actor.backend != "megatron":
-        terms = fsdp_comm.fsdp_group_terms(s)
-        return [Term(f"trainer {name}", b, "trainer") for name, b in terms] or [
-            Term("trainer process group (NCCL)", 0, "trainer")
-        ]
-    return [Term("trainer process group (NCCL)", _nccl_trainer(s, c), "trainer")]
+        nbytes = c.group_base_bytes_megatron + len(comms) * c.nccl_bytes_per_communicator
+        return [Term(name, 0 if s.fake_group else nbytes, "trainer")]
+    terms = fsdp_comm.fsdp_group_terms(s)
+    return [Term(f"trainer {n}", b, "trainer") for n, b in terms] or [Term(name, 0, "trainer")]
 
 
 def _nccl_vllm(s: Setup, c: Constants) -> int:
