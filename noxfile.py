@@ -7,11 +7,8 @@ rehearse on a CPU), `smoke-<id>` (the tiny smoke run), `build-<id>` (its contain
 --errors`). Nothing is listed by hand: add a recipe folder and its sessions appear in `nox -l`, in
 CI and in the README table.
 
-The old names `validate-<id>` and `validate-planner` still run the same sessions for one release,
-each with a note naming the new one (nox has no alias of its own; they are sessions of their own).
-
 The metadata is read from recipes/index.json, which `verl-recipes docs --write` generates from
-every recipe.yaml (tests/test_spine.py fails when it is stale): nox runs before anything else is
+every recipe.yaml (tests/test_docs.py fails when it is stale): nox runs before anything else is
 installed, and `pip install nox` brings no YAML parser, so `nox -l` works on a machine that has
 only Python and nox. The package's pydantic schema validates recipe.yaml inside every session.
 """
@@ -166,13 +163,6 @@ def _recipe_session(rid: str, meta: dict) -> None:
 
     bounds.__doc__ = f"{rid}: check its committed runs against expected/ bounds (verl-recipes check-bounds)."
 
-    @nox.session(name=f"validate-{rid}", tags=["validate"])
-    def validate(session: nox.Session) -> None:
-        session.log(f"note: `validate-{rid}` is the old name of `bounds-{rid}`")
-        check_bounds(session)
-
-    validate.__doc__ = f"the old name of bounds-{rid}: the same session."
-
 
 for _rid, _meta in RECIPES.items():
     _recipe_session(_rid, _meta)
@@ -186,13 +176,6 @@ def _planner_errors(session: nox.Session) -> None:
 @nox.session(name="planner-errors", tags=["check", "cpu"])
 def planner_errors(session: nox.Session) -> None:
     """The memory planner against every committed run (verl-recipes plan --errors); fails past the tolerance."""
-    _planner_errors(session)
-
-
-@nox.session(name="validate-planner", tags=["validate"])
-def validate_planner(session: nox.Session) -> None:
-    """The old name of planner-errors: the same session."""
-    session.log("note: `validate-planner` is the old name of `planner-errors`")
     _planner_errors(session)
 
 

@@ -4,7 +4,7 @@
 # Installs Debian's slurmctld, slurmd, munge and slurm-client when missing, writes a slurm.conf
 # for this host under a scratch folder, starts munged, slurmctld and slurmd in the background and
 # waits until `sinfo` shows the node idle. Debian's Slurm is built without multiple-slurmd
-# support, so this is one Slurm node: the Ray bootstrap rehearses multi-node by starting several
+# support, so this is one Slurm node: the Ray bootstrap probes multi-node by starting several
 # Ray nodes on it as separate job steps (see common/verl_recipes/cluster/).
 #
 # Clients find the configuration through /etc/slurm/slurm.conf, which this script links to the

@@ -4,6 +4,8 @@
 #
 # usage: gpu/campaign.sh CAMPAIGN OUT_DIR
 #   CAMPAIGN: lines of `name|timeout_s|requires|what` (gpu/campaigns/*.txt); `#` starts a comment.
+#     name:     a `train` line's is `<recipe>/<run name>` (recipes/README.md's rule): its run folder
+#               OUT_DIR/runs/<recipe>/<run name> is the one committed under recipes/<recipe>/results/.
 #     what:     `verl-recipes train` arguments (`7b-lora --variant grpo --steps 3`), or
 #               `pytest ARGS` to run GPU-marked tests whose runs are kept under OUT_DIR/runs/NAME/, or
 #               `bash SCRIPT ARGS` to run `bash SCRIPT OUT_DIR/runs/NAME ARGS` (e.g. run-both.sh).

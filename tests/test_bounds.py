@@ -25,11 +25,9 @@ def test_committed_run_passes_its_bounds(root: Path) -> None:
     assert main(["check-bounds", "7b-lora"]) == 0
 
 
-def test_validate_is_the_old_name_and_still_checks(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`verl-recipes validate` runs the same check, and says what it is called now."""
-    assert main(["validate", "7b-lora"]) == 0
-    assert "`verl-recipes validate` is the old name of `verl-recipes check-bounds`" in capsys.readouterr().err
-    assert main(["validate", "7b-lora", "--expected", "expected/no-such.yaml"]) == 2
+def test_check_bounds_names_the_bounds_files_a_recipe_has(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`verl-recipes check-bounds` refuses a bounds file the recipe lacks in one line naming those it has."""
+    assert main(["check-bounds", "7b-lora", "--expected", "expected/no-such.yaml"]) == 2
     assert "no such bounds file; recipe 7b-lora has: expected/" in capsys.readouterr().err
 
 
@@ -202,7 +200,7 @@ def test_a_summary_cut_short_fails_its_check_and_the_others_still_run(
     shutil.copytree(root / RUN, run)
     text = (run / "summary.json").read_text()
     (run / "summary.json").write_text(text[: len(text) // 3])  # a copy that stopped a third of the way
-    assert main(["validate", "7b-lora", "--run", str(run)]) == 1
+    assert main(["check-bounds", "7b-lora", "--run", str(run)]) == 1
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith(("FAIL", "ok"))]
     assert len(lines) == len(get_recipe("7b-lora").expected)  # every bounds file still checked

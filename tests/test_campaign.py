@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +61,43 @@ def _campaign_lines(path: Path) -> list[tuple[str, str, str, str]]:
 CAMPAIGNS = Path(__file__).parents[1] / "gpu" / "campaigns"
 
 
+def _check_run_name(
+    campaign: str, name: str, args: Any, recipe: Any, sets: Any, layout: Any, earlier: list[str]
+) -> None:
+    """A `train` line is named `<recipe>/<run name>`, the name `train` gives its arguments on the
+    GPU family the name says (`job.run_name`, recipe/run_names.py's rule), so the run folder under
+    the campaign's runs/ is the folder committed under recipes/<recipe>/results/; a second line of
+    one configuration adds the repeat (`-2`), and `--label WORD` tells two configurations apart."""
+    from verl_recipes import RecipeError
+    from verl_recipes.job import run_name
+    from verl_recipes.layout import RankSpec
+    from verl_recipes.predict.gpus import catalogue
+    from verl_recipes.recipe.run_names import RULE, parse_run_name
+
+    rank = RankSpec(args.rank, layout.world) if args.rank is not None else None
+    labels = [*args.label, *(["smoke"] if args.smoke else [])]
+    layers = None if args.smoke else args.layers
+    folder, _, rest = name.partition("/")
+    try:
+        got = parse_run_name(rest, recipe.variants) if folder == recipe.id else None
+    except RecipeError:
+        got = None
+    family = got.gpu if got is not None else "h200"
+    want = run_name(
+        recipe, args.variant, layout, family, sets=sets, layers=layers, cap_gib=args.cap_gib, rank=rank, labels=labels
+    )
+    repeat = (
+        got.repeat if got is not None and got.configuration == want and f"{recipe.id}/{want.text}" in earlier else None
+    )
+    right = f"{recipe.id}/{replace(want, repeat=repeat).text}"
+    families = {gpu_id.split("-")[0] for gpu_id in catalogue()}
+    assert name == right and family in families, (
+        f"gpu/campaigns/{campaign}: the line {name!r} runs as {right!r}: name it so (`train` names a run "
+        f"<recipe>/{RULE} from its arguments, on the GPU family the name says, one of {sorted(families)}; "
+        "a repeat of an earlier line adds -2, -3; --label WORD tells two lines apart)"
+    )
+
+
 @pytest.mark.parametrize("campaign", sorted(p.name for p in CAMPAIGNS.glob("*.txt") if p.name != "order.txt"))
 def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Path) -> None:
     """A typo in a committed GPU campaign costs GPU time on the host, so each line is checked here:
@@ -94,6 +133,7 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
         args = parser.parse_args(["train", *words])
         args.rest = []
         recipe, sets, layout = recipe_sets_layout(args)  # a recipe id, or a verl job (--verl-example)
+        _check_run_name(campaign, name, args, recipe, sets, layout, seen[:-1])
         cfg = compose_run(
             recipe,
             args.variant,
@@ -107,10 +147,11 @@ def test_committed_gpu_campaigns_compose(root: Path, campaign: str, tmp_path: Pa
         assert cfg.trainer.total_training_steps == args.steps
         if args.rank is not None:  # the share of the job one GPU runs must exist
             from verl_recipes.layout import RankSpec
-            from verl_recipes.preflight import model_config
             from verl_recipes.worker.rank_rehearsal import localize
+            from verl_recipes.workload.arch import resolve_arch
+            from verl_recipes.workload.synth import shape_config
 
-            arch, _ = model_config(None, args.arch or recipe.model.arch, args.layers, "full-width")
+            arch = shape_config(resolve_arch(args.arch or recipe.model.arch), args.layers, "full-width")
             localize(cfg, RankSpec(args.rank, layout.per_node * layout.nnodes), arch)
 
 
@@ -284,4 +325,4 @@ def test_the_prod_batch_campaigns_name_their_runs_by_the_rule(campaign: str) -> 
 
     variants = get_recipe("7b-lora").variants
     for name, _, _, _ in _campaign_lines(CAMPAIGNS / campaign):
-        assert parse_run_name(name, variants).n == 1, f"{campaign}: {name}"
+        assert parse_run_name(name.removeprefix("7b-lora/"), variants).n == 1, f"{campaign}: {name}"

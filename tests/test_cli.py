@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from verl_recipes.cli import ALIASES, SUBCOMMANDS, main
+from verl_recipes.cli import SUBCOMMANDS, main
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
@@ -14,11 +14,8 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     assert "not built yet" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("old", sorted(ALIASES))
-def test_an_old_name_runs_its_subcommand_and_says_the_new_name(old: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ALIASES[old] in SUBCOMMANDS
+def test_an_old_name_is_no_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """`validate` was `check-bounds`'s old name; it is gone, and says so in argparse's one line."""
     with pytest.raises(SystemExit) as e:
-        main([old, "--help"])
-    out = capsys.readouterr()
-    assert e.value.code == 0 and f"verl-recipes {ALIASES[old]}" in out.out
-    assert f"`verl-recipes {old}` is the old name of `verl-recipes {ALIASES[old]}`" in out.err
+        main(["validate", "7b-lora"])
+    assert e.value.code == 2 and "invalid choice: 'validate'" in capsys.readouterr().err

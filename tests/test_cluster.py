@@ -7,7 +7,7 @@ Three layers, cheapest first:
   pyxis (`--container-image`) and Apptainer (`apptainer exec --nv`) would run; neither runtime
   exists on the CI machine, so their lines are checked, not run;
 * marker `slurm`: real jobs on the one-node Slurm that `.ci/slurm-up.sh` starts, with real Ray
-  on the CPU. Debian's Slurm cannot run several slurmd on one host, so multi-node is rehearsed
+  on the CPU. Debian's Slurm cannot run several slurmd on one host, so multi-node is probed
   with one Slurm node and several Ray nodes on it (RAY_NODES_PER_HOST), each its own srun step
   with its own ports: the head/worker/driver/teardown logic is the multi-node one, only the
   hosts coincide.
@@ -50,6 +50,7 @@ def base_env(**kw: str) -> dict[str, str]:
             "MODEL_PATH",
             "CONTAINER_IMAGE",
             "REHEARSAL",
+            "PROBE",
             "GPUS_PER_NODE",
             "RECIPE",
             "TRAIN_CMD",
@@ -98,12 +99,12 @@ def test_check_accepts_the_70b_shape() -> None:
     assert "TP4 x PP2 x DP4" in s.summary()
 
 
-def test_check_rehearsal_needs_no_gpu_or_model() -> None:
+def test_check_probe_needs_no_gpu_or_model() -> None:
     s = settings.check(
         {
             "SLURM_JOB_NODELIST": "vm",
             "SLURM_JOB_ID": "7",
-            "REHEARSAL": "1",
+            "PROBE": "1",
             "GPUS_PER_NODE": "8",
             "RAY_NODES_PER_HOST": "4",
             "TP": "4",
@@ -136,7 +137,7 @@ def test_check_tp_must_fit_a_node() -> None:
     assert err(env70(SLURM_GPUS_ON_NODE="2")).startswith("TP=4 exceeds the 2 GPUs of a node")
 
 
-def test_check_no_gpus_outside_rehearsal() -> None:
+def test_check_no_gpus_outside_a_probe_run() -> None:
     env = env70()
     del env["SLURM_GPUS_ON_NODE"]
     assert "has no GPUs" in err(env)
@@ -150,8 +151,8 @@ def test_check_container_image() -> None:
     assert settings.check(env70(CONTAINER_IMAGE="docker://org/verl:1"), "apptainer").runtime == "apptainer"
 
 
-def test_check_stacking_is_for_rehearsal_only() -> None:
-    assert "REHEARSAL=1 only" in err(env70(RAY_NODES_PER_HOST="2"))
+def test_check_stacking_is_for_a_probe_run_only() -> None:
+    assert "PROBE=1 only" in err(env70(RAY_NODES_PER_HOST="2"))
 
 
 def test_check_ports() -> None:
@@ -161,7 +162,7 @@ def test_check_ports() -> None:
     assert "whole number" in err(env70(TP="four"))
 
 
-def test_check_train_cmd_outside_rehearsal() -> None:
+def test_check_train_cmd_outside_a_probe_run() -> None:
     assert err(env70(TRAIN_CMD="")).startswith("TRAIN_CMD is not set")
 
 
@@ -230,9 +231,9 @@ def test_plan_lines() -> None:
     assert "--nodelist=n1" in head and "--head" in head and "--dashboard-host=127.0.0.1" in head
     assert "--nodelist=n3" in worker and "--address=10.0.0.1:6379" in worker
     assert p.verify().argv[-3:] == ["verify", "--recipe", "70b-3d"]
-    rehearsal = steps.StepBuilder(settings.check(env70(REHEARSAL="1", GPUS_PER_NODE="8"), "bare"), "python3")
-    assert rehearsal.verify().argv[-1] == "verify"  # no --recipe: a node without a GPU passes
-    assert "--probe" in rehearsal.driver("10.0.0.1:6379").argv
+    probe = steps.StepBuilder(settings.check(env70(PROBE="1", GPUS_PER_NODE="8"), "bare"), "python3")
+    assert probe.verify().argv[-1] == "verify"  # no --recipe: a node without a GPU passes
+    assert "--probe" in probe.driver("10.0.0.1:6379").argv
     a = steps.StepBuilder(settings.check(env70(CONTAINER_IMAGE="docker://org/verl:1"), "apptainer"), "python3")
     line = a.node("n2", 0, "10.0.0.1:6379").argv
     i = line.index("--")
@@ -386,7 +387,7 @@ def _slurm_reason() -> str | None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        return "ray is not installed in this Python; the rehearsal runs Ray from it"
+        return "ray is not installed in this Python; the probe run runs Ray from it"
     return None
 
 
@@ -507,13 +508,13 @@ def cancel_on_exit() -> Iterator[list[str]]:
 @pytest.mark.slurm
 @needs_slurm
 @pytest.mark.slow
-def test_rehearsal_70b_bare(tmp_path: Path) -> None:
-    """The 70b template, rehearsed: verify, head, two stacked workers, probe on each, clean exit."""
+def test_probe_run_70b_bare(tmp_path: Path) -> None:
+    """The 70b template, as a probe run: verify, head, two stacked workers, probe on each, clean exit."""
     code, job, out = sbatch(
         T70 / "bare.sbatch",
         tmp_path,
         {
-            "REHEARSAL": "1",
+            "PROBE": "1",
             "GPUS_PER_NODE": "8",
             "RAY_NODES_PER_HOST": "3",
             "RAY_PORT_OFFSET": "1000",
@@ -523,7 +524,7 @@ def test_rehearsal_70b_bare(tmp_path: Path) -> None:
     text = out.read_text(errors="replace")
     assert code == 0, text
     assert "3 Ray nodes x 8 GPUs = 24 (TP4 x PP2 x DP3)" in text
-    # verify ran on the node without --recipe (a rehearsal node has no GPU) and passed, or the job had stopped
+    # verify ran on the node without --recipe (a probe run's node has no GPU) and passed, or the job had stopped
     assert re.search(r"verify on 1 node\(s\): srun .* -m verl_recipes\.cli verify$", text, re.M), text
     assert re.search(r"Ray ready after [\d.]+s: 3/3 nodes, 24/24 GPUs", text), text
     nodes = re.findall(r"probe node (\w+) host (\S+) ip \S+ pid \d+ GPUs 8", text)
@@ -549,7 +550,7 @@ def test_bad_tp_pp_fails_before_ray(tmp_path: Path) -> None:
     code, job, out = sbatch(
         T70 / "bare.sbatch",
         tmp_path,
-        {"REHEARSAL": "1", "GPUS_PER_NODE": "2", "RAY_NODES_PER_HOST": "3", "TP": "2", "PP": "2"},
+        {"PROBE": "1", "GPUS_PER_NODE": "2", "RAY_NODES_PER_HOST": "3", "TP": "2", "PP": "2"},
     )
     text = out.read_text(errors="replace")
     assert code == 2, text
@@ -594,7 +595,7 @@ def test_usr1_requeues_and_scancel_tears_down(tmp_path: Path, cancel_on_exit: li
     _, job, out = sbatch(
         T13 / "bare.sbatch",
         tmp_path,
-        {"REHEARSAL": "1", "GPUS_PER_NODE": "2", "REHEARSAL_HOLD_S": "600", "VERIFY": "0"},
+        {"PROBE": "1", "GPUS_PER_NODE": "2", "PROBE_HOLD_S": "600", "VERIFY": "0"},
         wait=False,
     )
     cancel_on_exit.append(job)

@@ -139,3 +139,24 @@ def test_one_gpu_variant_passes_verls_own_checks(tmp_path: Path) -> None:
     plain = compose_recipe(recipe, [], extra=extra)
     with pytest.raises(AssertionError, match=r"n_gpus \(1\) must be divisible by model_parallel_size \(8\)"):
         validate_config(plain, use_reference_policy=False, use_critic=True)
+
+
+def test_configs_read_in_c_are_the_configs_omegaconf_reads(root: Path, tmp_path: Path) -> None:
+    """`load_config` (libyaml's parser under OmegaConf's rules) gives what `OmegaConf.load` gives for
+    a committed run's saved config of each recipe and every recipe delta, keeps OmegaConf's float,
+    timestamp and duplicate-key rules, and fails where OmegaConf fails."""
+    from verl_recipes.recipe.compose import load_config
+
+    runs = [next(iter(sorted(d.glob("results/*/verl_config.yaml"))), None) for d in sorted(root.glob("recipes/*/"))]
+    files = [*(r for r in runs if r), *root.glob("recipes/*/config*.yaml")]
+    assert len(files) > 15
+    for path in files:
+        assert OmegaConf.to_container(load_config(path)) == OmegaConf.to_container(OmegaConf.load(path)), path
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("lr: 1e-6\nwhen: 2026-12-06\nref: ${lr}\nn: 1_000\nempty:\n")
+    want = {"lr": 1e-6, "when": "2026-12-06", "ref": "${lr}", "n": 1000, "empty": None}
+    assert OmegaConf.to_container(load_config(rules)) == want
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("a: 1\na: 2\n")
+    with pytest.raises(Exception, match="duplicate key a"):
+        load_config(twice)

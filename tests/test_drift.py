@@ -62,7 +62,7 @@ def test_a_changed_key_in_a_copied_run_is_named_with_the_runs_value(root: Path, 
 
 @pytest.fixture(scope="module")
 def results() -> str:
-    return results_table()  # reads every row's runs back through verl's config: ~40 s
+    return results_table()  # reads every row's runs back through verl's config: ~4 s
 
 
 def test_the_results_table_labels_each_row_by_what_ran(results: str) -> None:

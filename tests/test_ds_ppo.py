@@ -35,6 +35,7 @@ pytest.importorskip("torch")
 pytest.importorskip("verl")
 pytest.importorskip("transformers")
 import torch
+from verl_recipes.layout import RankSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "verl-vs-deepspeed"
@@ -677,9 +678,9 @@ def _check_rehearsal_labels(out: Path, rank: tuple[int, int]) -> None:
     run = json.loads((out / "run.json").read_text())
     assert run["rank_rehearsal"] == {"rank": rank[0], "world": rank[1]}
     res = json.loads((out / "results.json").read_text())
-    assert res["rank_rehearsal"] == {"rank": rank[0], "world": rank[1], "line": rank_line(rank)}
+    assert res["rank_rehearsal"] == {"rank": rank[0], "world": rank[1], "line": rank_line(RankSpec(*rank))}
     lines = (out / "table.md").read_text().splitlines()
-    assert lines[0] == rank_line(rank)
+    assert lines[0] == rank_line(RankSpec(*rank))
     for row in lines[4:]:
         if not row.startswith("| "):
             break
@@ -754,7 +755,7 @@ def test_a_committed_deepspeed_run_is_a_monitored_run(name: str, tmp_path: Path)
     src = RESULTS / name
     run = tmp_path / name
     shutil.copytree(src, run, ignore=shutil.ignore_patterns(*records.FILES, "summary.json", "report.md", "*.png"))
-    written = records.write_records(run)
+    written = records.write_records(run, *harness.load_ds_dir(run))
     assert [p.name for p in written] == list(records.FILES)
     for f in records.FILES:
         assert (run / f).read_text() == (src / f).read_text(), f"{name}/{f} is stale: compare.py records"
@@ -765,7 +766,9 @@ def test_a_committed_deepspeed_run_is_a_monitored_run(name: str, tmp_path: Path)
     _, steps = harness.load_ds_dir(src)
     _check_summary_phases(committed, steps)
     report = (src / "report.md").read_text().splitlines()
-    assert report[0] == f"# Memory report: {HOST_DIR[name]}" and report[2] == f"- {rank_line(REHEARSED[name])}"
+    assert (
+        report[0] == f"# Memory report: {HOST_DIR[name]}" and report[2] == f"- {rank_line(RankSpec(*REHEARSED[name]))}"
+    )
     assert (src / "samples.jsonl.gz").is_file() and not (src / "samples.jsonl").exists()
 
 
@@ -838,7 +841,7 @@ def test_a_rehearsed_rank_runs_the_loop_and_its_records_make_a_report(tiny: dict
     assert main(["report", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     _check_summary_phases(summary, res["ds"]["steps"])
-    assert (out / "report.md").read_text().splitlines()[2] == f"- {rank_line((0, 2))}"
+    assert (out / "report.md").read_text().splitlines()[2] == f"- {rank_line(RankSpec(0, 2))}"
 
 
 def test_run_both_refuses_a_bad_gpu_count_before_doing_anything(root: Path, tmp_path: Path) -> None:

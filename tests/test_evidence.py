@@ -11,6 +11,7 @@ import pytest
 import yaml
 from verl_recipes.cli import main
 from verl_recipes.docs import gpus_table, results_table
+from verl_recipes.layout import RankSpec
 from verl_recipes.measure.report import render_markdown
 from verl_recipes.plan.evidence import behind, behind_line
 from verl_recipes.recipe.metadata import discover, get_recipe
@@ -35,7 +36,7 @@ def test_a_bounds_file_of_rehearsed_runs_says_so_and_matches_its_runs() -> None:
     for rid, name, doc in found:
         for run in doc["source_runs"]:
             rank = read_provenance(get_recipe(rid).dir / run).rank_rehearsal
-            assert rank == (doc["rank_rehearsal"]["rank"], doc["rank_rehearsal"]["world"]), (name, run)
+            assert rank == RankSpec.from_record(doc["rank_rehearsal"]), (name, run)
 
 
 def test_plan_names_a_rehearsed_rank_behind_a_multi_gpu_job_and_nothing_where_none_ran(
@@ -111,7 +112,7 @@ def test_a_rehearsed_runs_report_says_what_it_cannot_measure() -> None:
         "steps": [],
         "peak": {"gpu": {}, "host": {}},
     }
-    text = render_markdown(summary, None, (1, 4))
+    text = render_markdown(summary, None, RankSpec(1, 4))
     assert "rank rehearsal (1 of 4)" in text and "NCCL buffers" in text and "not the job's speed" in text
     assert "rank rehearsal" not in render_markdown(summary, None, None)
     for rid, _, doc in _rehearsed_bounds():

@@ -73,7 +73,7 @@ _WRITER = textwrap.dedent(
     from verl_recipes.job import decide
 
     def body():
-        args = cli.build_parser().parse_args(["train", "7b-lora", "--rehearse", "--run-dir", sys.argv[1]])
+        args = cli.build_parser().parse_args(["train", "7b-lora", "--preview", "--run-dir", sys.argv[1]])
         job = decide(args)
         train.write_run(job, OmegaConf.load(sys.argv[2]))
         print("written", flush=True)
@@ -137,7 +137,7 @@ def test_train_into_a_full_disk_says_so_in_one_line(small_fs: Path, tmp_path: Pa
     fill(small_fs, 0)
     run = small_fs / "runs" / "r1"
     r = subprocess.run(
-        [sys.executable, "-m", "verl_recipes.cli", "train", "7b-lora", "--rehearse", "--run-dir", str(run)],
+        [sys.executable, "-m", "verl_recipes.cli", "train", "7b-lora", "--preview", "--run-dir", str(run)],
         env=_env(tmp_path),
         capture_output=True,
         text=True,
@@ -163,7 +163,7 @@ _HOLDER = textwrap.dedent(
         at, config, moment, *argv = sys.argv[1:]
         while time.time() < float(at):  # start two of these in the same second
             time.sleep(0.001)
-        job = decide(cli.build_parser().parse_args(["train", "7b-lora", "--rehearse", *argv]))
+        job = decide(cli.build_parser().parse_args(["train", "7b-lora", "--preview", *argv]))
         print(job.run_dir, flush=True)
         if moment == "decided":
             time.sleep(60)
@@ -236,7 +236,8 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path: Path) -> 
     assert [p.returncode for p in procs] == [0, 0], results
     dirs = sorted(Path(out.splitlines()[0]) for out, _ in results)
     assert dirs[0] != dirs[1] and dirs[1].name == dirs[0].name + "-2", dirs
-    assert dirs[0].name.startswith("7b-lora-") and all(d.parent == tmp_path / "runs" for d in dirs)
+    # named by the rule (`job.run_name`): a preview here, judged for the recipe's 24 GiB card
+    assert dirs[0].name == "a10gx1-ppo-preview" and all(d.parent == tmp_path / "runs" / "7b-lora" for d in dirs)
     assert all((d / "verl_config.yaml").is_file() for d in dirs)
 
 

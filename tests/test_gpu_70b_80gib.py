@@ -18,7 +18,7 @@ import pytest
 from test_gpu_megatron import campaign_line, train_line
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-80gib-h100.txt"
-RANKS = {"70b-80gib-rank16of32": 16, "70b-80gib-rank0of32": 0}
+RANKS = {"70b-3d/h100x1-ppo-80gib-rank16of32": 16, "70b-3d/h100x1-ppo-80gib-rank0of32": 0}
 
 
 @pytest.mark.parametrize("line", sorted(RANKS))

@@ -22,7 +22,7 @@ from test_gpu_megatron import campaign_line, train_line
 
 CAMPAIGNS = Path(__file__).resolve().parents[1] / "gpu" / "campaigns"
 CAMPAIGN = CAMPAIGNS / "rank-fsdp-small.txt"
-LINE = "h100x1-ppo-l2-rank1of2"
+LINE = "13b-fsdp/h100x1-ppo-l2-rank1of2"
 #: what every step of a rank with a critic must compute from finite weights
 LOSSES = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "critic/values/mean")
 

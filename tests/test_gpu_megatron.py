@@ -1,7 +1,7 @@
 """On a GPU host: rerun the 2-layer run of recipe 70b-3d (Megatron, TP1 x PP1, one GPU) and check it.
 
 `python3 -m pytest -m gpu tests/test_gpu_megatron.py` on one H200, after the Megatron wheels are
-installed (gpu/megatron-notes.md). The run is the `70b-tp1-l2` line of gpu/campaigns/70b-tp1.txt,
+installed (gpu/megatron-notes.md). The run is the `70b-3d/h200x1-ppo-tp1pp1-l2` line of gpu/campaigns/70b-tp1.txt,
 read from that file so the test and the campaign cannot drift apart: Llama-2-70B widths with 2
 layers, PPO with the critic, vLLM rollout, 3 steps (about 10 minutes cold: the full-width checkpoint,
 two Megatron models and vLLM start before the first step).
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-tp1.txt"
-LINE = "70b-tp1-l2"
+LINE = "70b-3d/h200x1-ppo-tp1pp1-l2"
 BOUNDS = "expected/h200x1-ppo-tp1pp1-l2.yaml"
 #: phases of one PPO step with a critic on verl's Megatron engine, as the report names them.
 PHASES = ("gen", "old_log_prob", "values", "update_critic", "update_actor", "update_weights")

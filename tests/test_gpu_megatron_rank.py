@@ -6,7 +6,7 @@ enough for minutes of one H200: Llama-2-70B widths at 4 layers, TP2 x PP2 over 8
 colocated rollout as one TP1 replica of a TP2 rank, 3 steps, as rank 4, the first rank of the last
 pipeline stage (output layer, loss, and activations received from a stage that is not there). A
 verl or Megatron upgrade that breaks the rehearsal fails here before a 30-minute full-depth run
-does. The run is the `70b-tp2pp2-rank4of8-l4` line of gpu/campaigns/70b-rank-small.txt, read from that
+does. The run is the `70b-3d/h200x1-ppo-l4-rank4of8-tp2pp2` line of gpu/campaigns/70b-rank-small.txt, read from that
 file so the test and the campaign cannot drift apart; CPU CI checks that line only.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from test_gpu_megatron import campaign_line, train_line
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "gpu" / "campaigns" / "70b-rank-small.txt"
-LINE = "70b-tp2pp2-rank4of8-l4"
+LINE = "70b-3d/h200x1-ppo-l4-rank4of8-tp2pp2"
 
 
 def test_the_line_is_one_rank_of_a_tp2_pp2_layout_on_the_last_stage() -> None:

@@ -323,3 +323,82 @@ def test_the_reward_loads_by_file_path_without_the_package(tmp_path: Path) -> No
     res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.strip() == "1.0", res.stderr
     assert importlib.util.find_spec("verl_recipes.workload.reward") is not None
+
+
+#: third-party modules a function may import where it is used, not at the top of its file: the
+#: training stack and the heavy data and plotting libraries (`HEAVY`: a CPU host, `--help` and the
+#: launcher's bare python3 do without them), torch's own data loaders, and the stacks of the peers
+#: (TRL, OpenRLHF), which run in environments of their own
+DEFERRED = HEAVY | frozenset({"torchdata", "megatron", "flash_attn", "trl", "openrlhf", "datasets", "accelerate"})
+
+
+def _image_check_files() -> set[Path]:
+    """What the image builds copy and run before anything is installed: a function there imports
+    what the copy lacks (the package's other modules, any library) where it is used."""
+    out: set[Path] = set()
+    for dockerfile in ("images/base/Dockerfile", "images/deepspeed/Dockerfile"):
+        for sources, _ in _dockerfile_copies(ROOT / dockerfile, "/src/check/"):
+            out |= {ROOT / s for s in sources if s.endswith(".py")}
+    return out
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(COMMON).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _deferred_ok(path: Path, modules: set[str], copied: set[Path]) -> bool:
+    """Whether an import of `tops` may sit inside a function of `path` (`test_imports_are_at_the_top_of_each_file`)."""
+    stdlib = set(sys.stdlib_module_names)
+    tops = {m.split(".")[0] for m in modules}
+    if tops <= DEFERRED:
+        return True
+    if path in copied:
+        return not tops <= stdlib
+    # a stdlib-only wing imports a library, or a module of a wing with more than the standard
+    # library, where it is used: the bare python3 it runs on lacks them
+    if RULES[wing_of(_module_name(path))][0] != STDLIB:
+        return False
+    return not tops & stdlib and all(RULES[wing_of(m)][0] != STDLIB for m in modules if m.startswith("verl_recipes"))
+
+
+def _absolute(node: ast.ImportFrom, path: Path) -> str:
+    """The module a `from` import names, relative ones made absolute."""
+    if not node.level:
+        return node.module or ""
+    package = _module_name(path).split(".")
+    package = package if path.name == "__init__.py" else package[:-1]
+    return ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])])
+
+
+def test_imports_are_at_the_top_of_each_file() -> None:
+    """A module says what it needs in its first lines: an import inside a function is for a heavy
+    module (`DEFERRED`) only, or, in a file that runs on a bare python3 (a stdlib-only wing, what the
+    image builds copy), for what that python3 lacks, or inside a `try` that says what happens when
+    it fails. The package's own modules, the standard library and light libraries are imported at
+    the top."""
+    copied = _image_check_files()
+    inside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        # an import inside `try` may fail, and the function says what happens then
+        guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if id(node) in guarded:
+                    continue
+                if isinstance(node, ast.Import):
+                    modules = {a.name for a in node.names}
+                elif isinstance(node, ast.ImportFrom):
+                    modules = {_absolute(node, path)}
+                else:
+                    continue
+                if not _deferred_ok(path, modules, copied):
+                    inside.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} imports {', '.join(sorted(modules))} in {fn.name}"
+                    )
+    assert not inside, "imports inside functions, of modules that belong at the top of the file:\n" + "\n".join(
+        sorted(set(inside))
+    )

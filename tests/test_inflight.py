@@ -157,11 +157,11 @@ def test_an_interrupted_run_folder_is_marked_incomplete_and_a_retry_proceeds(tmp
 
 
 def test_ctrl_c_during_a_rehearsal_marks_its_run_folder_and_the_same_command_runs_again(tmp_path: Path) -> None:
-    """`verl-recipes train 7b-lora --rehearse` stopped by SIGINT to its process group once it works in
+    """`verl-recipes train 7b-lora --preview` stopped by SIGINT to its process group once it works in
     its run folder: exit 130, one `interrupted:` line naming the folder, which stays marked
-    incomplete; the same command then sets that attempt aside and rehearses to the end."""
+    incomplete; the same command then sets that attempt aside and previews to the end."""
     cache, run = tmp_path / "cache", tmp_path / "runs" / "r1"
-    args = ("train", "7b-lora", "--rehearse", "--run-dir", str(run))
+    args = ("train", "7b-lora", "--preview", "--run-dir", str(run))
     p = _cli(*args, cache=cache)
     _wait_for(lambda: (run / "incomplete.json").exists() or p.poll() is not None, 600, "the run folder's marker")
     os.killpg(p.pid, signal.SIGINT)

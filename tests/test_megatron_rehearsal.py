@@ -348,15 +348,17 @@ def test_the_driver_of_a_70b_rank_runs_one_data_parallel_share(variant: str | No
     """TP4 x PP2 (or TP8 x PP1) x DP4 on 32 GPUs: the ranks of one pipeline read the same batch,
     so a rank's share is 1/4 of it, not 1/32; vLLM TP4 becomes one TP1 replica of a TP4 rank."""
     pytest.importorskip("verl")
-    from verl_recipes import preflight
+    from verl_recipes.recipe.start_checks import verl_validate
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
 
-    arch, _ = preflight.model_config(None, "llama-2-70b", None, "full-width")
+    arch = shape_config(resolve_arch("llama-2-70b"))
     cfg = _job([variant] if variant else [])
-    preflight.verl_validate(cfg, arch)  # verl's own start-up checks pass on the whole job
+    verl_validate(cfg, arch)  # verl's own start-up checks pass on the whole job
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.data.train_batch_size) == (4, 8, 32)
     assert rank_rehearsal.data_parallel_size(cfg, 32) == 4
     spec = RankSpec(16, 32)
-    lines = preflight.rank_lines(cfg, spec, arch)
+    lines = rank_rehearsal.share_lines(cfg, spec, arch)
     assert any("rank 16 of " in line and place in line for line in lines), lines
     # verl's own batch multiple on the whole job is lcm(DP, mini-batches) = 32; the rank's is 8
     me = SimpleNamespace(config=cfg, use_critic=True, global_steps=1)

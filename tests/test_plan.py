@@ -143,7 +143,7 @@ def test_tiny_fsdp_full_finetune_bytes_by_hand() -> None:
     assert _term(p, "update_actor", "actor optimizer") == 8 * TINY_PARAMS
     # no gradients outside the update; no optimizer state before step 1
     assert _term(p, "gen", "actor gradients") == 0
-    assert _term(p, "loaded", "actor optimizer") == 0
+    assert _term(p, "outside", "actor optimizer") == 0
     # logits of the update: micro-batch 2 x 32 tokens x vocab 100 x 10 bytes
     assert _term(p, "update_actor", "actor logits") == 2 * 32 * 100 * 10
     # two GPUs: FSDP shards weights, gradients and moments over both
@@ -208,7 +208,7 @@ def test_tiny_fsdp2_all_gather_buffers_at_a_world_above_one_by_hand() -> None:
     assert _term(two, "values", "actor FSDP2 all-gather buffers, cached since old_log_prob") == actor
     assert _term(two, "values", "critic FSDP2 all-gather buffers (own") == actor
     assert _term(two, "update_actor", "critic FSDP2 all-gather buffers, cached since values") == actor
-    for ph in ("loaded", "update_weights", "gen"):  # verl empties the cache at the sync
+    for ph in ("outside", "update_weights", "gen"):  # verl empties the cache at the sync
         assert not any("all-gather" in t.name for t in two.phase(ph).terms), ph  # type: ignore[union-attr]
     # a world of 4 gathers a quarter shard
     four = plan_gpu(setup_from_config(_cfg([*ppo, "trainer.n_gpus_per_node=4"]), arch), gpu)
@@ -438,7 +438,7 @@ def test_every_recipe_and_variant_plans(rid: str) -> None:
         for g in catalogue().values():
             p = plan_gpu(s, g)
             assert all(ph.total > 0 for ph in p.phases)
-            assert {"loaded", "update_weights", "gen", "old_log_prob", "update_actor"} <= {ph.phase for ph in p.phases}
+            assert {"outside", "update_weights", "gen", "old_log_prob", "update_actor"} <= {ph.phase for ph in p.phases}
             assert ("values" in {ph.phase for ph in p.phases}) == (s.critic is not None)
 
 
@@ -580,12 +580,12 @@ def _fake_run(root: Path, scale: float) -> None:
     gpu = catalogue()["h200-141g"]
     _, s, _ = load_setup("7b-lora", [], [])
     plan = plan_gpu(s, gpu, Constants())
-    names = {"loaded": "outside"}
+    names: dict[str, str] = {}
     sync = plan.phase("update_weights")
     assert sync is not None
 
-    def total(ph: Any) -> int:  # `plan --errors` compares `outside` with the larger of loaded and the first sync
-        return max(ph.total, sync.total) if ph.phase == "loaded" else ph.total
+    def total(ph: Any) -> int:  # `plan --errors` compares `outside` with the larger of outside and the first sync
+        return max(ph.total, sync.total) if ph.phase == "outside" else ph.total
 
     phases = {
         names.get(ph.phase, ph.phase): {"gpu": {"0": {"used_gib": total(ph) * scale / GIB, "by_class_gib": {}}}}
@@ -600,19 +600,19 @@ def _fake_run(root: Path, scale: float) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
 
 
-def test_plan_validate_is_the_old_name_of_errors(
+def test_plan_errors_runs_from_the_command_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`plan --validate` still runs the planner's check against the committed runs, and says its new name."""
+    """`plan --errors` runs the planner's check against the committed runs (`--validate` is no flag)."""
     (tmp_path / "recipes").mkdir()
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "versions.toml").write_text("")  # a checkout with no recipe and no run
     monkeypatch.setenv("VERL_RECIPES_ROOT", str(tmp_path))
-    for flag in ("--errors", "--validate"):
-        assert main(["plan", flag, "--allow-empty"]) == 0
-        out = capsys.readouterr()
-        assert "no measured runs found" in out.out
-        assert ("old name of `plan --errors`" in out.err) == (flag == "--validate")
+    assert main(["plan", "--errors", "--allow-empty"]) == 0
+    assert "no measured runs found" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # argparse's one `error:` line
+        main(["plan", "--validate"])
+    assert e.value.code == 2
 
 
 def test_errors_empty_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -627,7 +627,7 @@ def test_errors_against_a_committed_run(tmp_path: Path, scale: float, ok: bool) 
     _fake_run(tmp_path, scale)
     rows, passed = error_rows(tmp_path, tolerance=0.10)
     assert passed is ok
-    assert {r.phase for r in rows} >= {"loaded", "gen", "update_actor", "update_critic"}
+    assert {r.phase for r in rows} >= {"outside", "gen", "update_actor", "update_critic"}
     assert "step" not in {r.phase for r in rows}
     assert all(r.error == pytest.approx(1 / scale - 1, abs=1e-3) for r in rows)
     assert main_errors(root=tmp_path) == (0 if ok else 1)

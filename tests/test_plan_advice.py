@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from verl_recipes.cli import main
 from verl_recipes.plan.advice import calibrated, closing_line, whole_fix
-from verl_recipes.plan.cli import Job, judgement, load_setup
+from verl_recipes.plan.cli import judgement, load_setup
 from verl_recipes.predict.gpus import parse_gpu
 from verl_recipes.recipe.metadata import discover, get_recipe
+from verl_recipes.recipe.run_config import Composition
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +100,7 @@ def test_each_recipe_fits_the_hardware_its_metadata_names(rid: str) -> None:
     variants = [r.gpus.variant] if r.gpus.variant else []
     label, s, _ = load_setup(rid, variants, [])
     gpu = parse_gpu(f"{r.gpus.per_gpu_gib:g}GiB")
-    j = judgement(label, s, r, [gpu], job=Job(variants))
+    j = judgement(label, s, r, Composition(tuple(variants)), [gpu])
     assert s.world == r.gpus.count
     word = j.margins[gpu.id].word
     assert word != "does not fit", (
@@ -117,14 +118,14 @@ def test_the_whole_fix_and_the_closing_line_agree_with_the_plan() -> None:
     _, s, _ = load_setup("13b-fsdp", [], [])
     fix = whole_fix(s, gpu)
     assert fix.count("--set ") >= 2 and "host RAM about" in fix  # every knob at once, not one
-    line = closing_line(recipe, [], [], s, gpu, "this host has 0 NVIDIA GPU(s)")
+    line = closing_line(recipe, Composition(), s, gpu, "this host has 0 NVIDIA GPU(s)")
     assert "does not fit a100-40g" in line and "--variant 40gib does" in line and "run the same command" not in line
     _, s24, _ = load_setup("7b-lora", ["24gib"], [])
-    ok = closing_line(get_recipe("7b-lora"), ["24gib"], [], s24, parse_gpu("a10g-24g"), "no GPU here")
+    ok = closing_line(get_recipe("7b-lora"), Composition(("24gib",)), s24, parse_gpu("a10g-24g"), "no GPU here")
     assert "fits a10g-24g" in ok and "run the same command on a GPU host" in ok
     # 70b-3d's seed layout on an H100 80GB is tight: the line says so and names what buys the margin
     _, s70, _ = load_setup("70b-3d", [], [])
-    tight = closing_line(get_recipe("70b-3d"), [], [], s70, parse_gpu("h100-80g"), "no GPU here")
+    tight = closing_line(get_recipe("70b-3d"), Composition(), s70, parse_gpu("h100-80g"), "no GPU here")
     assert "is tight on h100-80g" in tight and "--variant 80gib buys it" in tight, tight
 
 

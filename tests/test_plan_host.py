@@ -25,6 +25,7 @@ from verl_recipes.fixes import (
     recorded_off,
     recorded_on,
 )
+from verl_recipes.layout import RankSpec
 from verl_recipes.plan.cli import load_setup
 from verl_recipes.plan.host_runs import host_rows
 from verl_recipes.plan.runs import read_run, run_setup
@@ -35,7 +36,6 @@ from verl_recipes.predict.host import (
     host_fit,
     host_ram_warning,
     plan_host,
-    run_label,
     sleep_level,
 )
 from verl_recipes.predict.inputs import Setup, setup_from_config
@@ -188,8 +188,14 @@ def test_megatron_weights_take_one_pinned_buffer_per_model_and_stage() -> None:
     assert 2 * exact[("critic", 1)] < 16 * GIB < 2 * exact[("critic", 0)]  # 15.94 and 16.06 GiB
     # the job's plan takes the stage whose node holds more: stage 0, both models over 16 GiB
     job = load_setup("70b-3d", [], [])[1]
-    assert plan_host(job, [MEGATRON_PIN_FIX]).peak.pss == plan_host(job.with_rank(0), [MEGATRON_PIN_FIX]).peak.pss
-    assert plan_host(job, [MEGATRON_PIN_FIX]).peak.pss > plan_host(job.with_rank(16), [MEGATRON_PIN_FIX]).peak.pss
+    assert (
+        plan_host(job, [MEGATRON_PIN_FIX]).peak.pss
+        == plan_host(job.with_rank(RankSpec(0, job.world)), [MEGATRON_PIN_FIX]).peak.pss
+    )
+    assert (
+        plan_host(job, [MEGATRON_PIN_FIX]).peak.pss
+        > plan_host(job.with_rank(RankSpec(16, job.world)), [MEGATRON_PIN_FIX]).peak.pss
+    )
     # the measured outcome, planned as each rank ran (its fixes, its share of the pools)
     host = 135129063424  # MemTotal of the H200 host both ran on (samples.jsonl's start record)
     for stage, run in runs.items():
@@ -353,7 +359,7 @@ def test_host_ram_warning_with_this_machines_memory() -> None:
     big = plan_host(load_setup("7b-lora", ["24gib"], [])[1]).peak.pss
     small = plan_host(load_setup("7b-lora", [], [], arch="qwen2-0.5b")[1]).peak.pss
     assert small < 24 * GIB < 60 * GIB < big
-    what = run_label("7b-lora", ["24gib"])
+    what = "7b-lora --variant 24gib"
     line = host_ram_warning(what, big)
     if total < big:
         assert line == (
@@ -419,7 +425,7 @@ def test_a_non_first_rank_builds_no_checkpoint_copy_on_its_host() -> None:
 
     s = tiny(False)
     exact = 2 * Arch.from_config(TINY).params()
-    r0, r1 = (plan_host(s.with_rank(r), ranks_here=1, pools_shared=True) for r in (0, 1))
+    r0, r1 = (plan_host(s.with_rank(RankSpec(r, s.world)), ranks_here=1, pools_shared=True) for r in (0, 1))
     assert _term(r0, "load", "actor checkpoint copy") == exact
     assert _term(r1, "load", "actor checkpoint copy") == 0
     assert r0.moment("load").pss - r1.moment("load").pss == exact
@@ -429,5 +435,8 @@ def test_a_non_first_rank_builds_no_checkpoint_copy_on_its_host() -> None:
     assert _term(plan_host(s), "load", "actor checkpoint copy") == exact
     tied = tiny(True)
     tied_exact = 2 * Arch.from_config({**TINY, "tie_word_embeddings": True}).params()
-    assert _term(plan_host(tied.with_rank(1), ranks_here=1), "load", "actor checkpoint copy") == tied_exact
+    assert (
+        _term(plan_host(tied.with_rank(RankSpec(1, tied.world)), ranks_here=1), "load", "actor checkpoint copy")
+        == tied_exact
+    )
     assert _term(plan_host(tied), "load", "actor checkpoint copy") == 2 * tied_exact

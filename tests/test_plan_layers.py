@@ -37,7 +37,7 @@ def _plan_sets(name: str) -> list[str]:
     raise AssertionError(f"{CAMPAIGN}: no line {name}")
 
 
-TP2, PP2 = _plan_sets("70b-tp2-l2"), _plan_sets("70b-pp2-l2")
+TP2, PP2 = _plan_sets("70b-3d/h200x2-ppo-l2-tp2"), _plan_sets("70b-3d/h200x2-ppo-l2-pp2")
 ONE_GPU = CAMPAIGN.with_name("70b-tp1.txt")
 
 
@@ -88,9 +88,7 @@ def _make_run(
     other = _planned_peaks(_with_layers(setup, 2 * layers), H200, Constants())
     slope = {ph: (other[ph] - here[ph]) / layers for ph in here}  # the planner's bytes per layer
     measured = {ph: round(here[ph] + offset_gib * GIB + (per_layer_factor - 1) * slope[ph] * layers) for ph in here}
-    phases = {
-        ("outside" if ph == "loaded" else ph): {"gpu": {"0": {"used_gib": v / GIB}}} for ph, v in measured.items()
-    }
+    phases = {ph: {"gpu": {"0": {"used_gib": v / GIB}}} for ph, v in measured.items()}
     summary = {
         "schema": "verl-recipes/monitor-summary/1",
         "gpus": [{"index": 0, "name": "NVIDIA H200", "total_gib": 140.4}],
@@ -301,7 +299,7 @@ def test_of_the_ranks_rehearsed_at_one_depth_the_heaviest_stands_for_the_job() -
 
 def test_a_rank_measured_on_the_target_card_is_a_floor_for_its_phases() -> None:
     """70b-3d's rank 0 at full depth on an H100 80GB, the target card: without it the line through
-    the H200 ranks carries `loaded` (vLLM's start on a 140 GiB card, Megatron's build of a whole
+    the H200 ranks carries `outside` (vLLM's start on a 140 GiB card, Megatron's build of a whole
     model on an 80 GB one) about 15 GiB below what the H100 showed; with it no phase is predicted
     below that rank's peak plus what its rehearsal lacks (the job's planned terms less the rank's)."""
     from verl_recipes.plan.layers import _peaks
@@ -315,16 +313,16 @@ def test_a_rank_measured_on_the_target_card_is_a_floor_for_its_phases() -> None:
     without, _ = predict(target, h100, h200)
     with_it, _ = predict(target, h100, [*h200, h100_run])
     got = {ph: v / GIB for ph, v in _peaks(read_run(h100_run)).items()}
-    assert without["predicted_gib"]["loaded"] < got["loaded"] - 10
+    assert without["predicted_gib"]["outside"] < got["outside"] - 10
     for ph, v in with_it["predicted_gib"].items():
         assert v >= round(got.get(ph, 0.0), 2) - 0.01, ph
         assert v >= without["predicted_gib"][ph] - 0.01, ph  # a floor never lowers a phase
     # an A100 80GB (80.0 GiB) is a card of the same size; an H200 (140.4) is not
     a100, _ = predict(target, parse_gpu("a100-80g"), [*h200, h100_run])
-    assert a100["predicted_gib"]["loaded"] >= round(got["loaded"], 2) - 0.01
+    assert a100["predicted_gib"]["outside"] >= round(got["outside"], 2) - 0.01
     h200_with, _ = predict(target, parse_gpu("h200-141g"), [*h200, h100_run])
     h200_without, _ = predict(target, parse_gpu("h200-141g"), h200)
-    assert h200_with["predicted_gib"]["loaded"] == h200_without["predicted_gib"]["loaded"]
+    assert h200_with["predicted_gib"]["outside"] == h200_without["predicted_gib"]["outside"]
 
 
 def test_a_rank_of_the_targets_layout_at_its_depth_stands_alone() -> None:
@@ -364,14 +362,14 @@ def test_megatron_builds_a_model_whole_before_verl_offloads_it() -> None:
     """70b-3d's training worker reached 69.3-69.5 GiB while loading, once per model, in every
     full-depth rank (before vLLM starts; on an H100 that is the loading phase's peak): Megatron
     builds weights, main-grad buffer and optimizer states before verl offloads them. The planner's
-    `loaded` holds one model's build on a card where vLLM's budget is smaller, and the measured
+    `outside` holds one model's build on a card where vLLM's budget is smaller, and the measured
     build is within 10% of it."""
     from verl_recipes.plan.runs import read_run, run_setup
     from verl_recipes.predict.phases import plan_gpu
 
     run = read_run(Path(__file__).resolve().parents[1] / "recipes/70b-3d/results/h100x1-ppo-rank0of32-partial")
     s, h100 = run_setup(run), parse_gpu("h100-80g")
-    loaded = next(p for p in plan_gpu(s, h100, Constants()).phases if p.phase == "loaded")
+    loaded = next(p for p in plan_gpu(s, h100, Constants()).phases if p.phase == "outside")
     names = [t.name for t in loaded.terms if t.bytes]
     assert any("main-grad buffer" in n for n in names) and any("optimizer" in n for n in names)
-    assert loaded.total == pytest.approx(max(run.phases["loaded"].values()), rel=0.10)
+    assert loaded.total == pytest.approx(max(run.phases["outside"].values()), rel=0.10)

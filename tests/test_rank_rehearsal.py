@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from verl_recipes import RecipeError
-from verl_recipes.layout import ENV_RANK, JOB_POOLS, RankSpec, pool_share
+from verl_recipes.layout import ENV_RANK, JOB_POOLS, RankSpec, pool_share, rollout_stand_in
 from verl_recipes.worker import rank_rehearsal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,11 +85,13 @@ def _verls_batch_multiple() -> Any:
 
 def test_the_driver_runs_the_ranks_share_of_a_job_verl_accepts() -> None:
     pytest.importorskip("verl")
-    from verl_recipes import preflight
+    from verl_recipes.recipe.start_checks import verl_validate
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
 
     cfg = _job()
-    shape, _ = preflight.model_config(None, "llama-2-13b", None, "full-width")
-    preflight.verl_validate(cfg, shape)  # verl's own start-up checks pass on the whole job
+    shape = shape_config(resolve_arch("llama-2-13b"))
+    verl_validate(cfg, shape)  # verl's own start-up checks pass on the whole job
     assert (cfg.trainer.n_gpus_per_node, cfg.data.train_batch_size) == (2, 8)
     spec = RankSpec(0, 2)
     changed = rank_rehearsal.localize(cfg, spec)
@@ -128,9 +130,10 @@ def test_a_rank_of_a_large_job_runs_one_worker_of_each_pool() -> None:
 
 def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:
     pytest.importorskip("verl")
-    from verl_recipes import preflight
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
 
-    arch, _ = preflight.model_config(None, "llama-2-13b", None, "full-width")
+    arch = shape_config(resolve_arch("llama-2-13b"))
     cfg = _job(variants=["40gib"])
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
     changed = rank_rehearsal.localize(cfg, RankSpec(0, 2), arch)
@@ -140,7 +143,7 @@ def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides == stand_in
     # KV heads are replicated, never below one a rank, once there are fewer than ranks (GQA)
     gqa = {"num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "hidden_size": 8192}
-    assert rank_rehearsal.rollout_stand_in(gqa, 16)["num_key_value_heads"] == 1
+    assert rollout_stand_in(gqa, 16)["num_key_value_heads"] == 1
 
 
 def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:
@@ -148,7 +151,7 @@ def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:
     with pytest.raises(RecipeError, match="does not split over 2 data-parallel ranks"):
         rank_rehearsal.localize(_job(sets=["data.train_batch_size=7"]), RankSpec(0, 2))
     with pytest.raises(RecipeError, match="do not split over rollout TP=3"):
-        rank_rehearsal.rollout_stand_in({"num_attention_heads": 40, "intermediate_size": 13824, "hidden_size": 5120}, 3)
+        rollout_stand_in({"num_attention_heads": 40, "intermediate_size": 13824, "hidden_size": 5120}, 3)
 
 
 def _patched_in_a_fresh_process(rank: str | None) -> dict[str, Any]:

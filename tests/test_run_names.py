@@ -4,11 +4,13 @@ of recipes/README.md, and each name says what the run's own records say ran."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from verl_recipes import RecipeError
+from verl_recipes.layout import RankSpec
 from verl_recipes.recipe.metadata import discover
 from verl_recipes.recipe.run_names import (
     RULE,
@@ -96,8 +98,11 @@ def test_every_committed_run_is_named_by_what_ran(rid: str, run: Path) -> None:
     name = parse_run_name(run.name, RECIPES[rid].variants)
     ran = what_ran(run, rid)
     if ran is not None:
-        assert _configuration(name) == _configuration(ran), f"{run.relative_to(ROOT)} ran {ran}"
-        assert set(name.labels) & RECORDED_LABELS == set(ran.labels), f"{run.relative_to(ROOT)} ran {ran}"
+        # the name the rule gives what ran, with the words and the repeat only a person can give
+        words = tuple(x for x in name.labels if x not in RECORDED_LABELS)
+        want = replace(ran, labels=(*ran.labels, *words), repeat=name.repeat).text
+        assert _configuration(name) == _configuration(ran), f"{run.relative_to(ROOT)} ran {want}"
+        assert set(name.labels) & RECORDED_LABELS == set(ran.labels), f"{run.relative_to(ROOT)} ran {want}"
 
 
 def test_the_deepspeed_side_is_named_by_its_records() -> None:
@@ -105,7 +110,7 @@ def test_the_deepspeed_side_is_named_by_its_records() -> None:
     config): the rank it stood for, on one H200, PPO, and the label of its loop."""
     run = ROOT / "recipes" / "verl-vs-deepspeed" / "results" / "h200x1-ppo-rank0of2-deepspeed"
     ran = what_ran(run, "verl-vs-deepspeed")
-    assert ran == RunName("h200", 1, "ppo", (), None, None, (0, 2), ("deepspeed",), None)
+    assert ran == RunName("h200", 1, "ppo", (), None, None, RankSpec(0, 2), ("deepspeed",), None)
     assert backend_label(None) is None
     with pytest.raises(RecipeError, match="not a lowercase label"):
         backend_label("DeepSpeed ZeRO-3")
@@ -127,7 +132,11 @@ def test_every_bounds_file_is_named_by_the_configuration_of_its_runs(rid: str, p
     for run in runs:
         assert run.is_dir(), f"{path.name}: source run {run} is not a folder"
         ran = what_ran(run, rid)
-        assert ran is not None and _configuration(name) == _configuration(ran), f"{path.name}: {run.name} ran {ran}"
+        assert ran is not None, f"{path.name}: {run.name} has no records"
+        want = replace(ran, labels=(*ran.labels, *(x for x in name.labels if x not in RECORDED_LABELS))).configuration
+        assert _configuration(name) == _configuration(ran), (
+            f"{path.name}: {run.name} ran {want.text}; name it {want.text}.yaml"
+        )
 
 
 @pytest.mark.parametrize(
@@ -150,7 +159,10 @@ def test_the_rule_reads_every_part() -> None:
     got = parse_run_name(
         "h200x2-grpo-24gib-verl-example-l2-cap22.5-rank1of4-verl-sync-3", ["grpo", "24gib", "verl-example"]
     )
-    assert got == RunName("h200", 2, "grpo", ("24gib", "verl-example"), 2, 22.5, (1, 4), ("verl", "sync"), 3)
+    assert got == RunName("h200", 2, "grpo", ("24gib", "verl-example"), 2, 22.5, RankSpec(1, 4), ("verl", "sync"), 3)
+    # the one spelling: the parts give the name back, and a bounds file's name drops the repeat
+    assert got.text == "h200x2-grpo-24gib-verl-example-l2-cap22.5-rank1of4-verl-sync-3"
+    assert got.configuration.text == "h200x2-grpo-24gib-verl-example-l2-cap22.5-rank1of4-verl-sync"
     assert gpu_family("NVIDIA H100 80GB HBM3") == "h100" and gpu_family("NVIDIA A100-SXM4-80GB") == "a100"
     with pytest.raises(RecipeError, match="not a lowercase label"):  # bounds span repeats: no <k>
         parse_bounds_name("h200x1-ppo-2.yaml", [])

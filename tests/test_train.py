@@ -1,8 +1,8 @@
-"""`verl-recipes train` on a CPU host: the rehearsal, and bad input that fails in one line."""
+"""`verl-recipes train` on a CPU host: the preview, and bad input that fails in one line."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import subprocess
 import sys
@@ -18,20 +18,21 @@ pytestmark = pytest.mark.skipif(
     subprocess.run(["nvidia-smi", "-L"], capture_output=True, shell=False).returncode == 0
     if os.path.exists("/usr/bin/nvidia-smi")
     else False,
-    reason="a GPU host trains instead of rehearsing",
+    reason="a GPU host trains instead of previewing",
 )
 
 
 def _fit(cfg: Any, model: Path, gib: float, label: str) -> list[str]:
     """The GPU host's memory verdict on `cfg` for a GPU of `gib` (train's pre-flight, `preflight.fit`)."""
+    from verl_recipes.plan.advice import fit_lines as fit
+    from verl_recipes.predict.gpus import Budget
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import Budget, fit
 
     return fit(setup_from_config(cfg, Arch.from_file(model / "config.json")), [Budget(f"{gib:.2f}GiB", label)], False)
 
 
-def test_rehearsal_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> None:
+def test_a_preview_checks_everything_a_cpu_can(root: Path, tmp_path: Path) -> None:
     env = {**os.environ, "VERL_RECIPES_CACHE": str(tmp_path / "cache"), "VERL_RECIPES_ROOT": str(root)}
     proc = subprocess.run(
         [sys.executable, "-m", "verl_recipes.cli", "train", "7b-lora", "--run-dir", str(tmp_path / "run")],
@@ -140,17 +141,17 @@ def test_resume_refuses_a_folder_with_nothing_to_continue_and_a_run_of_another_j
     """--resume never starts a new run silently: no --run-dir, a folder that does not exist or is
     empty, each one line; and a folder of another job (a PPO run, resumed as GRPO) is refused on a
     CPU with the line a GPU host gives, before anything is made or rewritten."""
-    err = _refused(["7b-lora", "--rehearse", "--resume"], capsys)
+    err = _refused(["7b-lora", "--preview", "--resume"], capsys)
     assert "--resume continues the run in --run-dir DIR, and none was given" in err
     gone = tmp_path / "typo"
     assert f"--run-dir {gone} does not exist" in _refused(
-        ["7b-lora", "--rehearse", "--resume", "--run-dir", str(gone)], capsys
+        ["7b-lora", "--preview", "--resume", "--run-dir", str(gone)], capsys
     )
     assert not gone.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     assert f"--run-dir {empty} is empty" in _refused(
-        ["7b-lora", "--rehearse", "--resume", "--run-dir", str(empty)], capsys
+        ["7b-lora", "--preview", "--resume", "--run-dir", str(empty)], capsys
     )
 
     ppo = tmp_path / "ppo"
@@ -161,7 +162,7 @@ def test_resume_refuses_a_folder_with_nothing_to_continue_and_a_run_of_another_j
     }
     for name, text in files.items():
         (ppo / name).write_text(text)
-    err = _refused(["7b-lora", "--variant", "grpo", "--rehearse", "--resume", "--run-dir", str(ppo)], capsys)
+    err = _refused(["7b-lora", "--variant", "grpo", "--preview", "--resume", "--run-dir", str(ppo)], capsys)
     assert f"--resume: the job differs from the one in {ppo / 'verl_config.yaml'}" in err
     assert " key(s) differ: actor_rollout_ref." in err and " there, " in err
     assert {p.name: p.read_text() for p in ppo.iterdir()} == files
@@ -236,28 +237,19 @@ def test_preflight_warns_when_the_host_has_less_ram_than_the_run_needs(tmp_path:
     """The 24gib run fits the 24 GiB budget on the GPU; this machine's MemTotal (psutil) against
     the planner's host figure for it is one `WARN host-ram` line, and the launch goes on."""
     import psutil
+    from verl_recipes.predict.gpus import Budget
     from verl_recipes.predict.host import plan_host
-    from verl_recipes.predict.inputs import setup_from_config
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import Budget, check
-    from verl_recipes.recipe.compose import compose_recipe
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import launcher_settings
-    from verl_recipes.workload.arch import ARCHS_DIR
+    from verl_recipes.preflight import preflight
 
-    recipe = get_recipe("7b-lora")
-    model = ARCHS_DIR / "llama-2-7b"
-    cfg = compose_recipe(recipe, ["24gib"], [], extra=launcher_settings(recipe, model, tmp_path, tmp_path / "r", 3, 1))
-    need = plan_host(setup_from_config(cfg, Arch.from_file(model / "config.json"))).peak.pss
-    arch = json.loads((model / "config.json").read_text())
-    budget = [Budget("24.00GiB", "the --cap-gib budget")]
-    lines = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], True))
-    rehearsed = check(cfg, arch, "llama-2-7b", tmp_path, budget, False, False, ("7b-lora --variant 24gib", [], False))
+    job = _job("7b-lora", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
+    dry = preflight(job)
+    need = plan_host(dry.setup).peak.pss
     assert (
         f"host RAM: 7b-lora --variant 24gib needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)"
-        in rehearsed
+        in dry.lines
     )
-    out = "\n".join(lines)
+    here = dataclasses.replace(job, preview=None, budgets=(Budget("24.00GiB", "the --cap-gib budget"),))
+    out = "\n".join(preflight(here).lines)
     total = psutil.virtual_memory().total
     warned = [x for x in out.splitlines() if x.startswith("WARN host-ram")]
     if total < need:
@@ -285,7 +277,7 @@ def test_gpus_makes_a_multi_node_recipe_a_one_node_run(root: Path, tmp_path: Pat
         "critic.megatron.pipeline_model_parallel_size=1",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     ]
-    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--layers", "2", "--rehearse"]
+    cmd = [sys.executable, "-m", "verl_recipes.cli", "train", "70b-3d", "--gpus", "2", "--layers", "2", "--preview"]
     cmd += [x for s in sets for x in ("--set", s)] + ["--run-dir", str(tmp_path / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -306,10 +298,10 @@ PPO_64 = [
 ]
 
 
-def test_the_rehearsal_refuses_what_a_gpu_host_refuses_with_the_same_line(
+def test_the_preview_refuses_what_a_gpu_host_refuses_with_the_same_line(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The rehearsal checks the job asked for, --set included, not the stock recipe: a batch of 64
+    """The preview checks the job asked for, --set included, not the stock recipe: a batch of 64
     micro-batches of 64 with vLLM at 95% of the GPU fits no GPU; the GPU host's check
     (`preflight.fit` with its GPU's memory) refuses it with the same reason."""
     from verl_recipes.predict.gpus import GIB, parse_gpu
@@ -330,10 +322,10 @@ def test_the_rehearsal_refuses_what_a_gpu_host_refuses_with_the_same_line(
     assert str(e.value).split(" GiB): ", 1)[1] == err.split(" GiB): ", 1)[1]
 
 
-def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
+def test_the_preview_plans_the_gpu_and_layout_asked_for(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--gpu` names the GPU a rehearsal is for; `--gpus` the GPUs the layout must divide over; `--arch`
+    """`--gpu` names the GPU a preview is for; `--gpus` the GPUs the layout must divide over; `--arch`
     the model the plan uses. Each is refused where a GPU host would refuse it."""
     run = str(tmp_path / "run")
     err = _refused(["7b-lora", "--run-dir", run, "--gpu", "a10g-24g"], capsys)
@@ -343,7 +335,7 @@ def test_the_rehearsal_plans_the_gpu_and_layout_asked_for(
     from verl_recipes.predict.gpus import parse_gpu
     from verl_recipes.preflight import preflight
 
-    _, setup, _ = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other")))
+    setup = preflight(_job("7b-lora", "--run-dir", str(tmp_path / "other"))).setup
     assert f"; {whole_fix(setup, parse_gpu('a10g-24g'))} (`verl-recipes plan` explains" in err
     assert "; to fit on 1 GPU(s): " in err and "host RAM about" in err
     err = _refused(["70b-3d", "--run-dir", run, "--gpus", "2", "--layers", "2"], capsys)
@@ -375,11 +367,12 @@ def test_a_rank_rehearsal_states_one_ranks_host_ram(tmp_path: Path) -> None:
     from verl_recipes.predict.host import plan_host
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import model_config, preflight
+    from verl_recipes.preflight import preflight
 
     job = _job("13b-fsdp", "--variant", "40gib", "--rank", "0", "--run-dir", str(tmp_path / "run"))
-    cfg, _, verdict = preflight(job)
-    arch, source = model_config(None, job.model.arch, *job.model.trained)
+    checked = preflight(job)
+    cfg, verdict = checked.cfg, checked.lines
+    arch, source = job.model.config()
     setup = setup_from_config(cfg, Arch.from_config(arch, source))
     one, node = plan_host(setup, ranks_here=1).peak.pss, plan_host(setup).peak.pss
     assert node - one > 40 * 2**30
@@ -392,19 +385,18 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
     label), not the stock recipe: on a CPU host it states the planner's figure for the GPU host;
     on the host that trains, a machine with less is one `WARN host-ram` line naming the job."""
     import psutil
-    from verl_recipes.predict.host import plan_host
+    from verl_recipes.predict.host import host_lines, plan_host
     from verl_recipes.predict.inputs import setup_from_config
     from verl_recipes.predict.model import Arch
-    from verl_recipes.preflight import check, model_config, preflight
-    from verl_recipes.recipe.run_config import default_data_dir
+    from verl_recipes.preflight import preflight
 
     job = _job("7b-lora", "--variant", "grpo", "--variant", "24gib", "--run-dir", str(tmp_path / "run"))
     label = "7b-lora --variant grpo --variant 24gib"
-    cfg, _, verdict = preflight(job)
-    arch, source = model_config(None, job.model.arch, *job.model.trained)
-    need = plan_host(setup_from_config(cfg, Arch.from_config(arch, source))).peak.pss
-    assert f"host RAM: {label} needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in verdict
-    here = check(cfg, arch, source, default_data_dir(), None, False, False, (label, [], True))
+    checked = preflight(job)
+    arch, source = job.model.config()
+    need = plan_host(setup_from_config(checked.cfg, Arch.from_config(arch, source))).peak.pss
+    assert f"host RAM: {label} needs about {need / 2**30:.0f} GiB on the GPU host (planner, PSS peak)" in checked.lines
+    here = host_lines(checked.setup, label, (), None, here=True)
     warned = [x for x in here if x.startswith("WARN host-ram")]
     total = psutil.virtual_memory().total
     if total < need:
@@ -417,11 +409,11 @@ def test_the_host_ram_of_the_job_is_judged_once_in_the_preflight(tmp_path: Path)
     assert not (tmp_path / "run").exists()  # decided and judged; nothing written
 
 
-def test_a_rank_rehearsal_on_a_cpu_rehearses_the_whole_jobs_rank(
+def test_a_preview_of_a_rank_rehearsal_on_a_cpu_plans_the_whole_jobs_rank(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`train 13b-fsdp --rank 0` on a CPU: the job is the recipe's real two-GPU job (its config
-    says so), the rehearsal says which rank a GPU host runs, and command.sh starts the trainer
+    says so), the preview says which rank a GPU host runs, and command.sh starts the trainer
     with the rank's variable, so the same command on a one-GPU host runs rank 0 of 2."""
     import shlex
 
@@ -438,7 +430,7 @@ def test_a_rank_rehearsal_on_a_cpu_rehearses_the_whole_jobs_rank(
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 2)
     command = (run / "command.sh").read_text().splitlines()[-1]
     assert shlex.split(command)[:4] == [f"{ENV_RANK}=0/2", sys.executable, "-m", "verl_recipes.worker.driver"]
-    assert f"   {command}" in out  # the command a GPU host runs, as the rehearsal prints it
+    assert f"   {command}" in out  # the command a GPU host runs, as the preview prints it
 
 
 def test_a_rank_outside_the_jobs_world_is_refused_in_one_line(
@@ -467,17 +459,24 @@ def test_the_rank_names_the_run_folder_its_environment_and_its_provenance(
     monkeypatch.chdir(tmp_path)
     job = _job("13b-fsdp", "--rank", "3", "--gpus", "4")
     assert job.rank == RankSpec(3, 4) and job.layout.world == 4
-    assert job.run_dir.parent == tmp_path / "runs" and job.run_dir.name.startswith("13b-fsdp-rank3of4-")
+    # a preview on this CPU host, named for the recipe's 40 GiB card (an A100): runs/<recipe>/<name>
+    assert (
+        job.run_dir
+        == tmp_path / "runs" / "13b-fsdp" / "a100x1-ppo-rank3of4-preview"
+        == tmp_path / "runs" / "13b-fsdp" / job.name.text
+    )
     assert launch_env(job, {})[ENV_RANK] == "3/4"
-    cfg, _, _ = preflight(job)
+    cfg = preflight(job).cfg
     rec = run_record(job, cfg, trainer_command(job), {}, None)
     assert rec["rank_rehearsal"] == {"rank": 3, "world": 4, "pools": "rank share"}
     assert Provenance.from_record(rec).rank_pools_shared  # the host model reads it back
     whole = _job("13b-fsdp", "--run-dir", str(tmp_path / "whole"))
     assert whole.rank is None and ENV_RANK not in launch_env(whole, {})
     assert run_record(whole, cfg, trainer_command(whole), {}, None)["rank_rehearsal"] is None
-    # decided and judged: the run folders are claimed (a lock file beside each), never made
-    assert not job.run_dir.exists() and not (tmp_path / "whole").exists()
+    # decided and judged: a named run folder is claimed (a lock file beside it), never made; the
+    # default one is made empty, and the same job again is the configuration's repeat
+    assert not any(job.run_dir.iterdir()) and not (tmp_path / "whole").exists()
+    assert _job("13b-fsdp", "--rank", "3", "--gpus", "4").run_dir.name == "a100x1-ppo-rank3of4-preview-2"
 
 
 @pytest.mark.parametrize(
@@ -504,7 +503,7 @@ def test_a_count_or_size_of_nothing_is_one_error_line(
     assert not any(tmp_path.iterdir())
 
 
-def test_a_rehearsal_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that_fits(
+def test_a_preview_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that_fits(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`train 13b-fsdp` as written needs about 70 GiB a GPU; its recipe targets 40 GiB. The plan
@@ -513,9 +512,9 @@ def test_a_rehearsal_of_a_job_too_large_for_its_gpu_ends_naming_the_variant_that
     assert main(["train", "13b-fsdp", "--run-dir", str(tmp_path / "run")]) == 0, capsys.readouterr().err[-2000:]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("training needs an NVIDIA GPU (2 x 40GiB); this host has 0 NVIDIA GPU(s)"), last
-    assert "does not fit 40GiB; --variant 40gib does (peak " in last and "rehearse and train with it" in last
+    assert "does not fit 40GiB; --variant 40gib does (peak " in last and "preview and train with it" in last
     assert "run the same command" not in last
-    assert not (tmp_path / "run" / "incomplete.json").exists()  # the rehearsal is done: the folder is complete
+    assert not (tmp_path / "run" / "incomplete.json").exists()  # the preview is done: the folder is complete
 
 
 def test_a_cached_dataset_cut_short_is_made_again(tmp_path: Path, cache: Path) -> None:
@@ -545,19 +544,25 @@ def test_a_megatron_rank_on_a_gpu_host_trains_from_a_checkpoint_without_weights(
     the whole Megatron job keep theirs."""
     from verl_recipes import job as job_module
 
-    monkeypatch.setattr(job_module, "local_gpus", lambda: (1, 140.4))
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (1, 140.4, "h200"))
     rank = _job("70b-3d", "--rank", "16", "--run-dir", str(tmp_path / "a"))
-    assert rank.rehearsal is None and rank.model.device == "cuda"
+    assert rank.preview is None and rank.model.device == "cuda"
     assert rank.model.weights is False and rank.model.path.name == "llama-2-70b-full-width-Lall-noweights"
     fsdp = _job("13b-fsdp", "--rank", "0", "--run-dir", str(tmp_path / "b"))
     assert fsdp.model.weights is True and not fsdp.model.path.name.endswith("-noweights")
-    monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4))
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (8, 140.4, "h200"))
     whole = _job("70b-3d", "--gpus", "8", "--layers", "2", "--run-dir", str(tmp_path / "c"))
     assert whole.model.weights is True
     assert [j.gpu_checkpoint_weights for j in (rank, fsdp, whole)] == [False, True, True]
+    # a GPU host names each run by the rule, on its own GPU family (recipe/run_names.py)
+    assert [j.name.text for j in (rank, fsdp, whole)] == [
+        "h200x1-ppo-rank16of32",
+        "h200x1-ppo-rank0of2",
+        "h200x8-ppo-l2",
+    ]
 
 
-def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
+def test_a_cpu_preview_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a CPU the rank's tiny stand-in has weights, but the disk check judges the GPU run, whose
@@ -565,9 +570,9 @@ def test_a_cpu_rehearsal_of_a_megatron_rank_judges_the_disk_of_the_gpu_run(
     from verl_recipes import job as job_module
     from verl_recipes.stack import verify
 
-    monkeypatch.setattr(job_module, "local_gpus", lambda: (0, 0.0))
+    monkeypatch.setattr(job_module, "local_gpus", lambda: (0, 0.0, ""))
     rank = _job("70b-3d", "--rank", "0", "--run-dir", str(tmp_path / "a"))
-    assert rank.rehearsal and rank.model.weights is True and rank.gpu_checkpoint_weights is False
+    assert rank.preview and rank.model.weights is True and rank.gpu_checkpoint_weights is False
     assert verify.disk_need(rank.recipe, rank.gpu_checkpoint_weights) == (20.0, "the run's logs, samples and caches")
     whole = _job("70b-3d", "--run-dir", str(tmp_path / "b"))
     need, what = verify.disk_need(whole.recipe, whole.gpu_checkpoint_weights)
@@ -584,14 +589,15 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
 
     import yaml
     from verl_recipes import RecipeError
+    from verl_recipes.plan.advice import fit_lines as fit
+    from verl_recipes.predict.gpus import Budget
     from verl_recipes.predict.setup import load_setup
-    from verl_recipes.preflight import Budget, fit
 
     _, setup, recipe = load_setup("70b-3d", [], [])
     h100 = [Budget("h100-80g", "h100-80g")]
     assert fit(setup, h100, False)[0].startswith("plan: tight (under the card by 0.8 GiB, less than the 3.7 GiB")
     assert fit(setup, h100, False)[0].endswith("on h100-80g: peak update_actor 78.8 GiB")
-    cal = fit(setup, h100, False, calibration=(recipe, []))[0]
+    cal = fit(setup, h100, False, recipe=recipe)[0]
     assert cal.startswith("plan: tight (under the card by 0.4 GiB") and "update_actor 79.2 GiB" in cal
     over = tmp_path / "70b-3d"
     shutil.copytree(recipe.dir / "expected", over / "expected")
@@ -599,9 +605,9 @@ def test_preflight_judges_70b_as_plan_does_with_the_recipes_calibrated_predictio
     doc["predicted_gib"]["update_critic"], doc["fits"] = 85.83, False
     (over / "expected" / "h100x32-ppo.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(RecipeError) as e:
-        fit(setup, h100, False, calibration=(recipe.model_copy(update={"dir": over}), []))
+        fit(setup, h100, False, recipe=recipe.model_copy(update={"dir": over}))
     msg = str(e.value)
     assert "\n" not in msg and "the calibrated prediction puts update_critic at 85.8 GiB" in msg
     assert "--set trainer.nnodes=8" in msg
-    h200 = fit(setup, [Budget("h200-141g", "h200-141g")], False, calibration=(recipe, []))
+    h200 = fit(setup, [Budget("h200-141g", "h200-141g")], False, recipe=recipe)
     assert h200 == ["plan: fits h200-141g: peak update_actor 78.8 GiB"]

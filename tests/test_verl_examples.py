@@ -131,10 +131,10 @@ def test_the_committed_table_is_what_the_planner_says_now() -> None:
 
 
 def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_planner() -> None:
-    """A run in validation/verl-examples/results/ is named by the rule, its entry (the recipe its
-    provenance names) is one of the suite's, its train.log and samples are kept gzipped, the table
-    puts its measured peak (the summary's, over every phase) beside the prediction, and the
-    planner-errors table holds the planner to it as to a recipe's run."""
+    """A run in validation/verl-examples/results/<entry>/ is named by the rule, its entry (the
+    recipe its provenance names) is the folder's and one of the suite's, its train.log and samples
+    are kept gzipped, the table puts its measured peak (the summary's, over every phase) beside the
+    prediction, and the planner-errors table holds the planner to it as to a recipe's run."""
     import json
 
     from verl_recipes.plan.runs import committed_runs
@@ -143,7 +143,7 @@ def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_plan
     from verl_recipes.recipe.verl_suite import load_suite
     from verl_recipes.rundir import read_provenance
 
-    runs = sorted(p for p in (SUITE / "results").iterdir() if p.is_dir())
+    runs = sorted(p.parent for p in (SUITE / "results").glob("*/*/summary.json"))
     assert runs, "no committed run of a suite entry"
     suite, ran = load_suite(), measured_runs()
     judged = {r.run_dir for r in committed_runs()}
@@ -151,14 +151,15 @@ def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_plan
     for run in runs:
         parse_run_name(run.name, [])
         entry = read_provenance(run).recipe
-        assert entry in suite, f"{run.name}: provenance names {entry!r}, not a suite entry"
+        assert entry == run.parent.name and entry in suite, f"{run}: provenance names {entry!r}"
         assert (run / "train.log.gz").is_file() and (run / "samples.jsonl.gz").is_file()
         assert not (run / "train.log").exists() and not (run / "samples.jsonl").exists()
         peak = json.loads((run / "summary.json").read_text())["peak"]["gpu"]["0"]["used_gib"]
-        [m] = [m for m in ran[entry] if m.name == run.name]
+        name = f"{entry}/{run.name}"
+        [m] = [m for m in ran[entry] if m.name == name]
         assert abs(m.peak_gib - peak) < 0.01, (m.peak_gib, peak)
         row = next(ln for ln in table.splitlines() if ln.startswith(f"| [{entry}]("))
-        assert f"measured: [{run.name}](results/{run.name}/report.md), {peak:.2f} GiB" in row
+        assert f"measured: [{name}](results/{name}/report.md), {peak:.2f} GiB" in row
         assert run in judged, f"{run.name} is not in validation/planner-errors.md's runs"
 
 
@@ -177,7 +178,7 @@ def test_train_rehearses_on_a_cpu_the_job_plan_judged(
     monkeypatch.setenv("VERL_RECIPES_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HOME", "/h")
     run = tmp_path / "run"
-    argv = ["train", "--verl-script", str(SCRIPT), "--rank", "0", "--steps", "2", "--rehearse", "--run-dir", str(run)]
+    argv = ["train", "--verl-script", str(SCRIPT), "--rank", "0", "--steps", "2", "--preview", "--run-dir", str(run)]
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
     out = capsys.readouterr().out
     assert "== rank rehearsal (0 of 2)" in out

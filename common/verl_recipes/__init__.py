@@ -19,9 +19,9 @@ wing and the wings before it; tests/test_imports.py holds the order, as `LAYERS`
 
 One word, one meaning. "validation" names the `validation/` folder alone: the claims ledger and
 the evidence each verdict rests on (prices, the planner's error table and its notes). The checks
-are named for what they check: `check-bounds` (a run against a recipe's bounds; `validate` is its
-old name), `plan --errors` (the planner against every committed run), `predict.inputs.check_layout`
-(a GPU layout verl would refuse); verl's own `validate_config` is "verl's start-up checks". A
+are named for what they check: `check-bounds` (a run against a recipe's bounds), `plan --errors`
+(the planner against every committed run), `predict.inputs.check_layout` (a GPU layout verl would
+refuse); verl's own `validate_config` is "verl's start-up checks". A
 "phase" is one of verl's marked_timer phases: `worker.markers` records them, `predict.phases`
 predicts the memory of each.
 

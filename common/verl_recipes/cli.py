@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a random-weight HF checkpoint and tokenizer from a config.json",
     ),
     "dataset": ("verl_recipes.workload.dataset", "write the embedded arithmetic dataset as verl RL parquet"),
-    "train": ("verl_recipes.train", "run a recipe: rehearse on CPU, train with verl on GPU"),
+    "train": ("verl_recipes.train", "run a recipe: a preview on CPU, train with verl on GPU"),
     "docs": ("verl_recipes.docs", "regenerate the README's recipe table from the metadata"),
     "verify": ("verl_recipes.stack.verify", "check the install, GPUs, driver and host against the pins"),
     "monitor": ("verl_recipes.measure.monitor", "sample GPU (NVML) and host memory of a command, per PPO phase"),
@@ -52,10 +52,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "peers": ("verl_recipes.peers.cli", "TRL and OpenRLHF on the 7b-lora workload: compose, run, compare"),
 }
-
-
-# old name -> subcommand: an old name keeps working for a release and says what it is now called.
-ALIASES: dict[str, str] = {"validate": "check-bounds"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,9 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     one `interrupted:` line naming what was being written and what was kept, and exit 130: every
     writer cleans up on the way out (`verl_recipes.inflight`), so nothing half-written stays."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ALIASES:
-        print(f"note: `verl-recipes {argv[0]}` is the old name of `verl-recipes {ALIASES[argv[0]]}`", file=sys.stderr)
-        argv[0] = ALIASES[argv[0]]
     parser = build_parser()
     # plan's and train's words after `--` are a command line of their own (`plan -- python3 -m
     # verl.trainer.main_ppo ...`, or a verl script's `$@`): handed to them whole (`rest`)

@@ -20,6 +20,7 @@ the H200's, not those of the smaller card the cap stands for.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +29,26 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes.layout import RankSpec
 from verl_recipes.measure import throughput as throughput_table
 from verl_recipes.paths import repo_root
 from verl_recipes.peers import compose as peers_compose
 from verl_recipes.peers import table as peers_table
+from verl_recipes.plan.advice import calibrated
 from verl_recipes.plan.evidence import behind, sets_words
+from verl_recipes.plan.runs import committed_runs, lacks, read_run, results_dir, run_setup
+from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
+from verl_recipes.predict.gpus import catalogue, catalogued
+from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.margin import load_spread, margin
+from verl_recipes.predict.model import Arch
+from verl_recipes.predict.phases import Constants, plan_gpu
+from verl_recipes.predict.setup import load_setup
+from verl_recipes.recipe.drift import drift_label
 from verl_recipes.recipe.metadata import Recipe, discover
-from verl_recipes.rundir import Provenance, read_provenance
+from verl_recipes.recipe.run_config import compose_run, gpu_layout
+from verl_recipes.recipe.run_names import parse_bounds_name
+from verl_recipes.rundir import CONFIG, SUMMARY, Provenance, read_provenance
 
 
 def _runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,16 +84,15 @@ def _measured_cell(recipe: Recipe) -> str:
         if backend:  # the other side of a comparison: its figures are not verl's
             tags.append(f"{backend}, not verl")
         verl_bounds = verl_bounds or backend is None
-        rank = doc.get("rank_rehearsal")
+        rank = RankSpec.from_record(doc.get("rank_rehearsal"))
         if rank:  # a rehearsed rank's memory is that rank's; its speed is never the job's
-            tags.append(f"rank rehearsal, {rank['rank']} of {rank['world']}")
+            tags.append(f"rank rehearsal, {rank.rank} of {rank.world}")
             tput = None
         label = Path(name).stem + (f" ({'; '.join(tags)})" if tags else "")
         parts = [f"{peak:.1f} GiB peak" if peak is not None else "", f"{tput:,.0f} tok/s" if tput else ""]
         cells.append(f"[{label}](recipes/{recipe.id}/{name}): " + ", ".join(p for p in parts if p))
     if verl_bounds:
         return "<br>".join(cells)
-    from verl_recipes.plan.runs import committed_runs, results_dir
 
     results = results_dir(recipe.dir)
     found = committed_runs(recipe.dir.parent.parent, recipe.id)
@@ -109,10 +122,6 @@ def recipe_table(recipes: dict[str, Recipe] | None = None) -> str:
 
 def results_table(recipes: dict[str, Recipe] | None = None) -> str:
     """One row per bounds file: what ran, where, its memory, speed and cost per million tokens."""
-    from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
-    from verl_recipes.predict.gpus import catalogued
-    from verl_recipes.recipe.drift import drift_label
-    from verl_recipes.rundir import CONFIG
 
     recipes = recipes if recipes is not None else discover()
     offers = load_prices(prices_file())
@@ -192,8 +201,6 @@ def _fixes_off(r: Recipe, runs: list[Any], provs: list[Provenance], rate: bool) 
     as the `--verl-fix-off` that reproduces it, so the table prices no run as the recipe that
     `plan` would not. A run whose config cannot be read back (another training loop) keeps what
     its record names off."""
-    from verl_recipes.plan.runs import lacks, read_run, run_setup
-    from verl_recipes.rundir import SUMMARY
 
     off = {f for p in provs for f in p.verl_fixes_off or []}
     for rel in runs:
@@ -243,11 +250,6 @@ def plan_rows(recipes: dict[str, Recipe] | None = None) -> list[PlanRow]:
 
 
 def _plan_rows(recipes: dict[str, Recipe]) -> list[PlanRow]:
-    from verl_recipes.plan.advice import calibrated
-    from verl_recipes.predict.gpus import catalogue
-    from verl_recipes.predict.margin import load_spread, margin
-    from verl_recipes.predict.phases import Constants, plan_gpu
-    from verl_recipes.predict.setup import load_setup
 
     gpus = list(catalogue().values())
     c = Constants()
@@ -387,7 +389,6 @@ def status_block(recipes: dict[str, Recipe] | None = None) -> str:
     own GPUs, what else ran (rank rehearsals, truncated depths, caps), and each prediction with its
     peak; dated by the newest committed run behind a bounds file, so it never says less than the
     tree holds."""
-    from verl_recipes.recipe.run_names import parse_bounds_name
 
     recipes = recipes if recipes is not None else discover()
     lines: list[str] = []
@@ -510,7 +511,6 @@ def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
     Python and nox; so the sessions are named from this file, generated from recipe.yaml by the
     same `docs --write` as the README tables, and tests/test_docs.py fails when it is stale.
     """
-    import json
 
     recipes = recipes if recipes is not None else discover()
     body = {
@@ -531,9 +531,6 @@ def recipe_index(recipes: dict[str, Recipe] | None = None) -> str:
 def _layout_facts(recipe: Recipe, variant: str | None) -> dict[str, Any]:
     """What the Slurm launcher's check needs to apply `train`'s layout rules without verl or PyYAML
     (it runs on a node's bare python3): the batch and parallel sizes of the composed job."""
-    from verl_recipes.predict.inputs import setup_from_config
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     cfg = compose_run(recipe, [variant] if variant else [], [], gpu_layout(recipe))
     s = setup_from_config(cfg, Arch.from_config(recipe.arch_config, f"{recipe.model.arch}/config.json"))

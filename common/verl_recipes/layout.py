@@ -9,8 +9,9 @@ runs) and the Slurm launcher's check (`cluster.settings.check`) both call these,
 drift apart.
 
 A rank of a job is one `RankSpec` (rank R of a world of N) from the command line to the run's
-record; a rank rehearsed on one GPU runs its share of the job's CPU worker pools (`pool_share`);
-`MegatronLayout` places a rank in Megatron's TP x CP x DP x PP order by the same divide rule.
+record; a rank rehearsed on one GPU runs its share of the job's CPU worker pools (`pool_share`)
+and of a tensor-parallel rollout's model (`rollout_stand_in`); `MegatronLayout` places a rank in
+Megatron's TP x CP x DP x PP order by the same divide rule.
 
 Standard library only: the Slurm launcher imports this on a host's bare python3, and verl's
 workers read their rank from it before CUDA is set.
@@ -107,6 +108,11 @@ def batch_over_ranks(rows: int, minimal: int, train_batch: int, mini_batch: int)
 ENV_RANK = "VERL_RECIPES_RANK_REHEARSAL"
 
 
+#: `rank_rehearsal.pools` in a rank rehearsal's provenance (and its bounds): the rank ran its share
+#: of the job's CPU worker pools (`JOB_POOLS`); a record without it ran them whole
+POOLS_SHARED = "rank share"
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """Rank `rank` of a job of `world` GPUs, rehearsed on one local GPU."""
@@ -130,6 +136,16 @@ class RankSpec:
     def label(self) -> str:
         """How reports, bounds files and tables name such a run."""
         return f"rank rehearsal ({self.rank} of {self.world})"
+
+    def record(self) -> dict[str, Any]:
+        """The run's provenance entry (`rank_rehearsal`), which `from_record` reads back: the rank
+        ran its share of the job's CPU worker pools (`POOLS_SHARED`)."""
+        return {"rank": self.rank, "world": self.world, "pools": POOLS_SHARED}
+
+    @classmethod
+    def from_record(cls, raw: Any) -> RankSpec | None:
+        """The rank a provenance entry (`record`, or an older one without `pools`) names; None: a full run."""
+        return cls(int(raw["rank"]), int(raw["world"])) if isinstance(raw, dict) and raw else None
 
     @classmethod
     def parse(cls, value: str) -> RankSpec:
@@ -162,6 +178,34 @@ def pool_share(n: int, world: int, ranks: int = 1) -> int:
     """The workers of a job-level pool of `n` that `ranks` of the job's `world` GPUs hold: their
     share, at least one."""
     return max(1, -(-n * ranks // max(world, 1)))
+
+
+def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
+    """The HF config overrides that make a TP1 vLLM model hold what one rank of TP=`tp` holds.
+
+    vLLM shards attention by heads (KV heads replicated once there are fewer than ranks), the MLP
+    by its intermediate size, and keeps the hidden size and norms whole on every rank
+    (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``). A TP1 model with
+    heads/tp, max(1, KV heads/tp), intermediate/tp and the same explicit head size has the same
+    weights and the same KV cache per token as such a rank; its loaders take the first rank's
+    slice of each full tensor the weight sync sends. The vocabulary stays whole (the embedding and
+    output layer hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones
+    every rank gathers), so every prompt token has a row. What the stand-in leaves out is labelled
+    where its numbers are shown: vLLM's custom all-reduce buffers and NCCL communicators.
+    """
+    heads = int(arch["num_attention_heads"])
+    kv = int(arch.get("num_key_value_heads") or heads)
+    inter = int(arch["intermediate_size"])
+    head_dim = int(arch.get("head_dim") or int(arch["hidden_size"]) // heads)
+    for name, size in (("attention heads", heads), ("intermediate size", inter)):
+        if size % tp:
+            raise RecipeError(f"the model's {name} ({size}) do not split over rollout TP={tp}: vLLM refuses it too")
+    return {
+        "num_attention_heads": heads // tp,
+        "num_key_value_heads": max(1, kv // tp),
+        "intermediate_size": inter // tp,
+        "head_dim": head_dim,
+    }
 
 
 # ---- Megatron's layout --------------------------------------------------------------------------

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes  # loaded here, in the parent: the forked child only calls into it
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -65,7 +68,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     monitor never leaves a trainer running and holding the GPU. verl's driver exits on SIGTERM and
     Ray then ends the workers it started. Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op.
     """
-    import ctypes  # loaded here, in the parent: the forked child only calls into it
 
     parent = os.getpid()
     try:
@@ -156,8 +158,6 @@ class TreeGuard:
     """Ends every process of a run (`reap`) if the process that started the guard dies first."""
 
     def __init__(self, run_dir: Path, grace_s: float = 5.0) -> None:
-        import subprocess
-        import sys
 
         env = {k: v for k, v in os.environ.items() if k not in (RUN_DIR_ENV,)}  # the guard is not the run's
         pkg = str(Path(__file__).resolve().parents[1])
@@ -179,7 +179,7 @@ class TreeGuard:
             self._proc.wait(timeout=10)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reap",
         help="end the processes one run left behind (Ray, vLLM), leaving other runs alone",

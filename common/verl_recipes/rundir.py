@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, TypedDict
 
 from verl_recipes import RecipeError
+from verl_recipes.layout import POOLS_SHARED, RankSpec
 
 #: set by the monitor and the launcher for every process of a run: where phases and metrics go.
 RUN_DIR_ENV = "VERL_RECIPES_RUN_DIR"
@@ -228,11 +229,6 @@ def measured_runs(base: Path) -> list[Path]:
 # absence means.
 
 
-#: `rank_rehearsal.pools` in a rank rehearsal's provenance (and its bounds): the rank ran its share
-#: of the job's CPU worker pools (`layout.JOB_POOLS`); a record without it ran them whole
-POOLS_SHARED = "rank share"
-
-
 @dataclass(frozen=True)
 class Provenance:
     """A run's provenance.json as every reader sees it; `raw` is the record as written."""
@@ -250,8 +246,8 @@ class Provenance:
     verl_fixes_off: list[str] | None
     #: the verl fixes the run applied; None: recorded before the key existed
     verl_fixes: list[str] | None
-    #: (R, N) when one GPU ran rank R of a job of N GPUs (`train --rank`); None: a full run
-    rank_rehearsal: tuple[int, int] | None = None
+    #: rank R of a job of N GPUs when one GPU ran it (`train --rank`); None: a full run
+    rank_rehearsal: RankSpec | None = None
     #: the training loop when it is not verl's trainer: `deepspeed` for recipe verl-vs-deepspeed's
     #: ZeRO-3 loop (its compare.py writes the record from run.json); None: verl, which every
     #: `verl-recipes train` run is (its engine, FSDP or Megatron, is in verl_config.yaml)
@@ -279,7 +275,7 @@ class Provenance:
             gpu_names=[str(g.get("name", "")) for g in (raw.get("gpu") or {}).get("gpus") or ()],
             verl_fixes_off=listed("verl_fixes_off"),
             verl_fixes=listed("verl_fixes"),
-            rank_rehearsal=(int(rank["rank"]), int(rank["world"])) if rank else None,
+            rank_rehearsal=RankSpec.from_record(rank),
             backend=str(raw["backend"]) if raw.get("backend") else None,
             raw=raw,
         )

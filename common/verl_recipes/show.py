@@ -13,8 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verl_recipes import RecipeError
+from verl_recipes.predict.gpus import catalogue
+from verl_recipes.predict.inputs import setup_from_config
+from verl_recipes.predict.model import Arch
+from verl_recipes.predict.phases import plan_gpu
 from verl_recipes.recipe.compose import compose_file, compose_recipe
 from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,11 +61,6 @@ def run(args: argparse.Namespace) -> int:
 def refusals(recipe: Recipe, variants: Sequence[str], sets: Sequence[str]) -> list[str]:
     """What `plan` and `train` would refuse in this job, for `show` to warn about (it prints the
     config either way): the GPU layout rules, and a memory plan that fits no GPU the planner knows."""
-    from verl_recipes.predict.gpus import catalogue
-    from verl_recipes.predict.inputs import setup_from_config
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.predict.phases import plan_gpu
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     try:
         cfg = compose_run(recipe, variants, sets, gpu_layout(recipe))

@@ -1,4 +1,4 @@
-"""`verl-recipes train`: run a recipe with verl's own trainer, or rehearse it on a CPU.
+"""`verl-recipes train`: run a recipe with verl's own trainer, or a preview of it on a CPU.
 
 `run` is the whole path, in order, each step once:
 
@@ -6,9 +6,9 @@
    whatever the command line alone gets wrong is refused there, in one line;
 2. pre-flight and plan (`verl_recipes.preflight`): the job composed against verl's Hydra config,
    once, as it will run, and judged (data, layout, verl's start-up checks, host RAM, the memory
-   plan) before anything is made or written, so what a GPU host would refuse, the rehearsal
+   plan) before anything is made or written, so what a GPU host would refuse, the preview
    refuses, with the same line;
-3. rehearse (no GPU, or `--rehearse`): everything a CPU can check, then a plain statement that
+3. preview (no GPU, or `--preview`): everything a CPU can check, then a plain statement that
    training needs a GPU, exit 0; or launch: the host's install checked (`stack.verify`), the
    model and dataset made (or taken), and verl's own ``main_ppo`` (through
    `verl_recipes.worker.driver`, which applies the driver-side fixes first) started on the saved,
@@ -18,10 +18,10 @@
 
 The user's `--model` and `--data` are read, never written (`verl_recipes.workload.userpaths`),
 and a `--run-dir` is new, empty, or resumed; it is claimed while `train` runs (a second launch
-into it is one line) and marked incomplete from its first write until the rehearsal or the
+into it is one line) and marked incomplete from its first write until the preview or the
 measure step is done, so a run stopped by Ctrl-C or a kill says so and the same `--run-dir` again
 starts over (the stopped attempt kept in attempt-N/); without --run-dir, each command makes a new
-folder under runs/, never one another command has.
+folder under runs/<recipe>/, named by the rule (`job.run_name`), never one another command has.
 
 verl runs its trainer loop and FSDP workers as Ray actors, so the launch reaches them through
 Ray's ``worker_process_setup_hook`` (`verl_recipes.worker.hooks.setup`) and environment
@@ -43,6 +43,14 @@ from verl_recipes import RecipeError, cli_types, inflight, procs, rundir
 from verl_recipes.fixes import ENV_FIXES_OFF
 from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
+from verl_recipes.measure import outcome
+from verl_recipes.measure.provenance import record
+from verl_recipes.plan.advice import closing_line
+from verl_recipes.predict.gpus import parse_gpu
+from verl_recipes.predict.inputs import Setup
+from verl_recipes.preflight import Preflight, preflight
+from verl_recipes.stack.verify import print_checks, run_checks
+from verl_recipes.workload import dataset, synth, userpaths
 
 CLI = [sys.executable, "-m", "verl_recipes.cli"]
 #: the trainer's entry point: verl's main_ppo behind the driver-side fixes
@@ -50,22 +58,19 @@ DRIVER = "verl_recipes.worker.driver"
 
 
 def run(args: argparse.Namespace) -> int:
-    """decide -> pre-flight and plan -> rehearse or launch -> measure (module doc).
+    """decide -> pre-flight and plan -> preview or launch -> measure (module doc).
 
-    From its first write (`write_run`) until the rehearsal or the measure step is done, the run
+    From its first write (`write_run`) until the preview or the measure step is done, the run
     folder is marked incomplete (`userpaths.mark_incomplete`): a run stopped in between says so,
     and the same command again sets that attempt aside and starts over."""
-    from verl_recipes.measure import outcome
-    from verl_recipes.preflight import preflight
-    from verl_recipes.workload import userpaths
 
     job = decide(args)
-    cfg, setup, verdict = preflight(job)
-    if job.rehearsal is not None:
-        rc = rehearse(job, cfg, setup, verdict)
+    checked = preflight(job)
+    if job.preview is not None:
+        rc = preview(job, checked)
         userpaths.mark_complete(job.run_dir)
         return rc
-    rc = launch(job, cfg, verdict)
+    rc = launch(job, checked)
     try:
         ended = outcome.conclude(job.run_dir, rc, job.cap_gib)
     except RecipeError:  # a failed or over-cap run is measured whole before its line is raised
@@ -86,8 +91,6 @@ def write_run(job: Job, cfg: Any) -> None:
     its own), the folder marked incomplete first. command.sh carries what a GPU host needs to run
     the same job again, the rank rehearsal's variable included."""
     from omegaconf import OmegaConf
-
-    from verl_recipes.workload import userpaths
 
     userpaths.mark_incomplete(job.run_dir, job.run_dir_named)
     if job.resume:
@@ -147,8 +150,6 @@ def ensure_model(job: Job) -> Path:
     argv += ["--out", str(model.path)] + (["--layers", str(model.layers)] if model.layers else [])
     argv += [] if model.weights else ["--no-weights"]
     if model.device == "cpu":
-        from verl_recipes.workload import synth
-
         try:
             in_process(synth, argv)
         except RecipeError:
@@ -168,7 +169,6 @@ def ensure_model(job: Job) -> Path:
 def ensure_dataset(job: Job) -> Path:
     """The user's folder as given (checked up front, never written into), else the embedded
     dataset, made in the cache once and again only when it is not whole (`dataset.complete`)."""
-    from verl_recipes.workload import dataset
 
     if job.data_theirs:
         return job.data
@@ -195,7 +195,6 @@ def verify(job: Job, gate: bool) -> None:
     It runs in this process: its torch calls (the device count, NCCL's version) do not start
     CUDA here, so nothing of this process stays on the GPU the run measures, and the all-reduce
     runs in processes of its own."""
-    from verl_recipes.stack.verify import print_checks, run_checks
 
     checks = run_checks(job.recipe, allreduce=job.rank is None, weights=job.gpu_checkpoint_weights)
     print_checks(checks, indent="   " if not gate else "")
@@ -207,12 +206,12 @@ def verify(job: Job, gate: bool) -> None:
         )
 
 
-def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
+def preview(job: Job, checked: Preflight) -> int:
     """Everything a CPU can check, then the line that says what a GPU host does with the job
     (`plan.advice.closing_line`, judged on the pre-flight's `setup`, as the plan above it)."""
     from omegaconf import OmegaConf
 
-    reason = job.rehearsal
+    reason, cfg, verdict = job.preview, checked.cfg, list(checked.lines)
     if job.resume:
         same_job(job, cfg)
     ensure_model(job)
@@ -223,7 +222,7 @@ def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
         )
     write_run(job, cfg)
 
-    print(f"== rehearsal of {job.recipe.id}: {reason}")
+    print(f"== preview of {job.recipe.id}: {reason}")
     if job.rank is not None:
         print(
             f"== {job.rank.label}: a GPU host runs this job's rank {job.rank.rank} on one GPU "
@@ -243,31 +242,17 @@ def rehearse(job: Job, cfg: Any, setup: Any, verdict: list[str]) -> int:
     _check_model_and_data(Path(cfg.actor_rollout_ref.model.path), Path(cfg.data.train_files).parent, cfg)
     print("== 5/5 the command a GPU host runs")
     print(f"   {(job.run_dir / rundir.COMMAND).read_text().strip().splitlines()[-1]}")
-    print(closing(job, setup))
+    print(closing(job, checked.setup))
     return 0
 
 
-def closing(job: Job, setup: Any) -> str:
-    """The rehearsal's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
-    rehearsed for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
+def closing(job: Job, setup: Setup) -> str:
+    """The preview's last line (`plan.advice.closing_line`) for the job: judged on the GPU it is
+    run for (--gpu, else the recipe's per-GPU size), naming the variant that fits where the
     job as asked does not, and the rank a GPU host runs for a rank rehearsal."""
-    from verl_recipes.plan.advice import closing_line
-    from verl_recipes.predict.gpus import parse_gpu
 
     gpu = parse_gpu(job.budgets[0].gpu if job.budgets else f"{job.recipe.gpus.per_gpu_gib:g}GiB")
-    return closing_line(
-        job.recipe,
-        job.variants,
-        job.sets,
-        setup,
-        gpu,
-        job.rehearsal or "",
-        # --gpus gives one node; a variant is planned on the recipe's own layout otherwise
-        gpus=job.layout.per_node if job.layout.nnodes == 1 else None,
-        layers=job.model.trained[0],
-        fixes_off=job.fixes_off,
-        rank=job.rank.label if job.rank else None,
-    )
+    return closing_line(job.recipe, job.composition, setup, gpu, job.preview or "", job.rank)
 
 
 def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
@@ -289,12 +274,12 @@ def _check_model_and_data(model: Path, data: Path, cfg: Any) -> None:
     )
 
 
-def launch(job: Job, cfg: Any, verdict: list[str]) -> int:
+def launch(job: Job, checked: Preflight) -> int:
     """On a GPU host: the host checked, the model and data made, then verl under the monitor;
     returns verl's exit code (the run folder holds everything measured)."""
-    from verl_recipes.workload import userpaths
 
-    for msg in verdict:
+    cfg = checked.cfg
+    for msg in checked.lines:
         print(msg)
     if not job.skip_verify:
         verify(job, gate=True)
@@ -345,8 +330,6 @@ def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_uti
     """The run's provenance: the host and stack (`measure.provenance.record`) and the job as it ran."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.measure.provenance import record
-
     return record(
         cmd,
         {
@@ -363,9 +346,7 @@ def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_uti
             "verl_fixes_off": list(job.fixes_off),
             "verl_fixes": job.fixes,
             "compile_cache": job.compile_cache,
-            "rank_rehearsal": (
-                {"rank": job.rank.rank, "world": job.rank.world, "pools": rundir.POOLS_SHARED} if job.rank else None
-            ),
+            "rank_rehearsal": job.rank.record() if job.rank else None,
         },
     )
 
@@ -416,7 +397,7 @@ def _env_path(name: str) -> Path | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="run a recipe: rehearse on CPU, train with verl on GPU")
+    p = sub.add_parser("train", help="run a recipe: a preview on CPU, train with verl on GPU")
     p.add_argument("recipe", nargs="?", help="recipe id, or a verl script (.sh) as its users write it")
     p.add_argument(
         "rest", nargs="*", help="after --: a verl command line, or with a script the words its $@ passes to verl"
@@ -455,12 +436,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=cli_types.non_negative,
         metavar="R",
         help="rehearse rank R of the job's GPUs (nodes x GPUs per node) on one local GPU; "
-        "a CPU host rehearses the same job",
+        "a CPU host previews the same job",
     )
     p.add_argument(
         "--gpu",
         metavar="ID|NGiB",
-        help="rehearsal: the GPU the job is for (a planner catalogue id or a size like 24GiB); "
+        help="preview: the GPU the job is for (a planner catalogue id or a size like 24GiB); "
         "default: refuse only a job that fits no GPU the planner knows",
     )
     p.add_argument(
@@ -468,8 +449,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="--run-dir may hold a run of the same job: continue it from its checkpoints (Slurm requeue)",
     )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="a lowercase word the run's name carries (recipe/run_names.py's rule); repeatable",
+    )
     p.add_argument("--smoke", action="store_true", help="the recipe's tiny smoke model and steps")
-    p.add_argument("--rehearse", action="store_true", help="rehearse even where a GPU exists")
+    p.add_argument("--preview", action="store_true", help="a preview even where a GPU exists: every check, no training")
+    # its old name, kept working
+    p.add_argument("--rehearse", dest="preview", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cap-gib", type=cli_types.positive, help="cap the device total at this many GiB on a larger GPU")
     p.add_argument("--quiet", action="store_true", help="log only to the run folder")
     p.add_argument("--force", action="store_true", help="run even when the planner predicts it will not fit")

@@ -175,7 +175,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_records(a: argparse.Namespace) -> int:
-    from ds_ppo.harness import record_rehearsal
+    from ds_ppo.harness import load_ds_dir, record_rehearsal
     from ds_ppo.records import write_records
     from verl_recipes import RecipeError
     from verl_recipes.layout import RankSpec
@@ -185,7 +185,7 @@ def cmd_records(a: argparse.Namespace) -> int:
         if a.rank_rehearsal:
             spec = RankSpec.parse(a.rank_rehearsal)
             record_rehearsal(run_dir, spec.rank, spec.world)
-        written = write_records(run_dir)
+        written = write_records(run_dir, *load_ds_dir(run_dir))
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -9,12 +9,12 @@ so Slurm tracks, signals and accounts every process:
    GPUs not divisible by TP x PP, no container image, ports that collide); one line says what to
    change and the job exits 2.
 2. ``verl-recipes verify [--recipe ID]`` runs on every node (one task per node); a failure ends
-   the job before Ray starts. Rehearsal omits ``--recipe`` so a node without a GPU passes.
+   the job before Ray starts. A probe run omits ``--recipe`` so a node without a GPU passes.
 3. The Ray head starts on the first node, then one worker per other node, each as
    ``srun --overlap --nodes=1 --ntasks=1 --nodelist=<node>`` (``--overlap`` so the steps share
    the node's CPUs and GPUs with each other and with the trainer step).
 4. A driver step on the head polls Ray until every expected node and GPU has registered (with a
-   deadline, no fixed sleeps), then runs TRAIN_CMD there; rehearsal runs a probe instead.
+   deadline, no fixed sleeps), then runs TRAIN_CMD there; a probe run runs a probe instead.
 5. On exit, error, ``scancel`` or pre-emption the steps get SIGTERM (``ray start --block`` stops
    its own processes on SIGTERM), stragglers are cancelled by step id, and a last step on every
    node kills whatever this job's Ray left (a scoped ``ray stop``: plain ``ray stop`` would also
@@ -25,11 +25,11 @@ Ray token authentication stays on across nodes: a fresh token per run in a job-p
 ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH``. The dashboard binds to 127.0.0.1 unless
 RAY_DASHBOARD_HOST says otherwise.
 
-CPU rehearsal (REHEARSAL=1) needs no GPU: nodes advertise GPUS_PER_NODE logical GPUs to Ray, the
+A probe run (PROBE=1) needs no GPU: nodes advertise GPUS_PER_NODE logical GPUs to Ray, the
 trainer is replaced by a probe (a Ray task pinned to each node with NodeAffinitySchedulingStrategy
 that reports its host and node id), and RAY_NODES_PER_HOST may start several Ray nodes on one host,
 each its own srun step with its own ports. Debian's Slurm cannot run several slurmd on one host,
-so the CI rehearses multi-node this way: one Slurm node, several Ray nodes.
+so the CI probes multi-node this way: one Slurm node, several Ray nodes.
 
 The parts: ``settings`` (the checked launch), ``steps`` (the srun lines), ``launcher`` (the batch
 step: runs the steps, tears down, requeues), ``in_step`` (what runs inside a step: a Ray node, the
@@ -40,7 +40,7 @@ env``).
 
 Ray's own ``ray symmetric-run`` (start Ray on every node of an allocation, run one command on the
 head, stop Ray) does not replace steps 3 to 5: it picks the head by the address being local, so it
-cannot stack Ray nodes on one host (the rehearsal above); it refuses a node where another job's Ray
+cannot stack Ray nodes on one host (the probe run above); it refuses a node where another job's Ray
 runs and its teardown is a plain ``ray stop``, which ends that other Ray too; SIGTERM to it (scancel,
 the time limit) leaves its Ray and the command running; and its wait for ``--min-nodes`` counts nodes,
 not GPUs, for a fixed 30 s.

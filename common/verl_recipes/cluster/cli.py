@@ -65,7 +65,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--nofile", type=int, default=65536)
-    p.add_argument("--probe", action="store_true", help="rehearsal: a task pinned to each node, no command")
+    p.add_argument("--probe", action="store_true", help="a probe run: a task pinned to each node, no command")
     p.add_argument("--hold", type=int, default=0)
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_driver)

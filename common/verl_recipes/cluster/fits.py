@@ -3,7 +3,7 @@
 The layout rules (`settings.check_train_layout`) say whether verl starts the job on the
 allocation; only the planner says whether it fits in the GPUs' memory, and a 13B job on one
 80 GB GPU otherwise passes the check and fails minutes later, after Ray and the model load. So the
-check asks the planner, with the same functions `plan` and `train`'s rehearsal use
+check asks the planner, with the same functions `plan` and `train`'s preview use
 (`plan.advice`): the job of TRAIN_CMD (its variants and --set lines) on the allocation's layout,
 judged on the allocation's GPU. That GPU is the one named (`--gpu`, or GPU=), else what NVML
 calls the GPU of the node the check runs on (the allocation's first node); with neither (a dry
@@ -48,7 +48,7 @@ def check_fits(recipe_id: str, variants: list[str], sets: list[str], nodes: int,
     from verl_recipes.predict.model import Arch
     from verl_recipes.predict.phases import plan_gpu
     from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import Layout, compose_run
+    from verl_recipes.recipe.run_config import Composition, Layout, compose_run
 
     gpu, source = allocation_gpu(named)
     if gpu is None:  # a dry run off the cluster: nothing to judge against; `train` judges on the head
@@ -66,7 +66,7 @@ def check_fits(recipe_id: str, variants: list[str], sets: list[str], nodes: int,
         f"the planner predicts {job} does not fit {gpu.id} ({source}): peak {_gib(peak)} of "
         f"{_gib(gpu.visible_bytes)} GiB"
     )
-    fits = fitting_variants(recipe, variants, sets, gpu, gpus=gpus if nodes == 1 else None)
+    fits = fitting_variants(recipe, Composition(tuple(variants), tuple(sets), gpus if nodes == 1 else None), gpu)
     if fits:
         f = fits[0]
         raise RecipeError(f"{head}; {f.flags} does (peak {_gib(f.peak_bytes)} GiB): add it to TRAIN_CMD")

@@ -2,7 +2,7 @@
 
 `node` picks the node's address (NCCL_SOCKET_IFNAME's interface when set), raises the open-files
 limit, marks every Ray process with the job (procs.RAY_JOB_ENV) and execs `ray start --block`;
-`driver` waits until every node and GPU has registered and runs TRAIN_CMD (or, in a rehearsal, a
+`driver` waits until every node and GPU has registered and runs TRAIN_CMD (or, in a probe run, a
 probe pinned to each node); `reap` ends what is left of this job's Ray on a node and nothing else.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
@@ -46,7 +47,6 @@ def match_ifnames(spec: str, names: Sequence[str]) -> list[str]:
 
 def iface_ipv4(name: str) -> str | None:
     """The IPv4 address of an interface (SIOCGIFADDR), or None."""
-    import fcntl
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -215,7 +215,7 @@ def cmd_driver(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.hold:
-            print(f"ray-slurm: holding Ray up for {args.hold}s (REHEARSAL_HOLD_S)", flush=True)
+            print(f"ray-slurm: holding Ray up for {args.hold}s (PROBE_HOLD_S)", flush=True)
             time.sleep(args.hold)
         return 0
     import ray

@@ -95,7 +95,7 @@ class Launcher:
         """Wait until each node step's log says its Ray node is up.
 
         `ray start` prints STARTED once its raylet has registered with the GCS, and it gives the
-        raylet a fixed 30 s for that; starting the next node on a busy host (rehearsal stacks
+        raylet a fixed 30 s for that; starting the next node on a busy host (a probe run stacks
         several) only after the previous one is up keeps that from timing out.
         """
         deadline = time.monotonic() + self.s.ready_timeout_s

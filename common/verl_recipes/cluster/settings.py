@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -24,24 +25,24 @@ RUNTIMES = ("bare", "pyxis", "apptainer")
 
 ENV_HELP = """\
 Required
-  MODEL_PATH                HF checkpoint folder every node sees (not needed with REHEARSAL=1)
+  MODEL_PATH                HF checkpoint folder every node sees (not needed with PROBE=1)
   CONTAINER_IMAGE           pyxis: .sqsh file or registry image; apptainer: .sif file or docker:// URI
 Shape
   TP, PP                    tensor / pipeline parallel sizes (default 1); GPUs must divide by TP x PP
   GPUS_PER_NODE             default: SLURM_GPUS_ON_NODE, then SLURM_GPUS_PER_NODE
   RECIPE                    recipe id for `verl-recipes verify --recipe` (templates set it)
   TRAIN_CMD                 shell command run on the head once Ray is ready (templates set a default)
-Rehearsal (CPU, no GPU)
-  REHEARSAL=1               probe instead of TRAIN_CMD; GPUS_PER_NODE becomes logical Ray GPUs
-  RAY_NODES_PER_HOST        Ray nodes per Slurm node, each its own srun step (rehearsal only; default 1)
-  REHEARSAL_HOLD_S          keep Ray up this long after the probe (default 0)
+Probe run (CPU, no GPU; REHEARSAL=1 and REHEARSAL_HOLD_S are the old names)
+  PROBE=1                   probe instead of TRAIN_CMD; GPUS_PER_NODE becomes logical Ray GPUs
+  RAY_NODES_PER_HOST        Ray nodes per Slurm node, each its own srun step (probe run only; default 1)
+  PROBE_HOLD_S              keep Ray up this long after the probe (default 0)
 Ray
   RAY_PORT, RAY_DASHBOARD_PORT, RAY_CLIENT_SERVER_PORT    default 6379, 8265, 10001
   RAY_NODE_PORT_BASE        node ports: slot s uses BASE+10s .. BASE+10s+5 (default 6800)
   RAY_MIN_WORKER_PORT, RAY_MAX_WORKER_PORT                default 10002, 19999 (split between slots)
   RAY_PORT_OFFSET           added to every port above (two jobs on one node: offsets >= 20000 apart)
   RAY_DASHBOARD_HOST        default 127.0.0.1;  RAY_DASHBOARD=0 leaves the dashboard out
-  RAY_OBJECT_STORE_BYTES    per Ray node (rehearsal default 200000000)
+  RAY_OBJECT_STORE_BYTES    per Ray node (probe run default 200000000)
   RAY_READY_TIMEOUT_S       deadline for every node and GPU to register (default 600)
   RAY_STOP_GRACE_S          seconds steps get after SIGTERM before they are killed (default 20)
   RAY_NOFILE                soft open-files limit raised to this, within the hard limit (default 65536)
@@ -225,7 +226,7 @@ class Settings:
     """Everything the launcher needs, checked; built only by `check()`."""
 
     runtime: str
-    rehearsal: bool
+    probe: bool
     hosts: tuple[str, ...]
     gpus_per_node: int
     tp: int
@@ -270,7 +271,7 @@ class Settings:
             f"{self.ray_nodes} Ray nodes x {self.gpus_per_node} GPUs = {self.total_gpus}"
             f" (TP{self.tp} x PP{self.pp} x DP{self.dp})"
         )
-        mode = "rehearsal (CPU, logical GPUs)" if self.rehearsal else "train"
+        mode = "probe run (CPU, logical GPUs)" if self.probe else "train"
         return (
             f"job {self.job_id} on {','.join(self.hosts)}: {shape}; runtime {self.runtime}; {mode}; "
             f"job dir {self.job_dir}" + (f"; {self.plan}" if self.plan else "")
@@ -301,7 +302,6 @@ _BATCH_SETS = {
 
 def _train_args(train_cmd: str) -> tuple[list[str], dict[str, str]]:
     """The --variant names and --set KEY=VALUE pairs of a `verl-recipes train` command line."""
-    import shlex
 
     try:
         words = shlex.split(train_cmd)
@@ -390,7 +390,7 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str 
     """
     if runtime not in RUNTIMES:
         raise RecipeError(f"unknown runtime {runtime!r}; use one of {', '.join(RUNTIMES)}")
-    rehearsal = _env_flag(env, "REHEARSAL")
+    probe = _env_flag(env, "PROBE") or _env_flag(env, "REHEARSAL")  # REHEARSAL: its old name
     dry_run = dry_run or _env_flag(env, "DRY_RUN")
 
     nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
@@ -405,19 +405,19 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str 
         raise RecipeError("SLURM_JOB_ID is unset: run the launcher from an sbatch script")
 
     per_host = _env_int(env, "RAY_NODES_PER_HOST", 1, 1)
-    if per_host > 1 and not rehearsal:
+    if per_host > 1 and not probe:
         raise RecipeError(
             f"RAY_NODES_PER_HOST={per_host} stacks Ray nodes on one host and is for "
-            "REHEARSAL=1 only; unset it or set REHEARSAL=1"
+            "PROBE=1 only; unset it or set PROBE=1"
         )
 
     gpus = _env_int(env, "GPUS_PER_NODE", -1, 0)
     if gpus < 0:
-        gpus = 0 if rehearsal else gpus_from_slurm(env)
-    if gpus == 0 and not rehearsal:
+        gpus = 0 if probe else gpus_from_slurm(env)
+    if gpus == 0 and not probe:
         raise RecipeError(
             "the allocation has no GPUs: submit with --gpus-per-node=N (or set GPUS_PER_NODE), "
-            "or set REHEARSAL=1 for a CPU rehearsal"
+            "or set PROBE=1 for a probe run on CPUs"
         )
 
     tp = _env_int(env, "TP", 1, 1)
@@ -428,10 +428,10 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str 
         layout.tp_in_node(gpus, tp)
         layout.data_parallel(nodes, gpus, (tp, pp), "TP x PP", "change TP/PP or the node or GPU count")
     elif tp * pp > 1:
-        raise RecipeError(f"TP x PP = {tp * pp} needs GPUs; set GPUS_PER_NODE (logical GPUs in a rehearsal)")
+        raise RecipeError(f"TP x PP = {tp * pp} needs GPUs; set GPUS_PER_NODE (logical GPUs in a probe run)")
 
     model = env.get("MODEL_PATH", "").strip() or None
-    if not rehearsal:
+    if not probe:
         if not model:
             raise RecipeError("MODEL_PATH is not set; set it to a Hugging Face checkpoint folder every node sees")
         if looks_like_path(model):
@@ -444,7 +444,7 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str 
             _check_heads(mp / "config.json", tp)
 
     train_cmd = env.get("TRAIN_CMD", "").strip() or None
-    if not rehearsal and not train_cmd:
+    if not probe and not train_cmd:
         raise RecipeError(
             "TRAIN_CMD is not set; set it to the command the head runs once Ray is up (the templates set one)"
         )
@@ -462,16 +462,16 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str 
 
     root = Path(env.get("VERL_RECIPES_ROOT") or env.get("SLURM_SUBMIT_DIR") or os.getcwd()).resolve()
     plan = None
-    if gpus and not rehearsal and env.get("RECIPE") and train_cmd:
+    if gpus and not probe and env.get("RECIPE") and train_cmd:
         check_train_layout(root, env["RECIPE"], train_cmd, nodes, gpus, tp, pp)
         plan = _plan(env["RECIPE"], train_cmd, nodes, gpus, gpu or env.get("GPU", "").strip() or None)
     job_dir = Path(env.get("JOB_DIR") or root / "runs" / f"slurm-{job_id}").resolve()
     mounts = tuple(m for m in (s.strip() for s in env.get("CONTAINER_MOUNTS", "").split(",")) if m)
 
-    obj = _env_int(env, "RAY_OBJECT_STORE_BYTES", 0, 0) or (200_000_000 if rehearsal else None)
+    obj = _env_int(env, "RAY_OBJECT_STORE_BYTES", 0, 0) or (200_000_000 if probe else None)
     return Settings(
         runtime=runtime,
-        rehearsal=rehearsal,
+        probe=probe,
         hosts=hosts,
         gpus_per_node=gpus,
         tp=tp,
@@ -494,7 +494,7 @@ def check(env: Mapping[str, str], runtime: str, dry_run: bool = False, gpu: str 
         ready_timeout_s=_env_int(env, "RAY_READY_TIMEOUT_S", 600, 1),
         stop_grace_s=_env_int(env, "RAY_STOP_GRACE_S", 20, 1),
         nofile=_env_int(env, "RAY_NOFILE", 65536, 1024),
-        hold_s=_env_int(env, "REHEARSAL_HOLD_S", 0, 0),
+        hold_s=_env_int(env, "PROBE_HOLD_S", 0, 0) or _env_int(env, "REHEARSAL_HOLD_S", 0, 0),
         verify=_env_flag(env, "VERIFY", True),
         dry_run=dry_run,
         plan=plan,

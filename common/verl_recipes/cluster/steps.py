@@ -82,7 +82,7 @@ class StepBuilder:
 
     def verify(self) -> Step:
         cmd = [self.python, "-m", "verl_recipes.cli", "verify"]
-        if self.s.recipe and not self.s.rehearsal:
+        if self.s.recipe and not self.s.probe:
             cmd += ["--recipe", self.s.recipe]
         return Step("verify", self._srun("verify", self.s.hosts, label=True) + cmd)
 
@@ -134,7 +134,7 @@ class StepBuilder:
             f"--timeout={self.s.ready_timeout_s}",
             f"--nofile={self.s.nofile}",
         )
-        if self.s.rehearsal:
+        if self.s.probe:
             me += ["--probe", f"--hold={self.s.hold_s}"]
         else:
             me += ["--", "bash", "-c", self.s.train_cmd or "exit 2"]

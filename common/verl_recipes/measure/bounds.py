@@ -40,8 +40,9 @@ from typing import Any
 import yaml
 
 from verl_recipes import RecipeError, inflight
+from verl_recipes.layout import POOLS_SHARED
 from verl_recipes.recipe.metadata import Recipe, get_recipe
-from verl_recipes.rundir import POOLS_SHARED, Summary, read_provenance, read_summary, steady_steps
+from verl_recipes.rundir import Summary, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.markers import VERL_PHASES
 
 SCHEMA = "verl-recipes/expected/1"
@@ -132,9 +133,8 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
     provs = [read_provenance(r) for r in run_dirs]
     ranks = {p.rank_rehearsal for p in provs}
     if len(ranks) > 1:
-        raise RecipeError(
-            f"--write-bounds: the runs stand in for different ranks ({sorted(map(str, ranks))}); one file a rank"
-        )
+        named = sorted(r.label if r else "the whole job" for r in ranks)
+        raise RecipeError(f"--write-bounds: the runs stand in for different ranks ({named}); one file a rank")
     rank = ranks.pop()
     shared = {p.rank_pools_shared for p in provs}
     if rank and len(shared) > 1:
@@ -148,7 +148,7 @@ def write_bounds(run_dirs: list[Path], out: Path, recipe: Recipe, note: str = ""
         "schema": SCHEMA,
         "recipe": recipe.id,
         "source_runs": [source(r) for r in run_dirs],
-        **({"rank_rehearsal": {"rank": rank[0], "world": rank[1], **pools}} if rank else {}),
+        **({"rank_rehearsal": {"rank": rank.rank, "world": rank.world, **pools}} if rank else {}),
         "note": note,
         "margins": {"upper": UPPER, "lower": LOWER},
         "measured": {source(r): m for r, m in zip(run_dirs, ms, strict=True)},

@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, inflight
+from verl_recipes.predict.gpus import catalogued
+from verl_recipes.predict.model import Arch
+from verl_recipes.predict.speed import decode_floor
+from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import METRICS, STEADY_FROM, read_jsonl, read_provenance, read_summary
 
 #: `--set` keys under these sections change what the trainer does with the answers, never what
@@ -60,7 +64,7 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     return {
         "run": run_dir.name,
         "backend": prov.backend,
-        "rank": list(prov.rank_rehearsal) if prov.rank_rehearsal else None,
+        "rank": [prov.rank_rehearsal.rank, prov.rank_rehearsal.world] if prov.rank_rehearsal else None,
         "variants": prov.variants,
         "cap_gib": prov.cap_gib,
         "gpu": ", ".join(sorted({g["name"] for g in summary.get("gpus", [])})),
@@ -95,10 +99,6 @@ def bench_figures(path: Path) -> dict[str, Any]:
 
 def _roofline(rec: dict[str, Any]) -> float | None:
     """The decode roofline's generated tokens/s for a bench record's work (module docstring)."""
-    from verl_recipes.predict.gpus import catalogued
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.predict.speed import decode_floor
-    from verl_recipes.recipe.metadata import get_recipe
 
     gpus = rec.get("provenance", {}).get("gpu", {}).get("gpus") or []
     gpu = catalogued(gpus[0]["name"]) if gpus else None

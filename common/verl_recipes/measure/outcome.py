@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, inflight, rundir
+from verl_recipes.measure import ending, report, trace
 
 
 def conclude(run_dir: Path, rc: int, cap_gib: float | None) -> int:
@@ -41,7 +42,6 @@ def conclude(run_dir: Path, rc: int, cap_gib: float | None) -> int:
 def write_report(run_dir: Path) -> None:
     """summary.json, report.md and the timeline (`report`); a run that left too little to report
     on is said in one line, and its outcome is still given."""
-    from verl_recipes.measure import report
 
     try:
         summary = report.write_report(run_dir)
@@ -57,7 +57,6 @@ def write_report(run_dir: Path) -> None:
 def failure_reason(run_dir: Path, rc: int) -> str:
     """`; FILE: LAST ERROR` for the line a failed run ends with: the same cause the report's
     `ended` names (`ending.describe`), so Ray's teardown lines are never given as the reason."""
-    from verl_recipes.measure import ending
 
     phases, _ = rundir.read_jsonl(run_dir / rundir.PHASES)
     ended = ending.describe(run_dir, rc, phases)
@@ -73,7 +72,6 @@ def worker_errors(run_dir: Path, rc: int) -> list[dict[str, Any]]:
 
 def collect_worker_errors(run_dir: Path) -> list[dict[str, Any]]:
     """The run's Ray worker logs that carry an error, copied into RUN_DIR/ray-logs/ (`ending`)."""
-    from verl_recipes.measure import ending
 
     recs, _ = rundir.read_jsonl(run_dir / rundir.SAMPLES)
     start = next((r for r in recs if r.get("kind") == "start"), {})
@@ -93,7 +91,6 @@ def summarize_traces(run_dir: Path) -> Path | None:
     summary = prof / rundir.PROFILE_SUMMARY
     if not prof.is_dir() or summary.exists():
         return None
-    from verl_recipes.measure import trace
 
     if not trace.traces_in(prof):
         return None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import GIB, RecipeError, inflight
+from verl_recipes.layout import RankSpec
 from verl_recipes.measure import ending, gen_split, startup
 from verl_recipes.measure.monitor import CLASSES
 from verl_recipes.rundir import (
@@ -414,9 +415,9 @@ def _gpu_cells(pk: dict[str, Any], gpus: list[int]) -> list[str]:
     return cells
 
 
-def rank_line(rank: tuple[int, int]) -> str:
+def rank_line(rank: RankSpec) -> str:
     """What a rank rehearsal's figures are, and what they leave out, wherever they are shown."""
-    r, n = rank
+    r, n = rank.rank, rank.world
     return (
         f"**rank rehearsal ({r} of {n})**: one GPU ran rank {r} of a {n}-GPU job through PyTorch's fake "
         "process group, so the memory is that rank's; not measured: NCCL buffers, communication time, "
@@ -424,7 +425,7 @@ def rank_line(rank: tuple[int, int]) -> str:
     )
 
 
-def render_markdown(summary: dict[str, Any], png: str | None, rank: tuple[int, int] | None = None) -> str:
+def render_markdown(summary: dict[str, Any], png: str | None, rank: RankSpec | None = None) -> str:
     gpus = [g["index"] for g in summary["gpus"]]
     gh = [f"GPU{i} used GiB (by process class)" for i in gpus]
     lines = [f"# Memory report: {summary['run_dir']}", ""]

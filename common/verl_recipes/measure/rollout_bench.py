@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime as _dt
+import importlib.util
 import json
 import os
 import shlex
@@ -51,8 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, inflight
+from verl_recipes.measure.provenance import gpus, record
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import compose_run, default_data_dir, gpu_layout
+from verl_recipes.workload.arch import resolve_arch
+from verl_recipes.workload.synth import build_tokenizer, hf_config, model_dir, shape_config
 
 #: verl's vLLM rollout server, relative to the verl package: where the engine arguments are built
 SERVER_SOURCE = "workers/rollout/vllm_rollout/vllm_async_server.py"
@@ -78,8 +82,6 @@ def rollout_config(cfg: Any) -> Any:
 def model_hf_config(recipe: Recipe) -> Any:
     """The HF config of the synthetic full-width checkpoint of the recipe's architecture (what
     `synth-model` writes): its max_position_embeddings and model_type are what verl reads."""
-    from verl_recipes.workload.arch import resolve_arch
-    from verl_recipes.workload.synth import hf_config, shape_config
 
     return hf_config(shape_config(resolve_arch(recipe.model.arch), None, "full-width"))
 
@@ -207,7 +209,6 @@ def engine_args(cfg: Any, hf: Any) -> dict[str, Any]:
 def verl_server_arg_keys() -> set[str]:
     """The keys of the `args` dict literal in verl's `vLLMHttpServer.launch_server`, read from
     verl's installed source: what `engine_args` must cover (or name in `LEFT_OUT`)."""
-    import importlib.util
 
     # read, not imported: the module and its package import vLLM
     spec = importlib.util.find_spec("verl")
@@ -297,7 +298,6 @@ def summary(per_request: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _has_vllm() -> bool:
-    import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
 
@@ -308,7 +308,6 @@ def vllm_available() -> bool:
 
 
 def _gpu_count() -> int:
-    from verl_recipes.measure.provenance import gpus
 
     return len(gpus().get("gpus") or [])
 
@@ -316,7 +315,6 @@ def _gpu_count() -> int:
 def ensure_model(arch: str) -> Path:
     """The full-width synthetic checkpoint `train` trains on, made (in a process of its own, as
     `train` makes it on a GPU host) when it is missing."""
-    from verl_recipes.workload.synth import model_dir
 
     path = model_dir(arch, None, "full-width")
     if (path / "synth.json").is_file():
@@ -374,8 +372,6 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> int:
-    from verl_recipes.measure.provenance import record
-    from verl_recipes.workload.synth import model_dir
 
     if args.calls < 1:
         raise RecipeError("--calls must be at least 1")
@@ -401,8 +397,6 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(model)
     else:
-        from verl_recipes.workload.synth import build_tokenizer
-
         tokenizer = build_tokenizer(hf)  # the tokenizer synth-model writes beside the weights
     prompts = step_prompts(cfg, tokenizer, getattr(hf, "model_type", None))
     params = sampling(cfg, prompts, engine["max_model_len"])

@@ -14,7 +14,7 @@ Three sources can say whether a recipe fits a GPU, and they must not disagree in
 
 `whole_fix` is the one line a refusal ends with: every knob of the planner's path to fit, at
 once, with the peak and host RAM it leads to, rather than the single knob that helps most.
-`closing_line` is the rehearsal's last line, which says the same thing as the plan above it, in
+`closing_line` is the preview's last line, which says the same thing as the plan above it, in
 the same three words (`predict.margin`): a tight job is told its margin and what buys it.
 """
 
@@ -25,13 +25,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
-from verl_recipes.predict.gpus import GIB, GPU
+import yaml
+
+from verl_recipes import GIB, RecipeError
+from verl_recipes.layout import RankSpec
+from verl_recipes.paths import repo_root
+from verl_recipes.plan.layers import layout_of
+from verl_recipes.plan.runs import memory_run
+from verl_recipes.predict.gpus import GPU, Budget, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
-from verl_recipes.predict.knobs import Suggestion
-from verl_recipes.predict.margin import FITS, margin
+from verl_recipes.predict.knobs import Suggestion, path_to_fit
+from verl_recipes.predict.margin import FITS, TIGHT, margin
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
+from verl_recipes.predict.setup import load_setup
+from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.recipe.run_config import Composition
+from verl_recipes.rundir import read_provenance
 
 PREDICTED_SCHEMA = "verl-recipes/predicted/1"
 
@@ -87,24 +97,35 @@ def _gib(b: float) -> str:
     return f"{b / GIB:.1f}"
 
 
-def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Calibrated | None:
+_EXPECTED: dict[tuple[str, int, int], Any] = {}
+
+
+def _expected_doc(path: Path) -> Any:
+    """A committed expected/*.yaml, parsed once per process while it is unchanged (the key is its
+    path, modification time and size): `docs` asks `calibrated` for every recipe, variant and GPU,
+    and each call reads every file of the recipe. Callers only read it."""
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _EXPECTED:
+        try:
+            _EXPECTED[key] = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    return _EXPECTED[key]
+
+
+def calibrated(recipe: Recipe | None, variants: Sequence[str], s: Setup, gpu: GPU) -> Calibrated | None:
     """The recipe's committed prediction for exactly this job on `gpu`, or None.
 
     A file matches when it predicts the same variants on the same catalogued GPU (or one exposing
     the same memory), with the same GPU count, nodes, depth and parallel layout; a truncated plan
     (`--layers`), another `--gpus` or a `--set` of another TP or PP is another job.
     """
-    import yaml
-
-    from verl_recipes.plan.layers import layout_of
 
     if recipe is None:
         return None
     for path in sorted((recipe.dir / "expected").glob("*.yaml")):
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        doc = _expected_doc(path)
         if not isinstance(doc, dict) or doc.get("schema") != PREDICTED_SCHEMA:
             continue
         t = doc.get("target") or {}
@@ -141,18 +162,15 @@ def calibrated(recipe: Any, variants: Sequence[str], s: Setup, gpu: GPU) -> Cali
     return None
 
 
-def measured(recipe: Any, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | None:
+def measured(recipe: Recipe | None, s: Setup, gpu: GPU, run: Any = None) -> Calibrated | None:
     """The recipe's committed run of exactly this job on this GPU kind, as evidence (the most
     reliable: NVML's device peak over the whole run), or None. `run` is `plan.runs.memory_run`'s
     answer when the caller has it (finding it composes every committed run's config): a run that
     went without a fix of the start-up or of the step's time still held this job's memory."""
-    from verl_recipes.rundir import read_provenance
 
     if recipe is None:
         return None
     if run is None:
-        from verl_recipes.plan.runs import memory_run
-
         run = memory_run(s, recipe.id)
     if run is None or read_provenance(run.run_dir).cap_gib is not None:
         return None
@@ -200,7 +218,6 @@ def verdict_line(plan: GPUPlan, cal: Calibrated | None, root: Path | None = None
 
 
 def _rel(path: Path, root: Path | None) -> str:
-    from verl_recipes.paths import repo_root
 
     try:
         return str(path.resolve().relative_to((root or repo_root()).resolve()))
@@ -208,30 +225,23 @@ def _rel(path: Path, root: Path | None) -> str:
         return str(path)
 
 
-def fitting_variants(
-    recipe: Any,
-    variants: Sequence[str],
-    sets: Sequence[str],
-    gpu: GPU,
-    *,
-    gpus: int | None = None,
-    layers: int | None = None,
-    fixes_off: Sequence[str] = (),
-) -> list[VariantFit]:
-    """The recipe's variants that fit `gpu` when added to `variants` (or, where they do not
-    compose with them, alone), smallest peak first."""
-    from verl_recipes.predict.setup import load_setup
+def fitting_variants(recipe: Recipe | None, asked: Composition, gpu: GPU) -> list[VariantFit]:
+    """The recipe's variants that fit `gpu` when added to the job's (or, where they do not compose
+    with them, alone), composed as the job is otherwise, smallest peak first."""
 
     if recipe is None:
         return []
     out: list[VariantFit] = []
     c = Constants()
+    variants, sets, fixes_off = asked.variants, asked.sets, asked.fixes_off
     for v in recipe.variants:
         if v in variants:
             continue
         for trial in ((*variants, v), (v,)):
             try:
-                _, s, _ = load_setup(recipe.id, list(trial), list(sets), layers=layers, gpus=gpus, fixes_off=fixes_off)
+                _, s, _ = load_setup(
+                    recipe.id, list(trial), list(sets), layers=asked.layers, gpus=asked.gpus, fixes_off=fixes_off
+                )
             except RecipeError:
                 continue
             p = plan_gpu(s, gpu, c)
@@ -255,7 +265,6 @@ def variant_line(f: VariantFit, gpu: GPU) -> str:
 def whole_fix(s: Setup, gpu: GPU, fixes_off: Sequence[str] = ()) -> str:
     """Every knob the planner's path to fit needs, as one set of `--set`s, with the peak and host
     RAM it leads to; or what no knob can do."""
-    from verl_recipes.predict.knobs import path_to_fit
 
     c = Constants()
     for more, where in ((False, f"on {s.world} GPU(s)"), (True, "with more GPUs")):
@@ -272,52 +281,111 @@ def whole_fix(s: Setup, gpu: GPU, fixes_off: Sequence[str] = ()) -> str:
 
 
 def closing_line(
-    recipe: Any,
-    variants: Sequence[str],
-    sets: Sequence[str],
-    s: Setup,
-    gpu: GPU,
-    reason: str,
-    *,
-    gpus: int | None = None,
-    layers: int | None = None,
-    fixes_off: Sequence[str] = (),
-    rank: str | None = None,
+    recipe: Recipe, asked: Composition, s: Setup, gpu: GPU, reason: str, rank: RankSpec | None = None
 ) -> str:
-    """The rehearsal's last line, judged on `gpu` (train's --gpu, else the recipe's per-GPU
+    """The preview's last line, judged on `gpu` (train's --gpu, else the recipe's per-GPU
     target) exactly as the plan above it: a job that fits is sent to a GPU host; one that does not
-    names the variant that fits, else the whole fix, and is never told to just run. `rank` is a
-    rank rehearsal's label (`RankSpec.label`): a GPU host runs that rank on one GPU."""
+    names the variant that fits, else the whole fix, and is never told to just run. `rank`: a
+    GPU host runs that rank of the job on one GPU."""
     p = plan_gpu(s, gpu)
-    cal = calibrated(recipe, variants, s, gpu)
-    needs = f"one GPU, for {rank}" if rank else f"{s.world} x {gpu.id}"
+    cal = calibrated(recipe, asked.variants, s, gpu)
+    fixes_off = asked.fixes_off
+    needs = f"one GPU, for {rank.label}" if rank else f"{s.world} x {gpu.id}"
     head = f"training needs an NVIDIA GPU ({needs}); {reason}."
     if verdict(p, cal):
         phase, peak = (cal.peak_phase, cal.peak_bytes) if cal else (p.peak.phase, p.peak.total)
         m = margin(s, phase, peak, gpu.visible_bytes, Constants().nccl_bytes_per_communicator)
         if m.word == FITS:
             return f"{head} The plan above fits {gpu.id}: run the same command on a GPU host to train."
-        buy = fitting_variants(
-            recipe,
-            variants,
-            sets,
-            judged_gpu(gpu, excess(p, cal) + m.band),
-            gpus=gpus,
-            layers=layers,
-            fixes_off=fixes_off,
-        )
+        buy = fitting_variants(recipe, asked, judged_gpu(gpu, excess(p, cal) + m.band))
         with_it = (
-            f"; {buy[0].flags} buys it (peak {_gib(buy[0].peak_bytes)} GiB): rehearse and train with it" if buy else ""
+            f"; {buy[0].flags} buys it (peak {_gib(buy[0].peak_bytes)} GiB): preview and train with it" if buy else ""
         )
         return (
             f"{head} The plan above is tight on {gpu.id}: {_gib(m.headroom)} GiB under the card, where "
             f"{_gib(m.band)} GiB is known to move the peak (`plan` states it){with_it}."
         )
-    fits = fitting_variants(recipe, variants, sets, gpu, gpus=gpus, layers=layers, fixes_off=fixes_off)
+    fits = fitting_variants(recipe, asked, gpu)
     if fits:
         f = fits[0]
         return (
             f"{head} As it stands the job does not fit {gpu.id}; {f.flags} does (peak "
-            f"{_gib(f.peak_bytes)} GiB, host RAM about {f.host_bytes / GIB:.0f} GiB): rehearse and train with it."
+            f"{_gib(f.peak_bytes)} GiB, host RAM about {f.host_bytes / GIB:.0f} GiB): preview and train with it."
         )
     return f"{head} As it stands the job does not fit {gpu.id}: {whole_fix(s, gpu, fixes_off)}."
+
+
+def refusal(
+    plan: GPUPlan, setup: Setup, label: str, fixes_off: Sequence[str] = (), cal: Calibrated | None = None
+) -> str:
+    """The one line a host refuses a job with that does not fit `gpu`, with the whole fix: every
+    knob of the planner's path to fit at once (`plan.advice.whole_fix`), never one of several.
+    Where the recipe commits a calibrated prediction for the job (`cal`), the reason is that figure
+    and the fix is judged against the card less what the calibration adds, as `plan` judges it.
+    `plan` is the planner's plan of `setup` on the GPU."""
+    gpu = plan.gpu
+    if cal is not None and not cal.fits:
+        why = f"the {cal.kind} puts {cal.peak_phase} at {cal.peak_bytes / GIB:.1f} GiB"
+        tip = f"; {whole_fix(setup, judged_gpu(gpu, excess(plan, cal)), fixes_off)}"
+    else:
+        why = plan.problems[0]
+        tip = f"; {whole_fix(setup, gpu, fixes_off)}"
+    return (
+        f"predicted not to fit {label} ({gpu.visible_bytes / GIB:.1f} GiB): {why}{tip} "
+        "(`verl-recipes plan` explains; --force runs anyway)"
+    )
+
+
+def _peak_text(plan: GPUPlan, cal: Calibrated | None) -> str:
+    if cal is not None:
+        return f"{cal.peak_phase} {cal.peak_bytes / GIB:.1f} GiB ({cal.kind})"
+    return f"{plan.peak.phase} {plan.peak.total / GIB:.1f} GiB"
+
+
+def _word(setup: Setup, plan: GPUPlan, cal: Calibrated | None) -> str:
+    """`plan`'s word for a job under the card: fits, or tight with the margin it lacks
+    (`predict.margin`); a tight job runs, and is told so."""
+    phase, peak = (cal.peak_phase, cal.peak_bytes) if cal is not None else (plan.peak.phase, plan.peak.total)
+    m = margin(setup, phase, peak, plan.gpu.visible_bytes, Constants().nccl_bytes_per_communicator)
+    if m.word != TIGHT:
+        return "fits"
+    return (
+        f"tight (under the card by {m.headroom / GIB:.1f} GiB, less than the {m.band / GIB:.1f} GiB "
+        "`plan` states moves it) on"
+    )
+
+
+def fit_lines(
+    setup: Setup,
+    budgets: Sequence[Budget] | None,
+    force: bool,
+    fixes_off: Sequence[str] = (),
+    recipe: Recipe | None = None,
+    variants: Sequence[str] = (),
+) -> list[str]:
+    """The memory verdict: refuses (unless `force`) a job that fits none of `budgets`, or, without
+    budgets, none of the planner's catalogue; returns the lines to print. `fixes_off` (the verl
+    fixes the run goes without) sets the host RAM the refusal's fix states. A calibrated
+    prediction `recipe` commits for exactly this job (its `variants`) decides, as it decides in
+    `plan` (`plan.advice.verdict`): one verdict per job and GPU."""
+    named = [(parse_gpu(b.gpu), b.label) for b in budgets or []]
+    gpus = named or [(g, g.id) for g in catalogue().values()]
+    cals = [calibrated(recipe, variants, setup, g) for g, _ in gpus]
+    judged = [(plan_gpu(setup, g), g, label, cal) for (g, label), cal in zip(gpus, cals, strict=True)]
+    fits = [(p, label, cal) for p, _, label, cal in judged if verdict(p, cal)]
+    lines = [f"plan: {_word(setup, p, cal)} {label}: peak {_peak_text(p, cal)}" for p, label, cal in fits]
+    short = [
+        label + (f" ({_peak_text(p, cal)})" if cal is not None else "")
+        for p, _, label, cal in judged
+        if not verdict(p, cal)
+    ]
+    if fits and short:
+        lines.append(f"plan: does not fit {', '.join(short)}: a host with one of those refuses it")
+    if not fits:
+        plan, _, label, cal = max(judged, key=lambda x: x[1].visible_bytes)
+        where = label if budgets else f"even the largest GPU the planner knows, {label}"
+        line = refusal(plan, setup, where, fixes_off, cal)
+        if not force:
+            raise RecipeError(line)
+        lines.append(f"{line} [--force: going on]")
+    return lines

@@ -30,8 +30,7 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +38,36 @@ import yaml
 
 from verl_recipes import RecipeError, cli_types, inflight
 from verl_recipes.fixes import MERGE_FIX
-from verl_recipes.plan.advice import Advice, calibrated, excess, fitting_variants, judged_gpu, measured, verdict
+from verl_recipes.paths import repo_root
+from verl_recipes.plan.advice import (
+    Advice,
+    Calibrated,
+    calibrated,
+    excess,
+    fitting_variants,
+    judged_gpu,
+    measured,
+    verdict,
+)
 from verl_recipes.plan.errors import main_errors
 from verl_recipes.plan.evidence import behind_line
 from verl_recipes.plan.layers import document, predict, render
 from verl_recipes.plan.render import Judgement, plan_json, render_text
 from verl_recipes.plan.runs import capped_runs, memory_run, rate_run, unpriced_runs
+from verl_recipes.plan.verl_script import compose_job, header, suite_plans, suite_table, with_summary
+from verl_recipes.predict.budgets import TOLERANCE, largest
 from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
 from verl_recipes.predict.gpus import GPU, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import helpful, path_to_fit
 from verl_recipes.predict.margin import EXIT, TIGHT, Margin, margin
-from verl_recipes.predict.phases import Constants, plan_gpu
+from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 from verl_recipes.predict.setup import load_setup
+from verl_recipes.predict.speed import estimate
+from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.recipe.run_config import Composition
+from verl_recipes.recipe.verl_load import load_job
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -109,8 +124,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
-    # the old name of --errors, kept working; it says so when used
-    p.add_argument("--validate", dest="errors_old_name", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tolerance", type=cli_types.positive, default=0.10, help="--errors: allowed relative error (0.10)")
     p.add_argument("--allow-empty", action="store_true", help="--errors: pass when no run is committed")
     p.add_argument(
@@ -192,14 +205,9 @@ def _costs(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.errors_old_name:
-        print("note: `plan --validate` is the old name of `plan --errors`", file=sys.stderr)
-    if args.errors or args.errors_old_name:
+    if args.errors:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if args.verl_examples:
-        from verl_recipes.paths import repo_root
-        from verl_recipes.plan.verl_script import suite_plans, suite_table, with_summary
-
         rows = suite_plans()
         if not args.write:
             print(suite_table(rows), end="")
@@ -210,7 +218,6 @@ def run(args: argparse.Namespace) -> int:
         inflight.write_text(readme, text, "README.md")
         print(f"wrote {args.write} and {readme}'s table of verl's examples")
         return 0
-    from verl_recipes.recipe.verl_load import load_job
 
     vjob = load_job(args.target, args.rest, args.verl_script, args.verl_example, args.sets, args.arch)
     if vjob is not None:
@@ -243,8 +250,8 @@ def run(args: argparse.Namespace) -> int:
     if args.write:
         raise RecipeError("--write goes with --errors or --from-layers")
     gpus = [parse_gpu(g) for g in args.gpu]
-    job = Job(args.variant, args.sets, args.gpus, args.layers)
-    j = judgement(label, s, recipe, gpus, args.tokens_per_s, args.provider, args.verl_fix_off, job)
+    asked = Composition(tuple(args.variant), tuple(args.sets), args.gpus, args.layers, tuple(args.verl_fix_off))
+    j = judgement(label, s, recipe, asked, gpus, args.tokens_per_s, args.provider)
     print(json.dumps(plan_json(j), indent=2) if args.json else render_text(j))
     # a gate: with --gpu, the worst verdict of the GPUs named decides (predict.margin.EXIT: 0 fits,
     # 3 tight, 1 does not fit); without --gpu, plan only informs
@@ -253,7 +260,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
     """`plan` of a verl job: the header of what was mapped and not modelled, then the plan."""
-    from verl_recipes.plan.verl_script import compose_job, header
 
     for flag, given in (("--variant", args.variant), ("--gpus", args.gpus), ("--from-layers", args.from_layers)):
         if given:
@@ -263,7 +269,8 @@ def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
     _, s = compose_job(vjob, args.layers, args.verl_fix_off)
     gpus = [parse_gpu(g) for g in args.gpu]
     label = f"{vjob.name}" + (f" at {args.layers} layer(s)" if args.layers else "")
-    text, fits = judge(label, s, None, gpus, args.tokens_per_s, args.provider, args.json, args.verl_fix_off)
+    asked = Composition(layers=args.layers, fixes_off=tuple(args.verl_fix_off))
+    text, fits = judge(label, s, None, asked, gpus, args.tokens_per_s, args.provider, args.json)
     lines = header(vjob)
     if args.json:
         doc = json.loads(text)
@@ -274,57 +281,47 @@ def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
     return 0 if not gpus or all(fits.values()) else 1
 
 
-@dataclass(frozen=True)
-class Job:
-    """What `plan` was asked beyond the setup: the recipe's variants and --set lines, train's
-    --gpus and --layers; the variants that fit are planned with the same."""
-
-    variants: Sequence[str] = ()
-    sets: Sequence[str] = ()
-    gpus: int | None = None
-    layers: int | None = None
-
-
 def judge(
     label: str,
     s: Setup,
-    recipe: Any = None,
+    recipe: Recipe | None = None,
+    asked: Composition | None = None,
     gpus: list[GPU] | None = None,
     tokens_per_s: float | None = None,
     provider: str | None = None,
     as_json: bool = False,
-    fixes_off: list[str] | None = None,
-    job: Job | None = None,
 ) -> tuple[str, dict[str, bool]]:
-    """The plan of one configuration on `gpus` (default: every catalogued GPU), with what would make
-    it fit where it does not, as text or JSON, and whether it fits per GPU id (tight included):
-    the calibrated prediction where the recipe has one for this layout (`plan.advice`), else the
-    planner's. `judgement` has the verdict in its three words."""
-    j = judgement(label, s, recipe, gpus, tokens_per_s, provider, fixes_off, job)
+    """The plan of one configuration (`recipe` composed as `asked`) on `gpus` (default: every
+    catalogued GPU), with what would make it fit where it does not, as text or JSON, and whether it
+    fits per GPU id (tight included): the calibrated prediction where the recipe has one for this
+    layout (`plan.advice`), else the planner's. `judgement` has the verdict in its three words."""
+    j = judgement(label, s, recipe, asked, gpus, tokens_per_s, provider)
     return (json.dumps(plan_json(j), indent=2) if as_json else render_text(j)), j.fits
 
 
 def judgement(
     label: str,
     s: Setup,
-    recipe: Any = None,
+    recipe: Recipe | None = None,
+    asked: Composition | None = None,
     gpus: list[GPU] | None = None,
     tokens_per_s: float | None = None,
     provider: str | None = None,
-    fixes_off: list[str] | None = None,
-    job: Job | None = None,
 ) -> Judgement:
     """One configuration judged on `gpus` (default: every catalogued GPU): the plans, the evidence
     and the verdict per GPU with its margin (`predict.margin`), what would make it fit where it
     does not, what buys a tight one its margin, the host RAM and the cost."""
-    job = job or Job()
+    asked = asked or Composition()
+    fixes_off = asked.fixes_off
     gpus = gpus or list(catalogue().values())
     c = Constants()
     plans = [plan_gpu(s, g, c) for g in gpus]
     # the most reliable evidence per GPU: a committed run of this job there, else a committed
     # calibrated prediction, else the planner alone
     held_by = memory_run(s, recipe.id) if recipe is not None else None
-    cals = {p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, job.variants, s, p.gpu) for p in plans}
+    cals = {
+        p.gpu.id: measured(recipe, s, p.gpu, held_by) or calibrated(recipe, asked.variants, s, p.gpu) for p in plans
+    }
     fits = {p.gpu.id: verdict(p, cals[p.gpu.id]) for p in plans}
     margins = {p.gpu.id: _margin(s, p, cals[p.gpu.id], c) for p in plans}
     advice: dict[str, Advice] = {}
@@ -339,21 +336,19 @@ def judgement(
         same = path_to_fit(s, g, c, more_gpus=False)
         advice[p.gpu.id] = Advice(
             judged_against=g if extra else None,
-            variants=fitting_variants(
-                recipe, job.variants, job.sets, g, gpus=job.gpus, layers=job.layers, fixes_off=fixes_off or ()
-            ),
+            variants=fitting_variants(recipe, asked, g),
             best=sg[0] if sg else None,
             path=same,
             more_gpus_path=None if same else path_to_fit(s, g, c),
         )
     headroom = {
-        p.gpu.id: _headroom(recipe, job, s, p, cals[p.gpu.id], margins[p.gpu.id], c, fixes_off or ())
+        p.gpu.id: _headroom(recipe, asked, s, p, cals[p.gpu.id], margins[p.gpu.id], c)
         for p in plans
         if margins[p.gpu.id].word == TIGHT
     }
     cost_lines, cost_js = _costs(s, gpus, tokens_per_s, provider, label, recipe)
     # a job of several GPUs: say whether a full run, a rehearsed rank or nothing stands behind it
-    behind = behind_line(recipe, job.variants, s.world) if recipe is not None and s.world > 1 else None
+    behind = behind_line(recipe, asked.variants, s.world) if recipe is not None and s.world > 1 else None
     return Judgement(
         label,
         s,
@@ -362,8 +357,8 @@ def judgement(
         dict(cals),
         fits,
         advice,
-        plan_host(s, fixes_off or []),
-        tuple(fixes_off or ()),
+        plan_host(s, fixes_off),
+        fixes_off,
         cost_lines,
         cost_js,
         behind,
@@ -380,7 +375,7 @@ def _margin(s: Setup, p: Any, cal: Any, c: Constants) -> Margin:
 
 
 def _headroom(
-    recipe: Any, job: Job, s: Setup, p: Any, cal: Any, m: Margin, c: Constants, fixes_off: Sequence[str]
+    recipe: Recipe | None, asked: Composition, s: Setup, p: GPUPlan, cal: Calibrated | None, m: Margin, c: Constants
 ) -> Advice:
     """What buys a tight job its margin on one GPU: the recipe's variants and the planner's knobs
     judged on the card less the band (and less what a calibration adds to the planner)."""
@@ -388,9 +383,7 @@ def _headroom(
     sg = [x for x in helpful(s, g, c) if x.plan.fits and x.knob.setup.world == s.world]
     return Advice(
         judged_against=g,
-        variants=fitting_variants(
-            recipe, job.variants, job.sets, g, gpus=job.gpus, layers=job.layers, fixes_off=fixes_off
-        ),
+        variants=fitting_variants(recipe, asked, g),
         best=sg[0] if sg else None,
         path=path_to_fit(s, g, c, more_gpus=False) if not sg else None,
     )
@@ -399,8 +392,6 @@ def _headroom(
 def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = None) -> str:
     """`plan --budgets`: per GPU, the largest settings that fit (`predict.budgets`), the peaks with
     them, and the step they predict (`predict.speed`) with its cost per million tokens."""
-    from verl_recipes.predict.budgets import TOLERANCE, largest
-    from verl_recipes.predict.speed import estimate
 
     gib = 1024**3
     lines = [

@@ -5,8 +5,8 @@ schema verl-recipes/monitor-summary/1) is re-planned from the configuration it r
 `verl_config.yaml` the launcher saved beside it; the model's config.json as `model_config.json`
 beside it when the model was not the recipe's full architecture, e.g. a truncated smoke model) on
 the GPU it ran on (its total memory as NVML reported it), and every measured phase peak (the
-report's per-phase NVML device peak over all steps; `outside` = loading and vLLM start-up =
-`loaded`) on every GPU is compared:
+report's per-phase NVML device peak over all steps; `outside` = loading and vLLM start-up, the
+planner's name too) on every GPU is compared:
 
     error = (predicted - measured) / measured
 
@@ -15,7 +15,7 @@ sequence (verl's `prompt_length/max` + `response_length/max`, `MeasuredRun.longe
 instead of the configuration's bound, since verl pads a micro-batch only to its longest sequence.
 A run that logged no step is judged at the bound.
 
-`loaded` is compared with the larger of the planner's `loaded` and `update_weights`: time outside
+`outside` is compared with the larger of the planner's `outside` and `update_weights`: time outside
 every step includes verl's first weight sync to vLLM, before step 1 (with the KV cache resumed at
 its end), so the measured `outside` peak is that sync whenever it is the larger.
 
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from verl_recipes import GIB, RecipeError, inflight
 from verl_recipes.paths import repo_root
@@ -79,7 +81,7 @@ def error_rows(root: Path | None = None, tolerance: float = 0.10, c: Constants |
                     continue  # a phase the planner does not model (step, reward, adv, testing, ...)
                 predicted = pp.total
                 sync = plan.phase("update_weights")
-                if phase == "loaded" and sync is not None:  # `outside` includes verl's first sync
+                if phase == "outside" and sync is not None:  # `outside` includes verl's first sync
                     predicted = max(predicted, sync.total)
                 rows.append(Row(label, phase, idx, per_gpu[idx], predicted))
     rows.sort(key=lambda r: (r.run, PHASES.index(r.phase), r.gpu))
@@ -105,7 +107,6 @@ def format_table(rows: list[Row], tolerance: float) -> str:
 
 def load_notes(root: Path) -> dict[tuple[str, str], str]:
     """(run folder, phase) -> why its error is what it is, from validation/planner-notes.yaml."""
-    import yaml
 
     path = root / "validation" / "planner-notes.yaml"
     if not path.is_file():

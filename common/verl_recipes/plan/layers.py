@@ -53,7 +53,8 @@ from verl_recipes.plan.runs import MeasuredRun, read_run, run_setup
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
-from verl_recipes.rundir import PROVENANCE, read_provenance
+from verl_recipes.rundir import PHASES as PHASES_LOG
+from verl_recipes.rundir import PROVENANCE, read_jsonl, read_provenance
 
 SCHEMA = "verl-recipes/predicted/1"
 
@@ -99,8 +100,6 @@ def _layout(s: Setup) -> str:
 def unfinished(run_dir: Path) -> set[str]:
     """verl's phases the run entered and did not finish (their end marker says ok false), in the
     planner's names: a run that died inside a phase measured only how far that phase got."""
-    from verl_recipes.rundir import PHASES as PHASES_LOG
-    from verl_recipes.rundir import read_jsonl
 
     path = run_dir / PHASES_LOG
     events = read_jsonl(path)[0] if path.is_file() else []
@@ -121,8 +120,8 @@ def _peaks(run: MeasuredRun) -> dict[str, int]:
 def _planned_peaks(s: Setup, gpu: GPU, c: Constants) -> dict[str, int]:
     plan = plan_gpu(s, gpu, c)
     out = {p.phase: p.total for p in plan.phases}
-    if "update_weights" in out and "loaded" in out:  # measured `outside` includes verl's first sync
-        out["loaded"] = max(out["loaded"], out["update_weights"])
+    if "update_weights" in out and "outside" in out:  # measured `outside` includes verl's first sync
+        out["outside"] = max(out["outside"], out["update_weights"])
     return out
 
 
@@ -168,7 +167,7 @@ def fit_layout(runs: list[MeasuredRun], c: Constants, one_depth: bool = False) -
         gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
         plan_pk = _planned_peaks(s, gpu, c)
         rehearsal = run.provenance.rank_rehearsal
-        rank = rehearsal[0] if rehearsal is not None else None
+        rank = rehearsal.rank if rehearsal is not None else None
         for ph, v in _peaks(run).items():
             if ph in plan_pk:
                 by_rank.setdefault((ph, s.arch.layers), {}).setdefault(rank, []).append((float(v), float(plan_pk[ph])))
@@ -206,7 +205,7 @@ def group_runs(run_dirs: list[Path]) -> dict[str, list[MeasuredRun]]:
     for d in run_dirs:
         run = read_run(d)
         if not run.phases:
-            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU rehearsal cannot be fitted")
+            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU preview cannot be fitted")
         groups.setdefault(_layout(run_setup(run)), []).append(run)
     return groups
 
@@ -217,7 +216,7 @@ def _own_card_floors(
     """Per phase, GiB: what a rank of the target's own layout measured at the target's depth on a
     card of the target's size, plus the planner's terms its rehearsal lacks (the job's figure less
     the rank's). The line through the depths carries each phase as fixed plus per-layer parts; a
-    phase whose peak changes regime with depth (`loaded`: vLLM's start on a large card, Megatron's
+    phase whose peak changes regime with depth (`outside`: vLLM's start on a large card, Megatron's
     build of a whole model on a small one) it can carry below what the card itself showed."""
     out: dict[str, float] = {}
     for run in runs:

@@ -27,7 +27,7 @@ from verl_recipes import GIB, inflight
 from verl_recipes.plan.runs import judged_setup, read_run
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.phases import ALL_GATHER, RS_CACHED, Constants, plan_gpu
-from verl_recipes.rundir import read_provenance, read_summary, steady_steps
+from verl_recipes.rundir import VERL_METRICS, read_jsonl, read_provenance, read_summary, steady_steps
 
 # A planner's difference below this (GiB) is none: two runs of one layout judged at their own logged
 # lengths differ by a few tokens, and a ratio over it would say nothing.
@@ -78,7 +78,6 @@ def _steady(run_dir: Path) -> dict[str, float | None]:
 
 
 def _tokens(run_dir: Path) -> float | None:
-    from verl_recipes.rundir import VERL_METRICS, read_jsonl
 
     rows, _ = read_jsonl(run_dir / VERL_METRICS)
     xs = [float(d["perf/total_num_tokens"]) for r in rows if (d := r.get("data", r)) and "perf/total_num_tokens" in d]
@@ -111,7 +110,7 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
     for run in runs:
         rank = read_provenance(run).rank_rehearsal
         n_base = max((len(v) for v in base_peaks.values()), default=1)
-        gpu = rank[0] if rank and rank[1] == n_base else 0
+        gpu = rank.rank if rank and rank.world == n_base else 0
         peaks, plan = _peaks(run), (_planned(run) if planner else {})
         rows = []
         for ph in PHASES:
@@ -137,7 +136,12 @@ def compare(baseline: Path, runs: list[Path], planner: bool = True) -> dict[str,
                 }
             )
         out["runs"].append(
-            {"run": run.name, "rank": list(rank) if rank else None, "baseline_gpu": gpu, "tokens": _tokens(run)}
+            {
+                "run": run.name,
+                "rank": [rank.rank, rank.world] if rank else None,
+                "baseline_gpu": gpu,
+                "tokens": _tokens(run),
+            }
             | _steady(run)
             | {"rows": rows}
         )

@@ -25,12 +25,13 @@ from typing import Any
 
 from verl_recipes import GIB, RecipeError, rundir
 from verl_recipes.fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
-from verl_recipes.predict.inputs import Setup
+from verl_recipes.paths import repo_root
+from verl_recipes.predict.inputs import Setup, setup_from_config
+from verl_recipes.predict.model import Arch
+from verl_recipes.recipe.compose import saved_config
+from verl_recipes.recipe.metadata import get_recipe
 from verl_recipes.rundir import CONFIG, MODEL_CONFIG, SUMMARY, Provenance, read_provenance, read_summary, steady_steps
-
-# The report's phase names (verl's marked_timer names) -> the planner's. `outside` is all time
-# outside every step: model loading and vLLM start-up, which the planner calls `loaded`.
-_ALIASES = {"outside": "loaded"}
+from verl_recipes.workload.arch import arch_config_path
 
 
 @dataclass
@@ -79,7 +80,7 @@ def read_run(run_dir: Path) -> MeasuredRun:
     for name, pk in (s.get("phases") or {}).items():
         per = {int(i): round(float(g["used_gib"]) * GIB) for i, g in (pk.get("gpu") or {}).items()}
         if per:
-            phases[_ALIASES.get(name, name)] = per
+            phases[name] = per
     # the median of steps 2+, the figure bounds, compare-runs and the results tables give
     rates = [x for st in steady_steps(s.get("steps") or []) if (x := st.get("throughput"))]
     parts = path.parts
@@ -103,7 +104,6 @@ def committed_runs(root: Path | None = None, recipe: str | None = None) -> list[
     """Every committed run of verl's trainer with a summary (of one recipe, with `recipe`; without
     it, the runs of verl's example scripts too), in path order; runs of another training loop are
     left out (module docstring)."""
-    from verl_recipes.paths import repo_root
 
     base = root or repo_root()
     dirs = sorted(base.glob(f"recipes/{recipe or '*'}"))
@@ -119,10 +119,6 @@ def run_setup(run: MeasuredRun) -> Any:
     path, else the recipe's bundled architecture)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.predict.inputs import setup_from_config
-    from verl_recipes.predict.model import Arch
-    from verl_recipes.workload.arch import arch_config_path
-
     saved = run.run_dir / CONFIG
     if not saved.is_file():
         raise RecipeError(f"{run.path}: no verl_config.yaml beside it; commit the one `verl-recipes train` saved")
@@ -133,12 +129,10 @@ def run_setup(run: MeasuredRun) -> Any:
             arch = Arch.from_file(cand)
             break
     else:
-        from verl_recipes.recipe.metadata import get_recipe
-
         arch = Arch.from_file(arch_config_path(get_recipe(run.recipe).model.arch))
     setup = setup_from_config(cfg, arch, run.fixes_off)
     rehearsal = run.provenance.rank_rehearsal
-    return replace(setup, fake_group=True).with_rank(rehearsal[0]) if rehearsal else setup
+    return replace(setup, fake_group=True).with_rank(rehearsal) if rehearsal else setup
 
 
 def judged_setup(run: MeasuredRun) -> Any:
@@ -147,23 +141,10 @@ def judged_setup(run: MeasuredRun) -> Any:
     return replace(run_setup(run), logged_seq_len=run.longest_sequence)
 
 
-_SAVED: dict[tuple[str, int, int], Any] = {}
-
-
 def _saved_config(path: Path) -> Any:
-    """A run's saved verl_config.yaml, read once per process while the file is unchanged (the key
-    is its path, modification time and size): `plan` reads every committed run of the recipe for
-    its verdict and again for its cost line, and parsing the YAML is most of its time. Read-only,
-    since every reader shares it."""
-    from omegaconf import OmegaConf
+    """A run's saved verl_config.yaml, shared read-only with every other reader in the process."""
 
-    st = path.stat()
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    if key not in _SAVED:
-        cfg = OmegaConf.load(path)
-        OmegaConf.set_readonly(cfg, True)
-        _SAVED[key] = cfg
-    return _SAVED[key]
+    return saved_config(path)
 
 
 def residual_line(what: str, residuals: dict[str, list[int]]) -> str:
@@ -268,7 +249,6 @@ def capped_runs(s: Setup, recipe_id: str) -> list[MeasuredRun]:
     every fix on that changes the device's memory. They measure a card of the cap's size in memory
     only: their rate is the larger GPU's compute behind a smaller KV cache, a rate no card of that
     size has, so it prices nothing."""
-    from dataclasses import replace
 
     util = s.rollout.gpu_memory_utilization
     out = [

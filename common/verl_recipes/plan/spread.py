@@ -19,10 +19,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from verl_recipes import GIB, RecipeError, inflight, rundir
 from verl_recipes.fixes import FIXES, RunKind, concerns
 from verl_recipes.plan.runs import MeasuredRun, committed_runs
 from verl_recipes.predict.margin import SPREAD_PATH, SPREAD_SCHEMA
+from verl_recipes.recipe.metadata import discover
 from verl_recipes.recipe.run_names import parse_run_name
 from verl_recipes.rundir import CONFIG
 
@@ -50,7 +53,6 @@ def _configuration(run: MeasuredRun, variants: list[str]) -> str | None:
 
 def _engine(run: MeasuredRun) -> str:
     """The actor's engine the run trained with (verl's `actor.strategy` in the config it saved)."""
-    import yaml
 
     cfg = yaml.safe_load((run.run_dir / CONFIG).read_text()) or {}
     strategy = ((cfg.get("actor_rollout_ref") or {}).get("actor") or {}).get("strategy", "fsdp")
@@ -71,7 +73,6 @@ def rerun_groups(root: Path) -> dict[str, tuple[str, list[MeasuredRun]]]:
     """Committed runs of one configuration run two times or more with the same code as far as
     device memory goes (the same fixes that change it), by `<recipe>/<configuration>`, with
     their engine."""
-    from verl_recipes.recipe.metadata import discover
 
     variants = {r.id: list(r.variants) for r in discover(root / "recipes").values()}
     named: dict[str, list[MeasuredRun]] = defaultdict(list)
@@ -154,7 +155,6 @@ def document(root: Path) -> dict[str, object]:
 
 def write_spread(root: Path) -> Path:
     """Regenerate `predict/spread.yaml` from the committed reruns under `root`."""
-    import yaml
 
     doc = document(root)
     if not doc["engines"]:

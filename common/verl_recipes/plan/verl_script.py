@@ -9,28 +9,36 @@ the layout) and, by name, each key the job sets that the planner does not model
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl_recipes import RecipeError
+from verl_recipes import GIB, RecipeError
+from verl_recipes.paths import repo_root
+from verl_recipes.plan.runs import VERL_EXAMPLES, read_run, results_dir
+from verl_recipes.predict.gpus import parse_gpu
+from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
+from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.verl_keys import not_modelled
-from verl_recipes.recipe.verl_job import VerlJob
+from verl_recipes.recipe.run_config import compose_run
+from verl_recipes.recipe.verl_job import VerlJob, verl_job
+from verl_recipes.recipe.verl_suite import load_suite
+from verl_recipes.rundir import measured_runs as found
+from verl_recipes.rundir import read_provenance
 from verl_recipes.workload.arch import arch_config_path
 
 
 def compose_job(job: VerlJob, layers: int | None = None, fixes_off: Sequence[str] = ()) -> tuple[Any, Setup]:
     """(composed config, Setup) of the job, as `train` composes it."""
-    from verl_recipes.recipe.run_config import compose_run
 
     try:
         cfg = compose_run(job.recipe, [], list(job.sets), job.layout)
     except RecipeError as e:
         raise RecipeError(f"{job.source}: {e}") from None
     path = arch_config_path(job.arch)
-    import json
 
     arch = Arch.from_config(json.loads(path.read_text()), f"{job.arch}/config.json")
     if layers is not None:
@@ -53,7 +61,6 @@ TABLE = "table.md"
 
 
 def _gib(b: float) -> str:
-    from verl_recipes import GIB
 
     return f"{b / GIB:.1f}"
 
@@ -77,9 +84,10 @@ class Row:
 @dataclass(frozen=True)
 class Measured:
     """A committed run of one suite entry (`train --verl-example NAME`, in
-    validation/verl-examples/results/): what the table puts beside the prediction."""
+    validation/verl-examples/results/NAME/<run name>, the name `train` gives it): what the table
+    puts beside the prediction."""
 
-    name: str  # the run folder's name
+    name: str  # the run folder's path under results/: <entry>/<run name>
     gpu: str  # NVML's name of its GPU
     peak_gib: float  # its device peak over every phase and GPU
     phase: str  # the phase of that peak
@@ -97,31 +105,21 @@ class Measured:
 
 def measured_runs() -> dict[str, tuple[Measured, ...]]:
     """The committed runs of the suite's entries, by entry (the recipe their provenance names)."""
-    from verl_recipes import GIB
-    from verl_recipes.paths import repo_root
-    from verl_recipes.plan.runs import VERL_EXAMPLES, read_run, results_dir
-    from verl_recipes.rundir import measured_runs as found
-    from verl_recipes.rundir import read_provenance
-
     out: dict[str, list[Measured]] = {}
-    for d in found(results_dir(repo_root() / VERL_EXAMPLES)):
+    base = results_dir(repo_root() / VERL_EXAMPLES)
+    for d in found(base):
         prov = read_provenance(d)
         run = read_run(d)
         phase, per = max(run.phases.items(), key=lambda kv: max(kv[1].values()))
         gib = max(per.values()) / GIB
-        m = Measured(d.name, run.gpu_name, gib, phase, (prov.date_utc or "")[:10], prov.rank_rehearsal)
+        day = (prov.date_utc or "")[:10]
+        m = Measured(str(d.relative_to(base)), run.gpu_name, gib, phase, day, prov.rank_rehearsal)
         out.setdefault(prov.recipe or "", []).append(m)
     return {k: tuple(v) for k, v in out.items()}
 
 
 def suite_plans() -> list[Row]:
     """Every suite entry planned on TABLE_GPUS at its own GPU count (or its one line)."""
-    from verl_recipes import GIB
-    from verl_recipes.predict.gpus import parse_gpu
-    from verl_recipes.predict.host import plan_host
-    from verl_recipes.predict.phases import Constants, plan_gpu
-    from verl_recipes.recipe.verl_job import verl_job
-    from verl_recipes.recipe.verl_suite import load_suite
 
     gpus = [parse_gpu(g) for g in TABLE_GPUS]
     c = Constants()

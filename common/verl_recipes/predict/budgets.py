@@ -48,7 +48,7 @@ MAX_LOGITS = 2**31 - 1
 
 _A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _TRAIN = ("old_log_prob", "ref", "update_actor")
-_ALL = ("loaded", "update_weights", "gen", *_TRAIN)
+_ALL = ("outside", "update_weights", "gen", *_TRAIN)
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def _phases_fit(plan: GPUPlan, names: tuple[str, ...]) -> bool:
 def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     """The largest multiple of STEP in [lo, hi] (hi itself where it is not one) that is ok, or None;
     `ok` is taken monotone (a larger budget never needs less memory)."""
-    cands = sorted({*range(lo, hi + 1, STEP), hi})
+    cands: list[int] = sorted({*range(lo, hi + 1, STEP), hi})
     if not cands or not ok(cands[0]):
         return None
     a, b = 0, len(cands) - 1

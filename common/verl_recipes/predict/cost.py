@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from verl_recipes import RecipeError
+from verl_recipes.paths import repo_root
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,6 @@ class Cost:
 
 
 def prices_file(root: Path | None = None) -> Path:
-    from verl_recipes.paths import repo_root
 
     return (root or repo_root()) / "validation" / "prices.yaml"
 

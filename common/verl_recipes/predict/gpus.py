@@ -87,3 +87,24 @@ def parse_gpu(spec: str) -> GPU:
             raise RecipeError(f"--gpu {spec}: the memory must be positive")
         return GPU(id=spec, name=f"{spec} cap", memory_bytes=b, visible_bytes=b)
     raise RecipeError(f"--gpu {spec}: not a catalogue GPU ({', '.join(cat)}) or a size like 24GiB")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The GPU a job is judged against (`parse_gpu`: a catalogue id or a size like
+    "139.80GiB") and how the refusal names it ("this GPU", "the --cap-gib budget")."""
+
+    gpu: str
+    label: str
+
+
+def gpu_family_of(spec: str) -> str:
+    """The family (`a10g`, `h200`) a run judged against `spec` is named for: a catalogued id's, or,
+    for a size, the smallest catalogued card of at least that much memory (the largest when none
+    is that large)."""
+    cards, gpu = catalogue(), parse_gpu(spec)
+    if gpu.id in cards:
+        return gpu.id.split("-")[0]
+    fits = sorted((g for g in cards.values() if g.memory_bytes >= gpu.memory_bytes), key=lambda g: g.memory_bytes)
+    card = fits[0] if fits else max(cards.values(), key=lambda g: g.memory_bytes)
+    return card.id.split("-")[0]

@@ -56,11 +56,12 @@ block (checked against the one-GPU 70B runs at 1-3 layers). Everything here is a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from verl_recipes import GIB, RecipeError
@@ -70,7 +71,7 @@ from verl_recipes.fixes import (  # the merge takes no CPU copy
     MERGE_FIX,
     RAY_START_FIX,
 )
-from verl_recipes.layout import pool_share
+from verl_recipes.layout import RankSpec, pool_share
 from verl_recipes.predict.inputs import Role, Setup
 from verl_recipes.predict.model import Arch
 
@@ -464,7 +465,7 @@ def cpu_loading_ranks(s: Setup, ranks_here: int | None = None) -> int:
     if s.arch.tie_embeddings:
         return ranks_here or s.gpus_per_node
     if ranks_here and s.rank is not None:
-        return int(s.rank == 0)
+        return int(s.rank.rank == 0)
     return 1
 
 
@@ -700,8 +701,6 @@ def host_ram_warning(what: str, need: int, total: int | None = None) -> str | No
     cannot get the memory later.
     """
     if total is None:
-        import psutil
-
         total = int(psutil.virtual_memory().total)
     if total < need:
         return (
@@ -717,6 +716,15 @@ def host_ram_warning(what: str, need: int, total: int | None = None) -> str | No
     return None
 
 
-def run_label(recipe_id: str, variants: Iterable[str] = (), sets: Iterable[str] = ()) -> str:
-    """`7b-lora --variant 24gib --set k=v`: the run the figure is for, as the user typed it."""
-    return " ".join([recipe_id, *(f"--variant {v}" for v in variants), *(f"--set {x}" for x in sets)])
+def host_lines(s: Setup, label: str, fixes_off: Sequence[str], rank: RankSpec | None, here: bool) -> list[str]:
+    """The pre-flight's host RAM for the run `label` names: on the host that trains (`here`), RAM
+    below the planner's figure is one `WARN host-ram` line, never a refusal (`host_ram_warning`);
+    a preview states the figure for the GPU host to have. A rank rehearsal's host runs one rank
+    and its share of the job's CPU worker pools."""
+    ranks_here = 1 if rank is not None else None
+    need = plan_host(s, fixes_off, ranks_here=ranks_here, pools_shared=rank is not None).peak.pss
+    what = label + (" (one rank's processes)" if rank is not None else "")
+    if not here:
+        return [f"host RAM: {what} needs about {need / GIB:.0f} GiB on the GPU host (planner, PSS peak)"]
+    warn = host_ram_warning(what, need)
+    return [f"WARN host-ram {warn}"] if warn else []

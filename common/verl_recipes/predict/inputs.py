@@ -21,13 +21,14 @@ verl/workers/engine/fsdp/transformer_impl.py):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl_recipes import RecipeError
 from verl_recipes.fixes import CRITIC_BATCHING_FIX
 from verl_recipes.layout import (
     MegatronLayout,
+    RankSpec,
     batch_over_ranks,
     data_parallel,
     heads_over_tp,
@@ -155,17 +156,16 @@ class Setup:
     pp_stage: int | None = field(default=None, compare=False)
     # The rank of its job the plan is of (`with_rank`: a rank rehearsal's, the pre-flight of
     # `train --rank`); None, every plan of a configuration, means node 0's ranks.
-    rank: int | None = field(default=None, compare=False)
+    rank: RankSpec | None = field(default=None, compare=False)
 
-    def with_rank(self, rank: int) -> Setup:
-        """This Setup as rank `rank` of its job runs it: the rank, and its pipeline stage
-        (megatron-core's rank order, `MegatronLayout.coordinates`) where the actor is pipelined."""
-        from dataclasses import replace
+    def with_rank(self, rank: RankSpec) -> Setup:
+        """This Setup as `rank` of its job runs it: the rank, and its pipeline stage (megatron-core's
+        rank order, `MegatronLayout.coordinates`) where the actor is pipelined."""
 
         a = self.actor
         if a.backend != "megatron" or a.pp <= 1:
             return replace(self, rank=rank)
-        stage = MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank)["pp"]
+        stage = MegatronLayout(self.world, a.tp, a.pp, a.cp).coordinates(rank.rank)["pp"]
         return replace(self, rank=rank, pp_stage=stage)
 
     @property
@@ -389,9 +389,9 @@ def _reward_workers(cfg: Any) -> int:
     """`reward.num_workers`, or the legacy `reward_model.num_workers`, which verl 0.9.1 copies over
     it when set (its default is null)."""
     legacy = _sel(cfg, "reward_model.num_workers", None, required=False)
-    if legacy is not None and (want := wants(legacy, int)):
-        raise RecipeError(f"reward_model.num_workers={legacy!r}: must be {want}, or null (verl's default)")
     if legacy is not None:
+        if isinstance(legacy, bool) or not isinstance(legacy, int):
+            raise RecipeError(f"reward_model.num_workers={legacy!r}: must be a whole number, or null (verl's default)")
         return _pool("reward_model.num_workers", legacy)
     return _pool("reward.num_workers", _sel(cfg, "reward.num_workers", 8, required=False))
 
@@ -552,7 +552,6 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
 
 
 def _replace(role: Role, **kw: Any) -> Role:
-    from dataclasses import replace
 
     return replace(role, **kw)
 

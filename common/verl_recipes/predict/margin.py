@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from verl_recipes import GIB, RecipeError
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.megatron_groups import share_uncertainty
@@ -84,7 +86,6 @@ class Margin:
 
 def load_spread(path: Path = SPREAD_FILE) -> dict[str, Any]:
     """The spread data file."""
-    import yaml
 
     doc = yaml.safe_load(path.read_text())
     if not isinstance(doc, dict) or doc.get("schema") != SPREAD_SCHEMA:

@@ -3,10 +3,11 @@
 In verl 0.9.1's hybrid engine every GPU holds two processes: the trainer worker (actor, critic
 and reference are colocated in one Ray actor, `create_colocated_worker_cls`) and a vLLM worker.
 The device total is the sum of both. A step runs these phases, named as verl's `marked_timer`
-names them (verl/trainer/ppo/v1), plus `loaded`:
+names them (verl/trainer/ppo/v1), plus `outside`:
 
-  loaded        before step 1: trainer weights on the GPU (no optimizer state yet: torch's AdamW
-                creates its moments at the first step) while vLLM starts and takes its whole budget
+  outside       before step 1, the report's name for all time outside a step: trainer weights on
+                the GPU (no optimizer state yet: torch's AdamW creates its moments at the first
+                step) while vLLM starts and takes its whole budget
   update_weights  weight sync: vLLM's weights woken, the trainer's weights gathered per tensor
                 into a CUDA-IPC bucket (`update_weights_bucket_megabytes`); FSDP1 and LoRA reload the
                 whole actor onto the GPU for it, FSDP2 without LoRA streams shard by shard
@@ -68,7 +69,7 @@ Terms and where each comes from:
     output, the next one's and its shard, on FSDP2's own CUDA streams, whose cached blocks the
     compute stream cannot reuse; each role that has run a forward since the last `empty_cache`
     adds its own on top of the carried floor. At a world of 1 FSDP2 gathers nothing: 0.
-  * per process: a CUDA context, and the trainer's real process group (`_nccl_trainer`: on FSDP
+  * per process: a CUDA context, and the trainer's real process group (`_group_terms`: on FSDP
     NCCL's buffers per communicator and its own state, `predict.fsdp_comm`; on Megatron one
     communicator's buffers per group with peers and its groups' measured base); a rank
     rehearsal's fake group holds none (`Setup.fake_group`). Named constants below: priors
@@ -90,7 +91,7 @@ from verl_recipes.predict.inputs import Role, Setup
 from verl_recipes.predict.megatron_groups import communicators
 
 MIB = 1024**2
-PHASES = ("loaded", "update_weights", "gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
+PHASES = ("outside", "update_weights", "gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 
 
 @dataclass(frozen=True)
@@ -419,28 +420,20 @@ def vllm_activation_peak(s: Setup) -> int:
     return layer + sampler
 
 
-def _nccl_trainer(s: Setup, c: Constants) -> int:
-    """The trainer's real process group beyond its allocator: one communicator's buffers per group
-    with peers, and on Megatron its groups' base (`Constants.group_base_bytes_megatron`); nothing
-    under a rank rehearsal's fake group (`Setup.fake_group`), which has no communicator."""
-    if s.fake_group:
-        return 0
-    if s.actor.backend == "megatron":  # the communicators megatron-core's groups make in a step
+def _group_terms(s: Setup, c: Constants) -> list[Term]:
+    """The trainer's real process group beyond its allocator, none under a rank rehearsal's fake
+    group (`Setup.fake_group`), which has no communicator. On FSDP one term per NCCL communicator
+    and NCCL's own (`predict.fsdp_comm`), so what a rank rehearsal cannot allocate is named; on
+    Megatron one: its groups' base (`Constants.group_base_bytes_megatron`) and one communicator's
+    buffers for each group megatron-core's step touches (`predict.megatron_groups`)."""
+    name = "trainer process group (NCCL)"
+    if s.actor.backend == "megatron":
         r = s.actor
         comms = communicators(r.tp, r.pp, r.cp, s.world // (r.tp * r.pp * r.cp))
-        return c.group_base_bytes_megatron + len(comms) * c.nccl_bytes_per_communicator
-    return fsdp_comm.fsdp_group_bytes(s)
-
-
-def _group_terms(s: Setup, c: Constants) -> list[Term]:
-    """The trainer's real process group: on FSDP one term per NCCL communicator and NCCL's own
-    (`predict.fsdp_comm`), so what a rank rehearsal cannot allocate is named; on Megatron one."""
-    if s.actor.backend != "megatron":
-        terms = fsdp_comm.fsdp_group_terms(s)
-        return [Term(f"trainer {name}", b, "trainer") for name, b in terms] or [
-            Term("trainer process group (NCCL)", 0, "trainer")
-        ]
-    return [Term("trainer process group (NCCL)", _nccl_trainer(s, c), "trainer")]
+        nbytes = c.group_base_bytes_megatron + len(comms) * c.nccl_bytes_per_communicator
+        return [Term(name, 0 if s.fake_group else nbytes, "trainer")]
+    terms = fsdp_comm.fsdp_group_terms(s)
+    return [Term(f"trainer {n}", b, "trainer") for n, b in terms] or [Term(name, 0, "trainer")]
 
 
 def _nccl_vllm(s: Setup, c: Constants) -> int:
@@ -675,11 +668,11 @@ def _fixed_terms(s: Setup, total: int, budget: int, c: Constants) -> _Fixed:
 
 def _optimizer_share(role: Role, phase: str, updating: bool) -> float:
     """How much of a role's optimizer state is on the GPU in `phase`: all of it while it updates;
-    at `loaded` none (torch's AdamW makes its moments at the first step), but a third for Megatron,
+    at `outside` none (torch's AdamW makes its moments at the first step), but a third for Megatron,
     which builds its fp32 master weights at init; else all unless `optimizer_offload`."""
     if updating:
         return 1.0
-    if phase == "loaded":
+    if phase == "outside":
         return 1 / 3 if role.backend == "megatron" and not role.optimizer_offload else 0.0
     return 0.0 if role.optimizer_offload else 1.0
 
@@ -723,8 +716,8 @@ def _built(s: Setup, role: Role, is_critic: bool) -> list[Term]:
     return _state(s, role, is_critic, weights=True, grads=False, optim=0.0)[:1]
 
 
-def _loaded_phase(s: Setup, fx: _Fixed, loaded_trainer: list[Term]) -> PhasePlan:
-    """loaded: each role builds its weights on the GPU and offloads them if asked (init), then
+def _outside_phase(s: Setup, fx: _Fixed, loaded_trainer: list[Term]) -> PhasePlan:
+    """outside: each role builds its weights on the GPU and offloads them if asked (init), then
     vLLM starts after the trainer and takes its budget before it first sleeps. Megatron builds
     a role whole before verl offloads it: weights, main-grad buffer and optimizer states (the
     trainer process at 69.3-69.5 GiB in each full-depth rank of 70b-3d, before vLLM starts:
@@ -737,7 +730,7 @@ def _loaded_phase(s: Setup, fx: _Fixed, loaded_trainer: list[Term]) -> PhasePlan
     init = fx.base[:2] + loaded_trainer + max(init_extra, key=lambda ts: sum(t.bytes for t in ts), default=[])
     start = fx.base + loaded_trainer + fx.vllm_full
     init_total, start_total = sum(t.bytes for t in init), sum(t.bytes for t in start)
-    return PhasePlan("loaded", start if start_total >= init_total else init)
+    return PhasePlan("outside", start if start_total >= init_total else init)
 
 
 def _sync_and_gen_phases(s: Setup, fx: _Fixed) -> list[PhasePlan]:
@@ -835,8 +828,8 @@ def plan_gpu(s: Setup, gpu: GPU, c: Constants | None = None) -> GPUPlan:
     total = gpu.visible_bytes
     budget = int(r.gpu_memory_utilization * total)
     fx = _fixed_terms(s, total, budget, c)
-    loaded_trainer = _resident(s, "loaded")
-    phases = [_loaded_phase(s, fx, loaded_trainer), *_sync_and_gen_phases(s, fx), *_compute_phases(s, fx, c)]
+    loaded_trainer = _resident(s, "outside")
+    phases = [_outside_phase(s, fx, loaded_trainer), *_sync_and_gen_phases(s, fx), *_compute_phases(s, fx, c)]
     _carry_cache_floor(s, phases)
     _add_all_gather_caches(s, phases)
     v = _vllm_start(s, total, budget, sum(t.bytes for t in fx.base + loaded_trainer), c)

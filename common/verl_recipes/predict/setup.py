@@ -15,6 +15,9 @@ from typing import Any
 from verl_recipes import RecipeError
 from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
+from verl_recipes.recipe.compose import compose_file
+from verl_recipes.recipe.metadata import get_recipe
+from verl_recipes.recipe.run_config import compose_run, gpu_layout
 from verl_recipes.workload.arch import arch_config_path
 
 
@@ -34,9 +37,6 @@ def load_setup(
 ) -> tuple[str, Setup, Any]:
     """(label, Setup, recipe or None) for a recipe id or a deltas file; `gpus` is train's --gpus
     (that many GPUs on one node), `layers` truncates the model."""
-    from verl_recipes.recipe.compose import compose_file
-    from verl_recipes.recipe.metadata import get_recipe
-    from verl_recipes.recipe.run_config import compose_run, gpu_layout
 
     path = Path(target)
     if path.suffix in (".yaml", ".yml"):

@@ -15,13 +15,20 @@ The composed config is saved unresolved (interpolations kept) and verl is starte
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from verl_recipes import RecipeError
+from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
+from verl_recipes.recipe.verl_schema import check_layer
 
 
 def verl_config_dir() -> Path:
@@ -33,17 +40,17 @@ def verl_config_dir() -> Path:
     return Path(verl.__file__).parent / "trainer" / "config"
 
 
-_VERL: dict[tuple[str, tuple[tuple[str, int, int], ...]], Any] = {}
+_VERL: dict[tuple[str, tuple[tuple[str, int, int], ...]], tuple[Any, Any]] = {}
 
 
-def compose_verl(config_name: str) -> Any:
-    """verl's own root config as Hydra composes it, with no overrides.
+def _composed(config_name: str) -> tuple[Any, Any]:
+    """verl's root config as Hydra composed it, and a copy of it made ready to merge into
+    (`merge_strict`'s struct flags set); both shared within the process: callers never change them.
 
     Composed once per process while no file of verl's config folder changes (the key is the
-    config's name and every file's path, modification time and size); each caller gets its own
-    copy. Hydra reads and merges some 30 YAML files for each composition, about a second, and
-    `docs`, `plan` and a campaign compose a recipe many times over."""
-    import copy
+    config's name and every file's path, modification time and size). Hydra reads and merges some
+    30 YAML files for each composition, about a second, and `docs`, `plan` and a campaign compose a
+    recipe many times over."""
 
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -54,8 +61,15 @@ def compose_verl(config_name: str) -> Any:
     if key not in _VERL:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(folder), version_base=None):
-            _VERL[key] = compose(config_name=config_name)
-    return copy.deepcopy(_VERL[key])
+            cfg = compose(config_name=config_name)
+        _VERL[key] = (cfg, _ready_to_merge(copy.deepcopy(cfg)))
+    return _VERL[key]
+
+
+def compose_verl(config_name: str) -> Any:
+    """verl's own root config as Hydra composes it, with no overrides: each caller's own copy."""
+
+    return copy.deepcopy(_composed(config_name)[0])
 
 
 #: Mappings verl hands whole to another library, so their keys are that library's, not verl's:
@@ -112,6 +126,15 @@ def _suggest(base: Any, full_key: str) -> str:
     return by_leaf[0] if by_leaf else ""
 
 
+def _ready_to_merge(base: Any) -> Any:
+    """`base` in struct mode (a key verl does not define fails), its free-form mappings open."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.set_struct(base, True)
+    _open_empty_nodes(base)
+    return base
+
+
 def merge_strict(base: Any, delta: Any, source: str, lines: dict[str, str] | None = None) -> Any:
     """Merge `delta` into `base`; an unknown key raises RecipeError naming it and a suggestion.
 
@@ -121,12 +144,9 @@ def merge_strict(base: Any, delta: Any, source: str, lines: dict[str, str] | Non
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    from verl_recipes.recipe.verl_schema import check_layer
-
-    OmegaConf.set_struct(base, True)
-    _open_empty_nodes(base)
+    _ready_to_merge(base)
     try:
-        merged = OmegaConf.merge(base, delta)
+        merged = OmegaConf.merge(base, delta)  # a new config: `base` itself is left as it was
     except (ConfigKeyError, ConfigAttributeError) as e:
         full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
         hint = _suggest(base, full_key)
@@ -158,8 +178,6 @@ def check_passed_through(delta: Any, source: str) -> None:
     the checkpoint load have started; a typo would surface there as an AttributeError. The pinned
     provider's fields are committed (verl_recipes.recipe.provider_fields), so the check
     runs here, on any machine, before anything starts."""
-    from verl_recipes.paths import repo_root
-    from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
 
     found = [k.rsplit(".", 1) for k in _all_keys(delta) if k.count(".") and k.split(".")[-2] in PASSED_THROUGH]
     if not found:
@@ -180,10 +198,65 @@ def load_delta(path: Path) -> Any:
     from omegaconf import OmegaConf
 
     try:
-        delta = OmegaConf.load(path)
+        delta = load_config(path)
     except Exception as e:  # yaml errors come in several types
         raise RecipeError(f"{path}: not valid YAML: {e}") from None
     return delta if delta is not None else OmegaConf.create({})
+
+
+@functools.cache
+def _fast_loader() -> Any:
+    """OmegaConf's YAML loader (its float and duplicate-key rules, no timestamps) on libyaml's
+    parser, where PyYAML was built with it; else OmegaConf's own."""
+    from omegaconf._utils import get_yaml_loader
+
+    slow = get_yaml_loader()
+    try:
+        from yaml.cyaml import CParser  # type: ignore[attr-defined]
+    except ImportError:
+        return slow
+
+    class Loader(CParser, slow):  # type: ignore[misc,valid-type]
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+    return Loader
+
+
+def load_config(path: Path) -> Any:
+    """`OmegaConf.load(path)`, the same config, parsed in C: a saved verl config is 1,000 lines, and
+    the pure-Python parser takes most of the time `docs` and `plan` spend reading committed runs.
+    A file that does not parse is read again by OmegaConf itself, for its own error message."""
+    from omegaconf import OmegaConf
+
+    try:
+        obj = yaml.load(path.read_text(encoding="utf-8"), Loader=_fast_loader())
+    except yaml.YAMLError:
+        return OmegaConf.load(path)
+    if obj is not None and not isinstance(obj, (list, dict, str)):
+        return OmegaConf.load(path)  # OmegaConf's own error for a scalar document
+    return OmegaConf.create() if obj is None else OmegaConf.create(obj)
+
+
+_SAVED: dict[tuple[str, int, int], Any] = {}
+
+
+def saved_config(path: Path) -> Any:
+    """A run's saved verl_config.yaml, read once per process while the file is unchanged (the key
+    is its path, modification time and size): `plan` reads every committed run of the recipe for
+    its verdict and again for its cost line, `docs` for each results row and its drift. Read-only,
+    since every reader shares it."""
+    from omegaconf import OmegaConf
+
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _SAVED:
+        cfg = load_config(path)
+        OmegaConf.set_readonly(cfg, True)
+        _SAVED[key] = cfg
+    return _SAVED[key]
 
 
 def parse_sets(sets: Iterable[str]) -> Any:
@@ -251,14 +324,17 @@ def compose_recipe(
     extra: Any | None = None,
 ) -> Any:
     """The full verl config for a recipe: verl defaults + config.yaml + variant + extra + --set."""
-    cfg = compose_verl(recipe.verl_config_name)
+
+    # verl's config as composed once, shared: every merge below makes a new config, never changes it
+    verl = _composed(recipe.verl_config_name)[1]
+    cfg = verl
     for path in recipe.config_files(variant):
         cfg = merge_strict(cfg, load_delta(path), str(path))
     if extra is not None:
         cfg = merge_strict(cfg, extra, "launcher settings")
     if overrides:
         cfg = _merge_sets(cfg, overrides)
-    return cfg
+    return copy.deepcopy(cfg) if cfg is verl else cfg
 
 
 def compose_file(path: Path, config_name: str = "ppo_trainer", overrides: Sequence[str] = ()) -> Any:

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes.fixes import CRITIC_BATCHING_FIX, recorded_off
+from verl_recipes.recipe.compose import load_delta, saved_config
 from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.recipe.verl_schema import _leaves
 from verl_recipes.rundir import CONFIG, read_provenance
 
 CAP_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
@@ -31,8 +33,6 @@ CRITIC_BATCHING_KEYS = (
 
 def recipe_keys(recipe: Recipe, variants: list[str]) -> dict[str, Any]:
     """Every leaf key the recipe's deltas set for these variants, with its value (later files win)."""
-    from verl_recipes.recipe.compose import load_delta
-    from verl_recipes.recipe.verl_schema import _leaves
 
     want: dict[str, Any] = {}
     for name in ["config.yaml", *(recipe.variants[v] for v in variants)]:
@@ -45,7 +45,7 @@ def drift(recipe: Recipe, run_dir: Path) -> list[tuple[str, Any, Any]]:
     from omegaconf import OmegaConf  # verl's config library: not at import (the recipe wing's rule)
 
     prov = read_provenance(run_dir)
-    cfg = OmegaConf.load(run_dir / CONFIG)
+    cfg = saved_config(run_dir / CONFIG)  # read-only, shared with the planner's reads of the run
     has_critic = OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
     ignored_critic = CRITIC_BATCHING_FIX in recorded_off(prov)
     named = {str(s).split("=", 1)[0].lstrip("+~") for s in prov.sets}  # the run's own --set, named already

@@ -18,6 +18,8 @@ from verl_recipes import rundir
 from verl_recipes.paths import cache_dir
 from verl_recipes.recipe.compose import compose_recipe
 from verl_recipes.recipe.metadata import Recipe
+from verl_recipes.workload import reward
+from verl_recipes.workload.arch import arch_config_path
 
 #: what Ray runs at the start of every verl worker process (verl_recipes.worker.hooks).
 SETUP_HOOK = "verl_recipes.worker.hooks.setup"
@@ -33,6 +35,20 @@ class Layout:
     @property
     def world(self) -> int:
         return self.per_node * self.nnodes
+
+
+@dataclass(frozen=True)
+class Composition:
+    """How a job composes its recipe, as `train` and `plan` are asked it: the variants in the order
+    layered, the `--set` lines, `--gpus` (that many GPUs on one node; None: the recipe's layout),
+    `--layers` (None: every layer) and the verl fixes it goes without. A recipe variant that fits
+    where the job does not is planned with the same (`plan.advice.fitting_variants`)."""
+
+    variants: tuple[str, ...] = ()
+    sets: tuple[str, ...] = ()
+    gpus: int | None = None
+    layers: int | None = None
+    fixes_off: tuple[str, ...] = ()
 
 
 def gpu_layout(recipe: Recipe, gpus: int | None = None, smoke: bool = False) -> Layout:
@@ -55,17 +71,18 @@ def default_data_dir() -> Path:
 
 def launcher_settings(
     recipe: Recipe,
-    model: Path,
+    model: Path | None,
     data: Path,
     run_dir: Path | None,
     steps: int,
     n_gpus: int,
     nnodes: int | None = None,
 ) -> Any:
-    """What the launcher owns in verl's config: paths, GPUs, steps, logging, the reward."""
+    """What the launcher owns in verl's config: paths, GPUs, steps, logging, the reward. Without
+    `model` the recipe's bundled architecture folder stands in (planning needs no checkpoint)."""
     from omegaconf import OmegaConf
 
-    from verl_recipes.workload import reward
+    model = model or arch_config_path(recipe.model.arch).parent
 
     trainer: dict[str, Any] = {
         "n_gpus_per_node": n_gpus,
@@ -115,9 +132,6 @@ def compose_run(
     Without `model` the recipe's bundled architecture folder stands in (planning needs no
     checkpoint); without `data` the dataset's default place; without `run_dir` no checkpoint folder.
     """
-    from verl_recipes.workload.arch import arch_config_path
-
-    model = model or arch_config_path(recipe.model.arch).parent
     extra = launcher_settings(recipe, model, data or default_data_dir(), run_dir, steps, layout.per_node, layout.nnodes)
     cfg = compose_recipe(recipe, variants, sets, extra=extra)
     add_setup_hook(cfg)

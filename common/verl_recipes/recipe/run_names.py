@@ -17,10 +17,14 @@ one GPU, and its figures are a rank's, never the whole job's.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import yaml
 
 from verl_recipes import RecipeError
+from verl_recipes.layout import RankSpec
+from verl_recipes.recipe.metadata import Recipe
 
 RULE = "<gpu>x<n>-<algo>[-<variant>...][-l<L>][-cap<G>][-rank<R>of<N>][-<label>...][-<k>]"
 ALGOS = ("ppo", "grpo")
@@ -40,9 +44,49 @@ class RunName:
     variants: tuple[str, ...]  # the recipe's variants, in compose order, less the one named `algo`
     layers: int | None  # `train --layers`
     cap_gib: float | None  # `train --cap-gib`
-    rank: tuple[int, int] | None  # (R, N) of a rank rehearsal
+    rank: RankSpec | None  # the rank of a rank rehearsal
     labels: tuple[str, ...]
     repeat: int | None  # 2, 3, ...: another run of the same configuration
+
+    @property
+    def text(self) -> str:
+        """The name by the rule (`RULE`), which `parse_run_name` reads back: the one spelling of a
+        run's name for `train`'s run folder, a campaign line, results/ and expected/."""
+        parts = [f"{self.gpu}x{self.n}-{self.algo}", *self.variants]
+        parts += [f"l{self.layers}"] if self.layers is not None else []
+        parts += [f"cap{self.cap_gib:g}"] if self.cap_gib is not None else []
+        parts += [f"rank{self.rank.rank}of{self.rank.world}"] if self.rank is not None else []
+        parts += [*self.labels, *([str(self.repeat)] if self.repeat is not None else [])]
+        return "-".join(parts)
+
+    @property
+    def configuration(self) -> RunName:
+        """The name less its repeat: what a bounds file is named by, and what two runs of one
+        configuration share."""
+        return replace(self, repeat=None)
+
+
+def algorithm(recipe: Recipe, variants: Sequence[str], sets: Iterable[str] = ()) -> str:
+    """The algorithm the job runs, as the name says it: verl's `algorithm.adv_estimator` after the
+    recipe's layers and `--set` (`gae` is PPO; verl's default is `gae`), read from the layers'
+    YAML without composing verl's config (the name is decided before the pre-flight composes)."""
+    estimator = "gae"
+    for path in recipe.config_files(list(variants)):
+        doc = yaml.safe_load(path.read_text()) or {}
+        value = (doc.get("algorithm") or {}).get("adv_estimator") if isinstance(doc, dict) else None
+        estimator = str(value) if value else estimator
+    for line in sets:
+        key, _, value = line.partition("=")
+        estimator = value.strip() if key.strip() == "algorithm.adv_estimator" else estimator
+    return "ppo" if estimator == "gae" else estimator
+
+
+def check_label(label: str) -> str:
+    """A label as the rule wants it (lowercase letters, digits and dots, one letter at least, not
+    a part of the rule's own), or a RecipeError that says so."""
+    if not _LABEL.fullmatch(f"-{label}") or re.fullmatch(r"l[0-9]+|cap[0-9.]+|rank[0-9]+of[0-9]+|[0-9]+", label):
+        raise RecipeError(f"--label {label!r}: a label is one lowercase word (a-z, 0-9, '.'); the rule: {RULE}")
+    return label
 
 
 def backend_label(backend: str | None) -> str | None:
@@ -111,7 +155,7 @@ def parse_run_name(name: str, variants: Iterable[str], *, bounds: bool = False) 
         variants=tuple(found),
         layers=int(layers.group(1)) if layers else None,
         cap_gib=float(cap.group(1)) if cap else None,
-        rank=(int(rank.group(1)), int(rank.group(2))) if rank else None,
+        rank=RankSpec(int(rank.group(1)), int(rank.group(2))) if rank else None,
         labels=tuple(labels),
         repeat=int(repeat.group(1)) if repeat else None,
     )

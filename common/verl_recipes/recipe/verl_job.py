@@ -31,7 +31,7 @@ from typing import Any
 from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import GPUSpec, ModelSpec, Recipe, SmokeSpec
 from verl_recipes.recipe.run_config import Layout
-from verl_recipes.recipe.verl_command import Override, VerlCommand
+from verl_recipes.recipe.verl_command import Override, VerlCommand, canonical
 from verl_recipes.workload.arch import arch_for_model_id, bundled_archs, resolve_arch
 
 #: the GPU a verl example is written for (8 x 80 GB, A100 or H100): a rehearsal's default budget
@@ -263,7 +263,6 @@ def verl_job(
 
 def _set_override(line: str) -> Override:
     """A user's --set line read as Hydra reads it (`verl_command.canonical`)."""
-    from verl_recipes.recipe.verl_command import canonical
 
     text, key = canonical(line, f"--set {line}")
     return Override(text, key, 0, line)

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verl_recipes import RecipeError
+from verl_recipes.recipe.verl_command import read_argv, read_script
 from verl_recipes.recipe.verl_job import VerlJob, verl_job
+from verl_recipes.recipe.verl_suite import entry
 
 
 def load_job(
@@ -28,8 +30,6 @@ def load_job(
     after `--` to `rest` (`cli.main`), the positional before it to `target`. With a script, those words are the
     script's `$@`; without one, they are the command line itself.
     """
-    from verl_recipes.recipe.verl_command import read_argv, read_script
-    from verl_recipes.recipe.verl_suite import entry
 
     words = [target, *rest] if target is not None else list(rest)
     if script is None and example is None and target is not None and target.endswith(".sh"):

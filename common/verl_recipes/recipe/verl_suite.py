@@ -25,6 +25,7 @@ import yaml
 from verl_recipes import RecipeError, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.verl_command import Override, VerlCommand, read_text
+from verl_recipes.recipe.verl_job import verl_job
 
 #: verl's example folders the suite reads, and the quickstart of its documentation
 FOLDERS = ("examples/grpo_trainer", "examples/ppo_trainer")
@@ -147,7 +148,6 @@ def quickstart_command(rst: str) -> str:
 
 def _out(cmd: VerlCommand, name: str) -> str | None:
     """Why a script that reads is out of the suite: Megatron, or what `verl_job` refuses."""
-    from verl_recipes.recipe.verl_job import verl_job
 
     if cmd.config_name == "ppo_megatron_trainer":
         return MEGATRON_OUT

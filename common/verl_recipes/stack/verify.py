@@ -39,7 +39,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
+
 from verl_recipes import GIB, RecipeError
+from verl_recipes.paths import repo_root
+from verl_recipes.recipe.metadata import get_recipe
 
 Status = Literal["pass", "warn", "fail"]
 _MIN_CUDA13_DRIVER = "580.65.06"  # = images/versions.toml [driver] min_cuda13 (test_verify checks it)
@@ -120,8 +124,6 @@ def _recipe(recipe: str | Any | None) -> tuple[Any, Check | None]:
     if recipe is None:
         return None, None
     if isinstance(recipe, str):
-        from verl_recipes.paths import repo_root
-
         try:
             repo_root()
         except RecipeError as e:
@@ -131,7 +133,6 @@ def _recipe(recipe: str | Any | None) -> tuple[Any, Check | None]:
                 f"recipe {recipe}: checks skipped: {e}",
                 "set VERL_RECIPES_ROOT=/path/to/verl-recipes checkout (or mount it) to check the recipe's needs",
             )
-        from verl_recipes.recipe.metadata import get_recipe
 
         recipe = get_recipe(recipe)  # an unknown id is a RecipeError: exit 2 with the valid ids
     r = recipe
@@ -248,7 +249,7 @@ def check_gpus(nv: _NV, torch: Any, recipe: Any) -> list[Check]:
             Check(
                 "gpu",
                 "warn",
-                f"no GPU ({why}); only CPU rehearsals can run here",
+                f"no GPU ({why}); only CPU previews can run here",
                 "run on a host with NVIDIA GPUs (docker run --gpus all) to train",
             )
         ]
@@ -465,7 +466,6 @@ def check_flash_attn() -> Check:
 
 
 def _ram_gib() -> float:
-    import psutil
 
     return psutil.virtual_memory().total / GIB
 
@@ -522,7 +522,6 @@ def check_ulimits() -> list[Check]:
 def check_host_ram() -> Check:
     """MemTotal and what is available now: a fact of the host. Whether a run's host RAM (the
     planner's figure for it) fits is `train`'s pre-flight's question, asked of the job itself."""
-    import psutil
 
     vm = psutil.virtual_memory()
     return Check("host-ram", "pass", f"{vm.total / GIB:.1f} GiB total, {vm.available / GIB:.1f} GiB available")

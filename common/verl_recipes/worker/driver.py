@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import os
 
+from verl_recipes.worker import rank_rehearsal, verl_fixes
+from verl_recipes.worker.hooks import ENV_NO_FIXES
+
 
 def main() -> None:
-    from verl_recipes.worker import rank_rehearsal
-    from verl_recipes.worker.hooks import ENV_NO_FIXES
 
     rank_rehearsal.apply()
     if os.environ.get(ENV_NO_FIXES) != "1":
-        from verl_recipes.worker import verl_fixes
-
         verl_fixes.apply()
     from verl.trainer import main_ppo
 

@@ -22,6 +22,7 @@ import logging
 import os
 
 from verl_recipes import RUN_DIR_ENV
+from verl_recipes.worker import rank_rehearsal
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ def setup() -> None:
     The one exception is a rank rehearsal asked for and not understood (`layout.ENV_RANK`):
     a worker that went on without it would measure a different job and say nothing.
     """
-    from verl_recipes.worker import rank_rehearsal
 
     rank_rehearsal.apply()
     if os.environ.get(ENV_NO_FIXES) != "1":

@@ -45,6 +45,7 @@ from typing import Any
 
 from verl_recipes import rundir
 from verl_recipes.rundir import RUN_DIR_ENV
+from verl_recipes.worker import gen_split
 from verl_recipes.worker.import_hooks import after_import
 
 #: the phase names verl 0.9.1's v1 trainer gives `marked_timer` in one PPO/GRPO step.
@@ -258,7 +259,6 @@ def install() -> bool:
     for name, hook in _HOOKS.items():
         after_import(name, hook)
     _rebind_imported()
-    from verl_recipes.worker import gen_split
 
     gen_split.install()
     return True

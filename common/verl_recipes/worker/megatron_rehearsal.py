@@ -23,6 +23,7 @@ rank holds which coordinates, and which ranks are worth rehearsing: the first of
 
 from __future__ import annotations
 
+import importlib
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,6 @@ def _rebind(source: str, name: str, alias: str) -> Any:
     """An import hook for a module that bound `source.name` as `alias` when it was imported."""
 
     def rebind(mod: Any) -> None:
-        import importlib
 
         patched = getattr(importlib.import_module(source), name)
         if getattr(mod, alias, None) is not patched:

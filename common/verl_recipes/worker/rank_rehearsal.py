@@ -13,6 +13,8 @@ communication time, no imbalance between ranks; its step time is a compute-only 
 
 from __future__ import annotations
 
+import copy
+import importlib
 import json
 import os
 import sys
@@ -21,7 +23,8 @@ from types import ModuleType
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.layout import JOB_POOLS, RankSpec, layout_of, pool_share
+from verl_recipes.layout import JOB_POOLS, RankSpec, layout_of, pool_share, rollout_stand_in
+from verl_recipes.worker import megatron_rehearsal
 from verl_recipes.worker.import_hooks import after_import, replacing
 
 # --- the worker side: the fake process group -------------------------------------------------
@@ -72,7 +75,6 @@ def _rebind(source: str, name: str) -> Any:
     it was bound before `source` was patched."""
 
     def rebind(mod: ModuleType) -> None:
-        import importlib
 
         patched = getattr(importlib.import_module(source), name)
         if getattr(mod, name, None) is not patched:
@@ -181,34 +183,6 @@ def fill_unsent(model: Any, recurse: bool = True) -> None:
 # --- the driver side: the rank's share of the job ---------------------------------------------
 
 
-def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
-    """The HF config overrides that make a TP1 vLLM model hold what one rank of TP=`tp` holds.
-
-    vLLM shards attention by heads (KV heads replicated once there are fewer than ranks), the MLP
-    by its intermediate size, and keeps the hidden size and norms whole on every rank
-    (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``). A TP1 model with
-    heads/tp, max(1, KV heads/tp), intermediate/tp and the same explicit head size has the same
-    weights and the same KV cache per token as such a rank; its loaders take the first rank's
-    slice of each full tensor the weight sync sends. The vocabulary stays whole (the embedding and
-    output layer hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones
-    every rank gathers), so every prompt token has a row. What the stand-in leaves out is labelled
-    where its numbers are shown: vLLM's custom all-reduce buffers and NCCL communicators.
-    """
-    heads = int(arch["num_attention_heads"])
-    kv = int(arch.get("num_key_value_heads") or heads)
-    inter = int(arch["intermediate_size"])
-    head_dim = int(arch.get("head_dim") or int(arch["hidden_size"]) // heads)
-    for name, size in (("attention heads", heads), ("intermediate size", inter)):
-        if size % tp:
-            raise RecipeError(f"the model's {name} ({size}) do not split over rollout TP={tp}: vLLM refuses it too")
-    return {
-        "num_attention_heads": heads // tp,
-        "num_key_value_heads": max(1, kv // tp),
-        "intermediate_size": inter // tp,
-        "head_dim": head_dim,
-    }
-
-
 def data_parallel_size(config: Any, world: int) -> int:
     """How many data-parallel ranks the job's `world` GPUs form, each reading 1/DP of a batch:
     world / (TP x PP x CP) on Megatron (`layout.layout_of`), world / Ulysses SP on FSDP."""
@@ -284,6 +258,18 @@ def localize(config: Any, spec: RankSpec, arch: dict[str, Any] | None = None) ->
             rollout.engine_kwargs.vllm = {**vllm_kwargs, "hf_overrides": merged}
             changed["actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"] = (None, overrides)
     return changed
+
+
+def share_lines(config: Any, spec: RankSpec, arch: dict[str, Any]) -> list[str]:
+    """What a rank rehearsal of the composed job is, or the one line why it cannot be: the share
+    the driver will run (`localize`, on a copy) and, on Megatron, where the rank sits in the
+    layout and which ranks hold the pipeline's two ends. The pre-flight prints these."""
+    localize(copy.deepcopy(config), spec, arch)
+    lines = [f"rank: {spec.label}; the plan below is one GPU's share of the job"]
+    layout = layout_of(config, spec.world)
+    if layout is not None:
+        lines.append(f"rank: {layout.describe(spec.rank)}")
+    return lines
 
 
 def _make_register(original: Any, spec: RankSpec) -> Any:
@@ -382,7 +368,6 @@ def apply() -> RankSpec | None:
         "verl.single_controller.base.worker", _wrap("Worker._register_dispatch_collect_info", _make_register, spec)
     )
     after_import("torch.distributed", _wrap("broadcast_object_list", _make_broadcast_object_list, spec))
-    from verl_recipes.worker import megatron_rehearsal
 
     megatron_rehearsal.apply()
     return spec

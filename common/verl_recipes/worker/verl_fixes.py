@@ -108,8 +108,9 @@ from verl_recipes.fixes import (
     RAY_START_FIX,
     REPLAY_POLL_FIX,
 )
-from verl_recipes.worker import sync_probe
+from verl_recipes.worker import packed_attention, pinned_offload, sync_probe
 from verl_recipes.worker.import_hooks import after_import
+from verl_recipes.worker.ray_start import RayLocalStart
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +401,6 @@ def _patch_logprobs(torch_functional: ModuleType) -> None:
 
 
 def _patch_packed_attention(model_config: ModuleType) -> None:
-    from verl_recipes.worker import packed_attention
 
     packed_attention.register()
 
@@ -430,7 +430,6 @@ def _patch_replay_poll(replay_buffer: ModuleType) -> None:
 
 
 def _patch_megatron_offload(transformer_impl: ModuleType) -> None:
-    from verl_recipes.worker import pinned_offload
 
     # the engine module imported verl's function by name: the name there is the one it calls
     # (verl's own carries `__wrapped__` too, from torch.no_grad)
@@ -442,7 +441,6 @@ def _patch_megatron_offload(transformer_impl: ModuleType) -> None:
 
 
 def _patch_megatron_optimizer_offload(transformer_impl: ModuleType) -> None:
-    from verl_recipes.worker import pinned_offload
 
     if getattr(transformer_impl.offload_megatron_optimizer, "__module__", "") != pinned_offload.__name__:
         ORIGINALS["offload_megatron_optimizer"] = transformer_impl.offload_megatron_optimizer
@@ -452,7 +450,6 @@ def _patch_megatron_optimizer_offload(transformer_impl: ModuleType) -> None:
 
 
 def _patch_ray_start(main_ppo: ModuleType) -> None:
-    from verl_recipes.worker.ray_start import RayLocalStart
 
     if not isinstance(main_ppo.ray, RayLocalStart):
         ORIGINALS["main_ppo.ray"] = main_ppo.ray

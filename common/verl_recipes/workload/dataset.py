@@ -14,6 +14,7 @@ recipe train on the same prompts. A user dataset in the same layout plugs in by 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -150,7 +151,6 @@ def write(out: Path, n_train: int, n_test: int, seed: int = 0) -> dict[str, Path
     one line naming this one), and each file is renamed into place whole, so an interrupted write
     leaves the earlier file or none, and `complete` tells a whole folder from a cut one.
     """
-    import json
 
     import pandas as pd
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from verl_recipes import RecipeError, __version__, cli_types, inflight
 from verl_recipes.paths import cache_dir
 from verl_recipes.workload.arch import bundled_archs, resolve_arch
+from verl_recipes.workload.dataset import corpus
 
 if TYPE_CHECKING:
     import torch
@@ -370,8 +371,6 @@ def build_tokenizer(config: PretrainedConfig, seed: int = 0) -> Any:
     """A PreTrainedTokenizerFast whose ids cover exactly 0..vocab_size-1 (see the module doc)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from verl_recipes.workload.dataset import corpus
 
     vocab_size = int(config.vocab_size)
     sp = special_tokens(config)

@@ -45,7 +45,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ds_ppo import GIB
+from ds_ppo import GIB, records
+from ds_ppo.records import rank_of, token_gpus
 from ds_ppo.workload import Workload
 
 NVML_INTERVAL_S = 0.1  # 10 Hz: phases last seconds; keeps samples.jsonl under 16 MB for a 30-min run
@@ -110,21 +111,6 @@ def derive(timing: dict[str, float], step_s: float, tokens: int, n_gpus: int) ->
         out["overall_tok_s"] = tokens / step_s
         out["overall_tok_s_per_gpu"] = tokens / step_s / n_gpus
     return out
-
-
-def rank_of(run: dict[str, Any] | None) -> tuple[int, int] | None:
-    """(R, N) of a rank rehearsal from run.json's `rank_rehearsal`; None for a real job."""
-    rank = (run or {}).get("rank_rehearsal")
-    return (int(rank["rank"]), int(rank["world"])) if rank else None
-
-
-def token_gpus(run: dict[str, Any]) -> int:
-    """The GPUs whose work a step's `tokens` counts: the job's world, or one for a rehearsed rank.
-
-    A fake process group's all-reduce returns each value as it was, so a rehearsal's token sum is
-    its own rank's share, which one GPU did: dividing it by the world would give a per-GPU rate a
-    world-th of the rank's (as verl's rehearsals, whose perf/throughput is the rank's own)."""
-    return 1 if rank_of(run) else int(run["world"])
 
 
 def _probe_names() -> tuple[str, ...]:
@@ -450,9 +436,10 @@ def write_report(
 
 def _rank_line(rank: tuple[int, int]) -> str:
     """verl_recipes.measure.report.rank_line: the one sentence every rehearsal's figures carry."""
+    from verl_recipes.layout import RankSpec
     from verl_recipes.measure.report import rank_line
 
-    return rank_line(rank)
+    return rank_line(RankSpec(*rank))
 
 
 def _notes(
@@ -585,8 +572,6 @@ def run_ds(
 
     monitor = None
     if d.writes:
-        from ds_ppo import records
-
         out.mkdir(parents=True, exist_ok=True)
         for name in (*FILES.values(), *records.FILES):  # no record of an earlier run in this folder
             (out / name).unlink(missing_ok=True)
@@ -676,9 +661,7 @@ def run_ds(
         run, steps = load_ds_dir(out)
         write_report(out, run, steps)
         print(f"wrote {out / FILES['results']}, {out / FILES['table']}, {out / FILES['plot']}", flush=True)
-        from ds_ppo.records import write_records
-
-        written = write_records(out)
+        written = records.write_records(out, run, steps)
         print(f"wrote {', '.join(p.name for p in written)}: `verl-recipes report {out}` reads them", flush=True)
     d.barrier()
     return 0

@@ -73,7 +73,7 @@ def phase_lines(steps: Iterable[dict[str, Any]], pid: int) -> list[dict[str, Any
 
 
 def step_metrics(s: dict[str, Any], gpus: int) -> dict[str, Any]:
-    """One step's metrics under verl's names (module docstring); `gpus` as harness.token_gpus."""
+    """One step's metrics under verl's names (module docstring); `gpus` as `token_gpus`."""
     step_s, tokens = float(s["step_s"]), int(s["tokens"])
     m: dict[str, Any] = {"training/global_step": int(s["step"])}
     m.update({f"timing_s/{k}": float(v) for k, v in s["timing_s"].items()})
@@ -137,14 +137,26 @@ def _write_lines(path: Path, lines: list[dict[str, Any]]) -> Path:
     return path
 
 
-def write_records(run_dir: Path) -> list[Path]:
-    """phases.jsonl, metrics.jsonl and provenance.json of a DeepSpeed run folder, from its run.json,
-    steps.jsonl and samples; again and the same for a run made before they were written. The
-    checkpoint's config.json is kept as model_config.json where it is readable here (a truncated
-    model's depth names its run) and none is there yet."""
-    from ds_ppo.harness import load_ds_dir, token_gpus
+def rank_of(run: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(R, N) of a rank rehearsal from run.json's `rank_rehearsal`; None for a real job."""
+    rank = (run or {}).get("rank_rehearsal")
+    return (int(rank["rank"]), int(rank["world"])) if rank else None
 
-    run, steps = load_ds_dir(run_dir)
+
+def token_gpus(run: dict[str, Any]) -> int:
+    """The GPUs whose work a step's `tokens` counts: the job's world, or one for a rehearsed rank.
+
+    A fake process group's all-reduce returns each value as it was, so a rehearsal's token sum is
+    its own rank's share, which one GPU did: dividing it by the world would give a per-GPU rate a
+    world-th of the rank's (as verl's rehearsals, whose perf/throughput is the rank's own)."""
+    return 1 if rank_of(run) else int(run["world"])
+
+
+def write_records(run_dir: Path, run: dict[str, Any], steps: list[dict[str, Any]]) -> list[Path]:
+    """phases.jsonl, metrics.jsonl and provenance.json of a DeepSpeed run folder, from its run.json
+    and steps as `harness.load_ds_dir` reads them (NVML peaks joined); again and the same for a run
+    made before they were written. The checkpoint's config.json is kept as model_config.json where
+    it is readable here (a truncated model's depth names its run) and none is there yet."""
     pid = _monitor_pid(run_dir)
     written = [
         _write_lines(run_dir / PHASES, phase_lines(steps, pid)),
