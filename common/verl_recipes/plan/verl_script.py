@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_recipes import GIB, RecipeError
+from verl_recipes.layout import RankSpec
 from verl_recipes.paths import repo_root
 from verl_recipes.plan.runs import VERL_EXAMPLES, read_run, results_dir
 from verl_recipes.predict.gpus import parse_gpu
@@ -92,11 +93,11 @@ class Measured:
     peak_gib: float  # its device peak over every phase and GPU
     phase: str  # the phase of that peak
     date: str  # the day it ran (provenance)
-    rank: tuple[int, int] | None  # (R, N) for a rank rehearsal
+    rank: RankSpec | None  # a rank rehearsal's rank and world
 
     def words(self, base: str) -> str:
         """`base` is the link's path to the results folder from the file the words go into."""
-        rank = f", rank rehearsal ({self.rank[0]} of {self.rank[1]})" if self.rank else ""
+        rank = f", rank rehearsal ({self.rank.rank} of {self.rank.world})" if self.rank else ""
         return (
             f"measured{rank}: [{self.name}]({base}/{self.name}/report.md), {self.peak_gib:.2f} GiB "
             f"({self.phase}) on one {self.gpu}, {self.date}"
