@@ -91,7 +91,7 @@ def _check_run_name(
     )
     right = f"{recipe.id}/{replace(want, repeat=repeat).text}"
     families = {gpu_id.split("-")[0] for gpu_id in catalogue()}
-    assert name == right and family in families, (
+    assert name == right and got is not None and family in families, (
         f"gpu/campaigns/{campaign}: the line {name!r} runs as {right!r}: name it so (`train` names a run "
         f"<recipe>/{RULE} from its arguments, on the GPU family the name says, one of {sorted(families)}; "
         "a repeat of an earlier line adds -2, -3; --label WORD tells two lines apart)"

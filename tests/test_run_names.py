@@ -11,10 +11,11 @@ import pytest
 import yaml
 from verl_recipes import RecipeError
 from verl_recipes.layout import RankSpec
-from verl_recipes.recipe.metadata import discover
+from verl_recipes.recipe.metadata import discover, get_recipe
 from verl_recipes.recipe.run_names import (
     RULE,
     RunName,
+    algorithm,
     backend_label,
     gpu_family,
     parse_bounds_name,
@@ -170,3 +171,12 @@ def test_the_rule_reads_every_part() -> None:
 
 def test_the_rule_in_the_readme_is_the_rule_in_code() -> None:
     assert RULE in (ROOT / "recipes" / "README.md").read_text()
+
+
+def test_the_algorithm_is_read_as_hydra_reads_the_value() -> None:
+    """verl's scripts quote values (`algorithm.adv_estimator="grpo"`); Hydra reads both spellings as
+    one value, so a run's name does too, and a quoted one never reaches a folder name."""
+    recipe = get_recipe("7b-lora")
+    assert algorithm(recipe, [], ['algorithm.adv_estimator="grpo"']) == "grpo"
+    assert algorithm(recipe, [], ["algorithm.adv_estimator='grpo'"]) == "grpo"
+    assert algorithm(recipe, [], ["algorithm.adv_estimator=gae"]) == "ppo"

@@ -77,7 +77,8 @@ def algorithm(recipe: Recipe, variants: Sequence[str], sets: Iterable[str] = ())
         estimator = str(value) if value else estimator
     for line in sets:
         key, _, value = line.partition("=")
-        estimator = value.strip() if key.strip() == "algorithm.adv_estimator" else estimator
+        if key.strip() == "algorithm.adv_estimator":  # a Hydra value: "grpo" and grpo are one
+            estimator = str(yaml.safe_load(value) or estimator).strip()
     return "ppo" if estimator == "gae" else estimator
 
 
