@@ -25,6 +25,7 @@ from typing import Any
 from verl_recipes import RecipeError, has_gpu, inflight
 from verl_recipes.measure.provenance import record
 from verl_recipes.measure.report import write_report
+from verl_recipes.measure.rollout_bench import ensure_model
 from verl_recipes.paths import cache_dir, repo_root
 from verl_recipes.peers import openrlhf, trl
 from verl_recipes.peers.spec import ENVIRONMENT, KEY_PACKAGES, Spec
@@ -88,18 +89,6 @@ def child_env(peer: str, site: Path) -> dict[str, str]:
     }
 
 
-def _ensure_model(arch: str) -> Path:
-    path = model_dir(arch, None, "full-width")
-    if (path / "synth.json").is_file():
-        return path
-    cmd = [sys.executable, "-m", "verl_recipes.cli", "synth-model", "--arch", arch, "--scale", "full-width"]
-    cmd += ["--device", "cuda", "--out", str(path)]
-    print(f"+ {shlex.join(cmd)}", flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        raise RecipeError(f"synth-model failed: {shlex.join(cmd)}")
-    return path
-
-
 def _ensure_data() -> Path:
     out = default_data_dir()
     if not dataset.complete(out):
@@ -156,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         if not has_gpu():
             raise RecipeError("peers run needs an NVIDIA GPU; --dry-run composes and prints the command here")
         check_site(peer, site)
-        model = model or _ensure_model(workload(args.batch).arch)
+        model = model or ensure_model(workload(args.batch).arch)
         parquet = parquet or _ensure_data()
     model = model or model_dir(workload(args.batch).arch, None, "full-width")
     parquet = parquet or default_data_dir() / "train.parquet"

@@ -40,13 +40,11 @@ import sys
 import time
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
-from verl_recipes.peers import data, marks
+from verl_recipes.peers import marks
 from verl_recipes.peers.openrlhf import MODULE
-from verl_recipes.peers.spec import read_spec, write_environment
+from verl_recipes.peers.spec import prepare
 from verl_recipes.worker.import_hooks import after_import
 
 #: the names OpenRLHF 0.11.2 imports from flash-attn, by module
@@ -194,19 +192,9 @@ def start_ray() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python3 -m verl_recipes.peers.run_openrlhf RUN_DIR", file=sys.stderr)
+    spec = prepare(argv, "verl_recipes.peers.run_openrlhf")
+    if spec is None:
         return 2
-    run_dir = Path(args[0])
-    try:
-        spec = read_spec(run_dir)
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    write_environment(run_dir)
-    rows = data.render(data.rows(Path(spec.parquet)), Path(spec.model))
-    data.write(rows, Path(spec.data_dir))
     os.environ["VERL_RECIPES_PEER_GPUS"] = str(spec.gpus)
     install()
     start_ray()

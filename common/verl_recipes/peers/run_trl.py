@@ -20,12 +20,10 @@ Standard library and the package's base at load time: TRL loads inside `main`.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError
-from verl_recipes.peers import data, marks
-from verl_recipes.peers.spec import read_spec, write_environment
+from verl_recipes.peers import marks
+from verl_recipes.peers.spec import prepare
 
 
 def _tokens(batch: dict[str, Any]) -> int:
@@ -68,19 +66,9 @@ def install(steps: marks.Steps) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python3 -m verl_recipes.peers.run_trl RUN_DIR", file=sys.stderr)
+    spec = prepare(argv, "verl_recipes.peers.run_trl")
+    if spec is None:
         return 2
-    run_dir = Path(args[0])
-    try:
-        spec = read_spec(run_dir)
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    write_environment(run_dir)
-    rows = data.render(data.rows(Path(spec.parquet)), Path(spec.model))
-    data.write(rows, Path(spec.data_dir))
     install(marks.Steps(gpus=spec.gpus))
     from trl.scripts import grpo
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_recipes import RecipeError, inflight
+from verl_recipes.peers import data
 
 SPEC = "peer.json"
 ENVIRONMENT = "environment.json"
@@ -72,3 +73,23 @@ def write_environment(run_dir: Path) -> Path:
     path = run_dir / ENVIRONMENT
     inflight.write_text(path, json.dumps(environment(), indent=1) + "\n", "the peer's environment")
     return path
+
+
+def prepare(argv: list[str] | None, module: str) -> Spec | None:
+    """What both peers' entry points do first, in the peer's own environment: read the run folder
+    (the one argument) that `peers run` wrote, record that environment beside it, and write the
+    workload's rows in the peer's own data format. None, after one line on stderr, where the call
+    or the folder is wrong: the entry point exits 2."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(f"usage: python3 -m {module} RUN_DIR", file=sys.stderr)
+        return None
+    run_dir = Path(args[0])
+    try:
+        spec = read_spec(run_dir)
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    write_environment(run_dir)
+    data.write(data.render(data.rows(Path(spec.parquet)), Path(spec.model)), Path(spec.data_dir))
+    return spec
