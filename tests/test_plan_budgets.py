@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 from verl_recipes import RecipeError
 from verl_recipes.plan.cli import budgets_text
-from verl_recipes.predict.budgets import STEP, held, largest, with_budgets
+from verl_recipes.predict.budgets import MAX_LOGITS, STEP, held, largest, with_budgets
 from verl_recipes.predict.gpus import catalogue
 from verl_recipes.predict.phases import plan_gpu
 from verl_recipes.predict.setup import load_setup
@@ -36,10 +36,12 @@ def test_the_prod_variant_holds_the_budgets_the_planner_chooses_for_an_h100(prod
 
 
 def test_one_step_more_of_each_budget_does_not_fit(prod: Any) -> None:
-    """On an A100 40GB memory bounds every setting: one step more of any does not fit."""
+    """On an A100 40GB one step more of any setting does not fit, or (the log-prob budget, whose
+    padding-free forward holds 4 B a logit) passes the 2^31 logits bound the planner keeps."""
     gpu = catalogue()["a100-40g"]
     b = largest(prod, gpu)
     seq = prod.seq_len
+    cap = (MAX_LOGITS // prod.arch.vocab - seq) // STEP * STEP
     util, seqs, batched = b.utilization, b.max_num_seqs, b.max_num_batched_tokens
 
     def worst(s: Any) -> float:
@@ -48,11 +50,15 @@ def test_one_step_more_of_each_budget_does_not_fit(prod: Any) -> None:
     # each budget is judged with a micro-batch one sequence over it (verl balances whole sequences)
     train, infer = b.train_tokens + seq, b.infer_tokens + seq
     assert worst(with_budgets(prod, train, infer, util, seqs, batched)) <= gpu.visible_bytes
-    for over in (
+    overs = [
         with_budgets(prod, train + STEP, infer, util, seqs, batched),
-        with_budgets(prod, train, infer + STEP, util, seqs, batched),
         with_budgets(prod, train, infer, util + 0.01, seqs, batched),
-    ):
+    ]
+    if b.infer_tokens + STEP <= cap:
+        overs.append(with_budgets(prod, train, infer + STEP, util, seqs, batched))
+    else:
+        assert b.infer_tokens == cap
+    for over in overs:
         assert worst(over) > gpu.visible_bytes
     # the KV cache holds max_num_seqs whole sequences, and not one more
     assert b.max_num_seqs * seq <= b.plan.kv_tokens < (b.max_num_seqs + 1) * seq

@@ -133,6 +133,22 @@ class Constants:
     # other tensors, and 10 meets them (raising it would widen the FSDP updates' over-count).
     logits_fwd_bytes: int = 14
     logits_train_bytes: int = 10
+    # The padding-free path (`use_remove_padding`; verl/workers/engine/fsdp/transformer_impl.py
+    # `FSDPEngine.prepare_model_outputs`) with `use_torch_compile` (verl's default) calls the
+    # entropy compiled (`compute_entropy_from_logits` = torch.compile(`entropy_from_logits`), set
+    # in `FSDPEngine.__init__`), whose fused reductions hold no vocab-wide fp32 tensor; the padded
+    # path calls `verl_F.entropy_from_logits` uncompiled, the 14 above. Both take
+    # `logprobs_from_logits`' `logprobs_from_logits_v2` here (flash-attn's cross_entropy is not
+    # installed), whose bf16 branch runs log_softmax one token's row at a time
+    # (verl/utils/torch_functional.py), and `_scale_logits_by_temperature` returns the logits
+    # themselves at temperature 1 (the trainer hands it the rollout's scalar). So a no-grad
+    # forward holds the bf16 logits (2 B) and no fp32 copy. The runs read 4: the GSM8K
+    # quickstart's old_log_prob (h100x1-ppo) 2.64 GiB over its tokens x 151,936, 4.0 B; 7b-lora's
+    # packed runs 3.7. The other 2 are not tied to an operation (likely the caching allocator's
+    # block of the previous micro-batch's logits, packed micro-batches differing in tokens).
+    # The update saves each row's fp32 log_softmax for backward and takes the logits' gradient:
+    # `logits_train_bytes` on both paths (the quickstart's update_actor reads within 4% of it).
+    logits_fwd_bytes_packed: int = 4
     # Memory vLLM's profile run counts inside its budget beyond weights, the profiled activations
     # and the sampler (its process's CUDA context, cuBLAS workspace, allocator slack). Measured,
     # not a prior: vLLM 0.24 on an H200, Llama-2-7B at 0.63 x 24 GiB, max_num_batched_tokens 4096,
@@ -352,7 +368,13 @@ def _fsdp_work(s: Setup, role: Role, critic: bool, train: bool, c: Constants) ->
             Term(f"{who} forward transient ({t} tokens)", t * a.forward_transient_bytes_per_token(), "trainer")
         )
     if not critic:
-        per = (c.logits_train_bytes if train else c.logits_fwd_bytes) + a.logits_softcap_bytes
+        if train:
+            per = c.logits_train_bytes
+        elif s.remove_padding and s.torch_compile:  # the entropy compiled: see logits_fwd_bytes_packed
+            per = c.logits_fwd_bytes_packed
+        else:
+            per = c.logits_fwd_bytes
+        per += a.logits_softcap_bytes
         terms.append(Term(f"{who} logits ({t} x {a.vocab} x {per} B)", t * a.vocab * per, "trainer"))
     return terms
 
