@@ -150,6 +150,9 @@ case "$cmd" in
     ;;
   exec)
     [[ $# -gt 0 ]] || { echo "usage: gpu/offline-host.sh exec CMD [ARGS...]" >&2; exit 2; }
+    if [[ -z "${VERL_RECIPES_GIT_COMMIT:-}" ]]; then
+      echo "exec: VERL_RECIPES_GIT_COMMIT is not set: a run made here records this host's .git commit, not the carried tree's" >&2
+    fi
     exec "$@"
     ;;
   wait)

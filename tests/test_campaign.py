@@ -333,7 +333,9 @@ def test_start_takes_the_carried_trees_commit_and_every_run_records_it(root: Pat
     old commit (a run recorded 625ea80e...-dirty for a tree two days newer). `start` refuses, in
     one line, to run without VERL_RECIPES_GIT_COMMIT (or with something that is not a commit),
     and with it every process of the campaign records that commit through provenance's
-    `git_commit`, and `wait` names it."""
+    `git_commit`, and `wait` names it; `exec` says in one line when it is not set."""
+    import time
+
     bindir = Path(sys.executable).parent
     if not (bindir / "verl-recipes").exists():
         pytest.skip(f"verl-recipes is not installed beside {sys.executable} (pip install -e .)")
@@ -356,7 +358,13 @@ def test_start_takes_the_carried_trees_commit_and_every_run_records_it(root: Pat
     commit = "0123456789abcdef0123456789abcdef01234567-dirty"
     r = _offline_host(root, env | {"VERL_RECIPES_GIT_COMMIT": commit}, "start", str(campaign), "", "one")
     assert r.returncode == 0 and f"campaign started at commit {commit}" in r.stdout, r.stderr
-    w = _offline_host(root, env, "wait", "50", str(tmp_path / "out"))
+    deadline = time.monotonic() + 50
+    while not (camp / "one" / "DONE").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    w = _offline_host(root, env, "wait", "5", str(tmp_path / "out"))
     assert w.returncode == 0 and w.stdout.strip().endswith("CAMPAIGN DONE"), w.stdout
     assert f"=== one at commit {commit}" in w.stdout
     assert (camp / "one" / "runs" / "commit" / "commit").read_text().strip() == commit
+    x = _offline_host(root, env, "exec", "true")
+    assert x.returncode == 0 and "exec: VERL_RECIPES_GIT_COMMIT is not set" in x.stderr
+    assert _offline_host(root, env | {"VERL_RECIPES_GIT_COMMIT": commit}, "exec", "true").stderr == ""
