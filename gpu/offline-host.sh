@@ -16,7 +16,8 @@
 #                                           start gpu/campaign.sh CAMPAIGN in the background (survives
 #                                           this shell); with GPUS (e.g. 0 or 0,1) it runs on those GPUs only,
 #                                           in $CAMPAIGN_DIR/gpus-GPUS (or $CAMPAIGN_DIR/NAME), so one campaign
-#                                           per GPU set, or two small ones on one GPU, run at once
+#                                           per GPU set, or two small ones on one GPU, run at once;
+#                                           VERL_RECIPES_GIT_COMMIT (the carried tree's commit) is required
 #   gpu/offline-host.sh exec CMD [ARGS...]  run CMD in the same environment (e.g. the GPU-marked tests)
 #   gpu/offline-host.sh wait SECONDS [OUT]  wait for every campaign (at most SECONDS), print their status,
 #                                           and pack the results into OUT/results.tgz
@@ -135,13 +136,23 @@ case "$cmd" in
     # what campaign.sh would refuse in the background is refused here, where the caller sees it
     [[ -f "$campaign" ]] || { echo "start: no campaign file $campaign" >&2; exit 2; }
     command -v verl-recipes >/dev/null || { echo "start: verl-recipes is not on PATH (nothing installed in $SITE); run gpu/offline-host.sh install first" >&2; exit 2; }
+    # The tree travels without an up-to-date .git, so `git rev-parse` here names an old commit:
+    # every run's provenance.json takes the commit from VERL_RECIPES_GIT_COMMIT, given by the side
+    # that carried the tree (its `git rev-parse HEAD`, with -dirty for uncommitted changes).
+    commit=${VERL_RECIPES_GIT_COMMIT:-}
+    [[ "$commit" =~ ^[0-9a-f]{7,40}(-dirty)?$ ]] || { echo "start: set VERL_RECIPES_GIT_COMMIT to the commit of the tree you carried (\`git rev-parse HEAD\` on your side, -dirty appended for uncommitted changes), not '${commit}': this host's .git names another" >&2; exit 2; }
+    export VERL_RECIPES_GIT_COMMIT="$commit"
     mkdir -p "$dir"
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES="$gpus"; fi
     setsid nohup bash "$here/campaign.sh" "$campaign" "$dir" >"$dir/campaign.log" 2>&1 </dev/null &
-    echo "campaign started: $dir/campaign.log"
+    echo "$commit" >"$dir/COMMIT"
+    echo "campaign started at commit $commit: $dir/campaign.log"
     ;;
   exec)
     [[ $# -gt 0 ]] || { echo "usage: gpu/offline-host.sh exec CMD [ARGS...]" >&2; exit 2; }
+    if [[ -z "${VERL_RECIPES_GIT_COMMIT:-}" ]]; then
+      echo "exec: VERL_RECIPES_GIT_COMMIT is not set: a run made here records this host's .git commit, not the carried tree's" >&2
+    fi
     exec "$@"
     ;;
   wait)
@@ -177,7 +188,9 @@ case "$cmd" in
     trap - TERM INT
     pack
     for d in "$CAMPAIGN_DIR"/*/; do
-      echo "=== $(basename "$d")"
+      at=""
+      if [[ -f "$d/COMMIT" ]]; then at=" at commit $(cat "$d/COMMIT")"; fi
+      echo "=== $(basename "$d")$at"
       echo "--- status"; cat "$d/status.tsv" 2>/dev/null || true
       echo "--- campaign.log (tail)"; tail -n 8 "$d/campaign.log" 2>/dev/null || true
       # shellcheck disable=SC2012  # newest run folder; names are ours

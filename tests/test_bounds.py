@@ -260,3 +260,24 @@ def test_a_rank_that_ran_its_share_of_the_pools_is_not_held_to_whole_pool_host_b
     assert "host RSS peak" in capsys.readouterr().out
     with pytest.raises(RecipeError, match="one file each"):
         write_bounds([root / RANK_RUN, run], tmp_path / "mixed.yaml", get_recipe("13b-fsdp"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "give a recipe id or --verl-example NAME"),
+        (["7b-lora", "--verl-example", "gsm8k-quickstart"], "give a recipe id or --verl-example NAME"),
+        (["7b-lora", "--set", "data.train_batch_size=8"], "--set applies to --verl-example"),
+        (["--verl-example", "gsm8k-quickstart"], "validation/verl-examples/expected/gsm8k-quickstart/"),
+        (["--verl-example", "gsm8k-quickstar"], "did you mean gsm8k-quickstart?"),
+    ],
+)
+def test_check_bounds_of_a_verl_example_refuses_bad_input_in_one_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A verl example's runs are held to bounds under validation/verl-examples/expected/NAME/
+    (`check-bounds --verl-example NAME`); a recipe and an example at once, neither, or an example
+    with no bounds yet is one line, exit 2."""
+    assert main(["check-bounds", *argv]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and says in err[0], err

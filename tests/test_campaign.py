@@ -326,3 +326,45 @@ def test_the_prod_batch_campaigns_name_their_runs_by_the_rule(campaign: str) -> 
     variants = get_recipe("7b-lora").variants
     for name, _, _, _ in _campaign_lines(CAMPAIGNS / campaign):
         assert parse_run_name(name.removeprefix("7b-lora/"), variants).n == 1, f"{campaign}: {name}"
+
+
+def test_start_takes_the_carried_trees_commit_and_every_run_records_it(root: Path, tmp_path: Path) -> None:
+    """The tree reaches a GPU host without an up-to-date .git, so `git rev-parse` there names an
+    old commit (a run recorded 625ea80e...-dirty for a tree two days newer). `start` refuses, in
+    one line, to run without VERL_RECIPES_GIT_COMMIT (or with something that is not a commit),
+    and with it every process of the campaign records that commit through provenance's
+    `git_commit`, and `wait` names it; `exec` says in one line when it is not set."""
+    import time
+
+    bindir = Path(sys.executable).parent
+    if not (bindir / "verl-recipes").exists():
+        pytest.skip(f"verl-recipes is not installed beside {sys.executable} (pip install -e .)")
+    camp = tmp_path / "campaign"
+    script = tmp_path / "commit.sh"
+    # a campaign's `bash SCRIPT` line gets its run folder first; the script asks provenance for the commit
+    script.write_text(
+        'python3 -c "from verl_recipes.measure.provenance import git_commit; print(git_commit())" >"$1/commit"\n'
+    )
+    campaign = tmp_path / "c.txt"
+    campaign.write_text(f"commit|60|-|bash {script}\n")
+    env = {k: v for k, v in os.environ.items() if k != "VERL_RECIPES_GIT_COMMIT"}
+    env |= {"PATH": f"{bindir}:/usr/bin:/bin", "CAMPAIGN_DIR": str(camp), "SITE": str(tmp_path / "site")}
+    for value in (None, "HEAD", "625ea8"):
+        r = _offline_host(root, env | ({"VERL_RECIPES_GIT_COMMIT": value} if value else {}), "start", str(campaign))
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and r.stdout == "", (value, r.stdout, r.stderr)
+        assert len(lines) == 1 and "set VERL_RECIPES_GIT_COMMIT to the commit of the tree you carried" in lines[0]
+        assert not camp.exists()
+    commit = "0123456789abcdef0123456789abcdef01234567-dirty"
+    r = _offline_host(root, env | {"VERL_RECIPES_GIT_COMMIT": commit}, "start", str(campaign), "", "one")
+    assert r.returncode == 0 and f"campaign started at commit {commit}" in r.stdout, r.stderr
+    deadline = time.monotonic() + 50
+    while not (camp / "one" / "DONE").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    w = _offline_host(root, env, "wait", "5", str(tmp_path / "out"))
+    assert w.returncode == 0 and w.stdout.strip().endswith("CAMPAIGN DONE"), w.stdout
+    assert f"=== one at commit {commit}" in w.stdout
+    assert (camp / "one" / "runs" / "commit" / "commit").read_text().strip() == commit
+    x = _offline_host(root, env, "exec", "true")
+    assert x.returncode == 0 and "exec: VERL_RECIPES_GIT_COMMIT is not set" in x.stderr
+    assert _offline_host(root, env | {"VERL_RECIPES_GIT_COMMIT": commit}, "exec", "true").stderr == ""

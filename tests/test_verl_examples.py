@@ -189,3 +189,41 @@ def test_train_rehearses_on_a_cpu_the_job_plan_judged(
     assert cfg.actor_rollout_ref.actor.entropy_from_logits_with_chunking is True  # kept, as written
     _, planned = compose_job(verl_job(read_script(SCRIPT), "every-construct"))
     assert setup_from_config(cfg, planned.arch) == planned
+
+
+def test_each_committed_run_shows_its_host_pss_and_the_planners_error_per_phase() -> None:
+    """Beside the predicted host RAM of an entry's node, each committed run's measured host PSS
+    peak (summary.json's peak.host.pss_gib) and the PSS peak predicted for what it ran, a rank
+    rehearsal's being its rank's share of the node; in "behind it", the planner's error per phase.
+    Both are the figures validation/planner-errors.md gives the same run (its device rows on GPU 0
+    and its host row `peak`), so the table and the error table cannot tell two stories."""
+    import json
+
+    from verl_recipes.rundir import read_provenance
+
+    errors = (SUITE.parents[1] / "validation" / "planner-errors.md").read_text().splitlines()
+    table = (SUITE / "table.md").read_text()
+    readme = (SUITE.parents[1] / "README.md").read_text()
+    runs = sorted(p.parent for p in (SUITE / "results").glob("*/*/summary.json"))
+    assert runs
+    for run in runs:
+        entry, name = run.parent.name, f"{run.parent.name}/{run.name}"
+        label = f"validation/verl-examples/results/{name}"
+        rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in errors if ln.startswith(f"| {label} |")]
+        device = [r for r in rows if len(r) == 7 and r[2] == "0"]
+        [host] = [r for r in rows if len(r) == 10 and r[1] == "peak"]
+        assert device, f"{label}: no device rows in validation/planner-errors.md"
+        pss = json.loads((run / "summary.json").read_text())["peak"]["host"]["pss_gib"]
+        assert f"{float(pss):.2f}" == host[6]
+        rank = read_provenance(run).rank_rehearsal
+        share = f"rank {rank.rank} of {rank.world}'s share of the node " if rank else ""
+        held = f"{share}{host[7]} predicted"
+        want_host = f"{name}: PSS peak {host[6]} measured, {held} ({host[8]})"
+        want_errors = "planner's error per phase: " + ", ".join(f"{r[1]} {r[5]}" for r in device)
+        for text in (table, readme):
+            row = next(ln for ln in text.splitlines() if ln.startswith(f"| [{entry}]("))
+            cells = [c.strip() for c in row.split("|")[1:-1]]
+            host_cell = next(c for c in cells if "PSS peak" in c)
+            assert host_cell.split("<br>")[0].endswith(" predicted"), host_cell
+            assert want_host in host_cell.split("<br>"), (want_host, host_cell)
+            assert want_errors in row, (want_errors, row)

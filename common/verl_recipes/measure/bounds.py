@@ -14,6 +14,10 @@ recipe describes (a smaller batch, a skipped critic), so it fails as loudly as a
 one-sided: a slower step (or fewer tokens/s) than the band fails; a faster one passes with a note
 to refresh the bounds.
 
+A verl example of the suite (`--verl-example NAME` instead of a recipe id) keeps its bounds the
+same way under validation/verl-examples/expected/NAME/, its runs under results/NAME/
+(`recipe.verl_suite.example_recipe`).
+
 GPUs are compared by their position in the run (0 = the run's first GPU), not by NVML index, so a
 run on CUDA_VISIBLE_DEVICES=1 is checked against bounds measured on GPU 0.
 
@@ -42,6 +46,7 @@ import yaml
 from verl_recipes import RecipeError, inflight
 from verl_recipes.layout import POOLS_SHARED
 from verl_recipes.recipe.metadata import Recipe, get_recipe
+from verl_recipes.recipe.verl_suite import example_recipe
 from verl_recipes.rundir import Summary, read_provenance, read_summary, steady_steps
 from verl_recipes.worker.markers import VERL_PHASES
 
@@ -263,7 +268,21 @@ def check_bounds(recipe: Recipe, run: Path | None = None, expected: str | None =
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check-bounds", help="check a run's memory and throughput against a recipe's bounds")
-    p.add_argument("recipe")
+    p.add_argument("recipe", nargs="?")
+    p.add_argument(
+        "--verl-example",
+        metavar="NAME",
+        help="a verl example of validation/verl-examples/suite.yaml instead of a recipe: its bounds "
+        "under validation/verl-examples/expected/NAME/, its runs under results/NAME/",
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --verl-example: a --set line the entry needs to map (as `train` and `plan` take it)",
+    )
     p.add_argument("--run", type=Path, help="a run folder (default: each bounds file's source run)")
     p.add_argument("--expected", help="one bounds file, relative to the recipe folder")
     p.add_argument(
@@ -279,7 +298,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = get_recipe(args.recipe)
+    if bool(args.recipe) == bool(args.verl_example):
+        raise RecipeError("check-bounds: give a recipe id or --verl-example NAME (one of them)")
+    if args.sets and not args.verl_example:
+        raise RecipeError("check-bounds: --set applies to --verl-example; a recipe's runs name their own")
+    recipe = example_recipe(args.verl_example, args.sets) if args.verl_example else get_recipe(args.recipe)
+    if args.verl_example and not (recipe.expected or args.expected or args.write_bounds):
+        raise RecipeError(
+            f"verl example {recipe.id} has no bounds yet; measure a run and write them with `verl-recipes "
+            f"check-bounds --verl-example {recipe.id} --write-bounds RUN --out "
+            f"validation/verl-examples/expected/{recipe.id}/<run name>.yaml`"
+        )
     if args.write_bounds:
         if not args.out:
             raise RecipeError("--write-bounds needs --out recipes/<id>/expected/<name>.yaml")

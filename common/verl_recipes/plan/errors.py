@@ -43,7 +43,7 @@ from verl_recipes.plan.comm_fit import write_fit as write_comm_fit
 from verl_recipes.plan.host_fits import write_fits
 from verl_recipes.plan.host_runs import format_rows, host_rows
 from verl_recipes.plan.host_runs import markdown as host_markdown
-from verl_recipes.plan.runs import committed_runs, judged_setup, residual_line
+from verl_recipes.plan.runs import MeasuredRun, committed_runs, judged_setup, residual_line
 from verl_recipes.plan.spread import write_spread
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.host import FITTED, load_fits
@@ -66,27 +66,33 @@ class Row:
 def error_rows(root: Path | None = None, tolerance: float = 0.10, c: Constants | None = None) -> tuple[list[Row], bool]:
     """Predicted vs measured for every committed run: (rows, every |error| <= tolerance)."""
     base = root or repo_root()
-    rows: list[Row] = []
-    for run in committed_runs(base):
-        if not run.phases:
-            raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU run cannot check the planner")
-        setup = judged_setup(run)
-        label = str(run.run_dir.relative_to(base))
-        for idx, total in sorted(run.gpu_totals.items()):
-            gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
-            plan = plan_gpu(setup, gpu, c)
-            for phase, per_gpu in run.phases.items():
-                pp = plan.phase(phase)
-                if pp is None or idx not in per_gpu:
-                    continue  # a phase the planner does not model (step, reward, adv, testing, ...)
-                predicted = pp.total
-                sync = plan.phase("update_weights")
-                if phase == "outside" and sync is not None:  # `outside` includes verl's first sync
-                    predicted = max(predicted, sync.total)
-                rows.append(Row(label, phase, idx, per_gpu[idx], predicted))
+    rows = [r for run in committed_runs(base) for r in run_error_rows(run, str(run.run_dir.relative_to(base)), c)]
     rows.sort(key=lambda r: (r.run, PHASES.index(r.phase), r.gpu))
     ok = bool(rows) and all(abs(r.error) <= tolerance for r in rows)
     return rows, ok
+
+
+def run_error_rows(run: MeasuredRun, label: str, c: Constants | None = None) -> list[Row]:
+    """Predicted vs measured for one run, every phase the planner models on every GPU, in the
+    run's phase order; `label` names the run in each row. A rank rehearsal is planned as the rank
+    it stood in for (`judged_setup`)."""
+    if not run.phases:
+        raise RecipeError(f"{run.path}: no per-phase GPU peaks (NVML); a CPU run cannot check the planner")
+    setup = judged_setup(run)
+    rows: list[Row] = []
+    for idx, total in sorted(run.gpu_totals.items()):
+        gpu = GPU(id=run.gpu_name or "measured", name=run.gpu_name, memory_bytes=total, visible_bytes=total)
+        plan = plan_gpu(setup, gpu, c)
+        for phase, per_gpu in run.phases.items():
+            pp = plan.phase(phase)
+            if pp is None or idx not in per_gpu:
+                continue  # a phase the planner does not model (step, reward, adv, testing, ...)
+            predicted = pp.total
+            sync = plan.phase("update_weights")
+            if phase == "outside" and sync is not None:  # `outside` includes verl's first sync
+                predicted = max(predicted, sync.total)
+            rows.append(Row(label, phase, idx, per_gpu[idx], predicted))
+    return rows
 
 
 def format_table(rows: list[Row], tolerance: float) -> str:

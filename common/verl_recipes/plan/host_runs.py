@@ -113,22 +113,27 @@ def predicted(hp: HostPlan, stepped: bool) -> dict[str, tuple[int, int]]:
 def host_rows(root: Path, fits: Mapping[str, HostConstants] = FITTED) -> list[HostRow]:
     """Measured vs predicted host RAM for every committed run that recorded it, each predicted from
     its configuration's fit of `fits`."""
-    rows: list[HostRow] = []
-    for run in committed_runs(root):
-        got = measured(run)
-        if not got:
+    return [r for run in committed_runs(root) for r in run_host_rows(run, str(run.run_dir.relative_to(root)), fits)]
+
+
+def run_host_rows(run: MeasuredRun, label: str, fits: Mapping[str, HostConstants] = FITTED) -> list[HostRow]:
+    """Measured vs predicted host RAM of one run, moment by moment (`ROWS`), none where it recorded
+    none. A rank rehearsal is held to its rank's share of the node: `plan_host` with one rank's
+    processes, and its share of the CPU worker pools where it ran only its share."""
+    got = measured(run)
+    if not got:
+        return []
+    s = run_setup(run)
+    prov = run.provenance
+    ranks = 1 if prov.rank_rehearsal else None
+    hp = plan_host(s, run.fixes_off, run_fit(run, s, fits), ranks_here=ranks, pools_shared=prov.rank_pools_shared)
+    want = predicted(hp, stepped=bool(run.raw.get("steps")))
+    rows = []
+    for moment in ROWS:
+        if moment not in got:
             continue
-        s = run_setup(run)
-        prov = run.provenance
-        ranks = 1 if prov.rank_rehearsal else None
-        hp = plan_host(s, run.fixes_off, run_fit(run, s, fits), ranks_here=ranks, pools_shared=prov.rank_pools_shared)
-        want = predicted(hp, stepped=bool(run.raw.get("steps")))
-        label = str(run.run_dir.relative_to(root))
-        for moment in ROWS:
-            if moment not in got:
-                continue
-            (m_rss, m_pss), (p_rss, p_pss) = got[moment], want[moment]
-            rows.append(HostRow(label, moment, hp.cpu_backup_sync, m_rss, p_rss, m_pss, p_pss))
+        (m_rss, m_pss), (p_rss, p_pss) = got[moment], want[moment]
+        rows.append(HostRow(label, moment, hp.cpu_backup_sync, m_rss, p_rss, m_pss, p_pss))
     return rows
 
 

@@ -17,12 +17,14 @@ from typing import Any
 from verl_recipes import GIB, RecipeError
 from verl_recipes.layout import RankSpec
 from verl_recipes.paths import repo_root
+from verl_recipes.plan.errors import run_error_rows
+from verl_recipes.plan.host_runs import run_host_rows
 from verl_recipes.plan.runs import VERL_EXAMPLES, read_run, results_dir
 from verl_recipes.predict.gpus import parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
-from verl_recipes.predict.phases import Constants, plan_gpu
+from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
 from verl_recipes.predict.verl_keys import not_modelled
 from verl_recipes.recipe.run_config import compose_run
 from verl_recipes.recipe.verl_job import VerlJob, verl_job
@@ -94,27 +96,59 @@ class Measured:
     phase: str  # the phase of that peak
     date: str  # the day it ran (provenance)
     rank: RankSpec | None  # a rank rehearsal's rank and world
+    # the planner's error, (predicted - measured) / measured, per phase on the run's first GPU, as
+    # validation/planner-errors.md gives it (`errors.run_error_rows`: a rank planned as that rank)
+    errors: tuple[tuple[str, float], ...] = ()
+    host_pss_gib: float | None = None  # its host PSS peak (summary.json's peak.host.pss_gib)
+    # the PSS peak predicted for what it ran (`host_runs.run_host_rows`, moment `peak`): the node's
+    # for a whole job, one rank's share of the node for a rank rehearsal
+    host_predicted_gib: float | None = None
 
     def words(self, base: str) -> str:
         """`base` is the link's path to the results folder from the file the words go into."""
         rank = f", rank rehearsal ({self.rank.rank} of {self.rank.world})" if self.rank else ""
+        errors = ", ".join(f"{ph} {e:+.1%}" for ph, e in self.errors)
+        per_phase = f"; planner's error per phase: {errors}" if errors else ""
         return (
             f"measured{rank}: [{self.name}]({base}/{self.name}/report.md), {self.peak_gib:.2f} GiB "
-            f"({self.phase}) on one {self.gpu}, {self.date}"
+            f"({self.phase}) on one {self.gpu}, {self.date}{per_phase}"
         )
+
+    def host_words(self) -> str:
+        """The measured host PSS peak beside the prediction it is held to, or "" without one."""
+        if self.host_pss_gib is None or self.host_predicted_gib is None:
+            return ""
+        err = (self.host_predicted_gib - self.host_pss_gib) / self.host_pss_gib
+        held = (
+            f"rank {self.rank.rank} of {self.rank.world}'s share of the node {self.host_predicted_gib:.2f} predicted"
+            if self.rank
+            else f"{self.host_predicted_gib:.2f} predicted"
+        )
+        return f"{self.name}: PSS peak {self.host_pss_gib:.2f} measured, {held} ({err:+.1%})"
 
 
 def measured_runs() -> dict[str, tuple[Measured, ...]]:
     """The committed runs of the suite's entries, by entry (the recipe their provenance names)."""
     out: dict[str, list[Measured]] = {}
-    base = results_dir(repo_root() / VERL_EXAMPLES)
+    root = repo_root()
+    base = results_dir(root / VERL_EXAMPLES)
     for d in found(base):
         prov = read_provenance(d)
         run = read_run(d)
         phase, per = max(run.phases.items(), key=lambda kv: max(kv[1].values()))
         gib = max(per.values()) / GIB
         day = (prov.date_utc or "")[:10]
-        m = Measured(str(d.relative_to(base)), run.gpu_name, gib, phase, day, prov.rank_rehearsal)
+        label = str(d.relative_to(root))
+        first = min(run.gpu_totals, default=0)
+        errors = tuple(
+            (r.phase, r.error)
+            for r in sorted(run_error_rows(run, label), key=lambda r: PHASES.index(r.phase))
+            if r.gpu == first
+        )
+        peak = next((r for r in run_host_rows(run, label) if r.moment == "peak"), None)
+        pss = peak.measured_pss / GIB if peak and peak.measured_pss else None
+        host = peak.predicted_pss / GIB if peak else None
+        m = Measured(str(d.relative_to(base)), run.gpu_name, gib, phase, day, prov.rank_rehearsal, errors, pss, host)
         out.setdefault(prov.recipe or "", []).append(m)
     return {k: tuple(v) for k, v in out.items()}
 
@@ -163,9 +197,16 @@ def _full_row(r: Row) -> str:
         for gid, vals, fits in r.per_gpu
     )
     return (
-        f"| {r.link} | {r.world} | {'/'.join(r.phases)}: {cells} | {r.host_gib:.1f} | {_behind(r, 'results')} "
+        f"| {r.link} | {r.world} | {'/'.join(r.phases)}: {cells} | {_host(r, '')} | {_behind(r, 'results')} "
         f"| {', '.join(r.not_modelled) or '-'} |"
     )
+
+
+def _host(r: Row, unit: str) -> str:
+    """The host RAM cell: the node's predicted PSS peak, then each committed run's measured PSS
+    peak beside the prediction for what it ran (a rank rehearsal: its rank's share of the node)."""
+    runs = [w for m in r.measured if (w := m.host_words())]
+    return "<br>".join([f"{r.host_gib:.1f}{unit}" + (" predicted" if runs else ""), *runs])
 
 
 def _behind(r: Row, base: str) -> str:
@@ -183,7 +224,7 @@ def summary(rows: list[Row]) -> str:
             continue
         peaks = " | ".join(f"{max(vals):.1f} GiB ({'fits' if fits else 'does NOT fit'})" for _, vals, fits in r.per_gpu)
         behind = _behind(r, "validation/verl-examples/results")
-        lines.append(f"| {r.link} | {r.world} | {peaks} | {r.host_gib:.1f} GiB | {behind} |")
+        lines.append(f"| {r.link} | {r.world} | {peaks} | {_host(r, ' GiB')} | {behind} |")
     refused = [r for r in rows if r.why and not r.out]
     out = [r for r in rows if r.out]
     lines += [
@@ -214,8 +255,12 @@ def suite_table(rows: list[Row] | None = None) -> str:
         "Per-GPU peaks are GiB (1024^3) per phase, in the order named, PREDICTED by the planner on each",
         'job\'s own GPU count; host RAM is the predicted PSS peak of one node. "behind it" names each',
         "entry's runs committed in `results/` (`verl-recipes train --verl-example NAME`), with the",
-        "device peak measured over every phase beside the prediction; an entry without one is a",
-        "prediction only.",
+        "device peak measured over every phase beside the prediction and the planner's error per phase",
+        "((predicted - measured) / measured, as `validation/planner-errors.md` gives it, a rank rehearsal",
+        "planned as its rank); an entry without one is a prediction only. Under the host RAM, each run's",
+        "measured host PSS peak beside the PSS peak predicted for what it ran: the node's, or for a rank",
+        "rehearsal its rank's share of the node (one rank's processes and its share of the job's CPU",
+        "worker pools, `predict/host.py`'s `plan_host`).",
         "",
         "| example | nodes x GPUs | predicted peak per GPU, GiB, per phase | host RAM per node, GiB "
         "| behind it | keys not modelled |",

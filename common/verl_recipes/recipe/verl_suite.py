@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import yaml
 
 from verl_recipes import RecipeError, inflight
 from verl_recipes.paths import repo_root
+from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.recipe.verl_command import Override, VerlCommand, read_text
 from verl_recipes.recipe.verl_job import verl_job
 
@@ -93,6 +95,17 @@ def load_suite(path: Path | None = None) -> dict[str, Entry]:
             out=e.get("out"),
         )
     return out
+
+
+def example_recipe(name: str, sets: Sequence[str] = ()) -> Recipe:
+    """A suite entry as `check-bounds` holds its runs: the job's recipe (`verl_job`, with the
+    user's `--set` lines where the entry needs one to map) in validation/verl-examples, its runs
+    under results/NAME/ and its bounds files under expected/NAME/, named by the rule as a recipe's
+    are (`expected/NAME/h100x1-ppo-rank0of1.yaml`)."""
+    e = entry(name)
+    base = suite_file().parent
+    expected = sorted(str(p.relative_to(base)) for p in (base / "expected" / name).glob("*.yaml"))
+    return verl_job(e.command(), e.name, sets).recipe.model_copy(update={"dir": base, "expected": expected})
 
 
 def entry(name: str) -> Entry:
