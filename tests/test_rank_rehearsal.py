@@ -146,6 +146,17 @@ def test_a_tp2_rollout_becomes_one_tp1_replica_of_the_ranks_stand_in() -> None:
     assert rollout_stand_in(gqa, 16)["num_key_value_heads"] == 1
 
 
+def test_a_qwen2_stand_in_keeps_its_heads_whole_since_vllm_sizes_them_from_the_hidden_size() -> None:
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
+
+    # Qwen2-7B: 28 heads of 128 over a hidden size of 3584; vLLM's Qwen2 would make 14 heads of 256
+    qwen2 = shape_config(resolve_arch("qwen2-7b"))
+    assert rollout_stand_in(qwen2, 2) == {"intermediate_size": 18944 // 2}
+    # the same widths under a model class that reads head_dim split their heads
+    assert rollout_stand_in({**qwen2, "model_type": "llama"}, 2)["num_attention_heads"] == 14
+
+
 def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:
     pytest.importorskip("verl")
     with pytest.raises(RecipeError, match="does not split over 2 data-parallel ranks"):

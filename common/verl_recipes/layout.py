@@ -180,6 +180,11 @@ def pool_share(n: int, world: int, ranks: int = 1) -> int:
     return max(1, -(-n * ranks // max(world, 1)))
 
 
+# vLLM 0.24.0's model classes that size a head as hidden_size // num_attention_heads whatever the
+# config's head_dim says (vllm/model_executor/models/qwen2.py:152, qwen2_moe.py:225), by HF model_type
+HEAD_SIZE_FROM_HIDDEN = frozenset({"qwen2", "qwen2_moe"})
+
+
 def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     """The HF config overrides that make a TP1 vLLM model hold what one rank of TP=`tp` holds.
 
@@ -192,6 +197,14 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     output layer hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones
     every rank gathers), so every prompt token has a row. What the stand-in leaves out is labelled
     where its numbers are shown: vLLM's custom all-reduce buffers and NCCL communicators.
+
+    Some of vLLM's model classes take the head size as hidden size / heads and never read
+    ``head_dim`` (`HEAD_SIZE_FROM_HIDDEN`): with heads/tp their layers would hold heads of twice
+    the size while the attention backend plans for the config's, and FlashAttention 3 stops at the
+    profile run ("scheduler_metadata must have shape (metadata_size)", Qwen2-7B at TP2 on an H100,
+    2026-12-07). Those keep their heads whole and split the MLP only: the rank's vLLM then holds
+    (1 - 1/tp) of the attention weights more and as much less KV cache, within the same
+    ``gpu_memory_utilization``, so its device total is the rank's.
     """
     heads = int(arch["num_attention_heads"])
     kv = int(arch.get("num_key_value_heads") or heads)
@@ -200,6 +213,8 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     for name, size in (("attention heads", heads), ("intermediate size", inter)):
         if size % tp:
             raise RecipeError(f"the model's {name} ({size}) do not split over rollout TP={tp}: vLLM refuses it too")
+    if arch.get("model_type") in HEAD_SIZE_FROM_HIDDEN:
+        return {"intermediate_size": inter // tp}
     return {
         "num_attention_heads": heads // tp,
         "num_key_value_heads": max(1, kv // tp),
