@@ -6,6 +6,7 @@ rehearsal runs `train` whole on this CPU (tiny synthetic model, verl's own datas
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,15 @@ def test_plan_of_a_script_says_what_it_mapped_and_what_it_does_not_model(
                 "-m",
                 "verl.trainer.main_ppo",
                 "actor_rollout_ref.model.path=Qwen/Qwen3-0.6B",
-                "critic.model.fsdp_config.param_offload=False",
+                "critic.model.fsdp_config.param_ofload=False",
             ],
-            "unknown verl config key 'critic.model.fsdp_config'",
+            # a key neither schema has, in a section verl moved: looked for under the new name
+            "unknown verl config key 'critic.model.fsdp_config.param_ofload'; "
+            "did you mean 'critic.fsdp.param_offload'?",
+        ),
+        (
+            ["--verl-example", "ppo-deepseek7b-llm"],
+            "'trainer.use_legacy_worker_impl': verl's schema had it at commit b178a3cd5, verl 0.9.1's has no such key",
         ),
         (
             [
@@ -82,6 +89,37 @@ def test_plan_of_a_script_says_what_it_mapped_and_what_it_does_not_model(
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *argv]) == 2
     assert says in _err(capsys)
+
+
+def test_a_key_verl_moved_since_the_scripts_commit_plans_under_its_new_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """b178a3cd5's critic.model.fsdp_config.* is verl 0.9.1's critic.fsdp.*: the example plans, the
+    header says each rename, and the planner reads the offload under its 0.9.1 name."""
+    argv = ["plan", "--verl-example", "ppo-gemma", "--gpu", "h100-80g", "--json"]
+    assert main([*argv, "--set", "critic.fsdp.param_offload=true"]) in (0, 3)
+    doc = json.loads(capsys.readouterr().out)
+    assert (
+        "critic.model.fsdp_config.param_offload=false -> critic.fsdp.param_offload (verl 0.9.1's name for the key; "
+        "recipe/verl_renames.yaml)"
+    ) in doc["verl_job"]["mapped"]
+    assert main(argv) in (0, 3)
+    kept = json.loads(capsys.readouterr().out)
+    # the user's --set came after the job's renamed line and moved the critic's weights off the GPU
+    outside = [d["gpus"][0]["phases"]["outside"]["total_bytes"] for d in (doc, kept)]
+    assert outside[0] < outside[1], outside
+
+
+def test_the_rename_table_is_what_both_schemas_give_now() -> None:
+    """recipe/verl_renames.yaml derived again from the committed b178a3cd5 extract and the
+    installed verl's generated schema: a verl upgrade that moves or restores a key shows here."""
+    from verl_recipes.recipe import verl_renames as vr
+
+    again = "regenerate: python -m verl_recipes.recipe.verl_renames --write"
+    assert vr.table_text(vr.extract_types(), vr.installed_types()) == vr.TABLE_FILE.read_text(), again
+    assert vr.renamed("critic.model.fsdp_config.optimizer_offload") == "critic.fsdp.optimizer_offload"
+    # a section with no single new home (reward_model.model.fsdp_config) is not guessed at
+    assert vr.renamed("reward_model.model.fsdp_config.param_offload") is None
 
 
 def test_the_suite_records_each_script_and_why_one_is_out() -> None:
