@@ -17,12 +17,14 @@ from typing import Any
 from verl_recipes import GIB, RecipeError
 from verl_recipes.layout import RankSpec
 from verl_recipes.paths import repo_root
+from verl_recipes.plan.advice import verdict_margin
 from verl_recipes.plan.errors import run_error_rows
 from verl_recipes.plan.host_runs import run_host_rows
 from verl_recipes.plan.runs import VERL_EXAMPLES, read_run, results_dir
 from verl_recipes.predict.gpus import parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup, setup_from_config
+from verl_recipes.predict.margin import load_spread
 from verl_recipes.predict.model import Arch
 from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
 from verl_recipes.predict.verl_keys import not_modelled
@@ -78,7 +80,8 @@ class Row:
     why: str | None = None  # the line an entry that is out or does not plan gives
     out: bool = False
     phases: tuple[str, ...] = ()
-    per_gpu: tuple[tuple[str, tuple[float, ...], bool], ...] = ()  # (GPU id, GiB per phase, fits)
+    # (GPU id, GiB per phase, the verdict in `predict.margin`'s words: fits, tight, does not fit)
+    per_gpu: tuple[tuple[str, tuple[float, ...], str], ...] = ()
     host_gib: float = 0.0
     not_modelled: tuple[str, ...] = ()
     measured: tuple[Measured, ...] = ()  # the entry's committed runs
@@ -158,6 +161,7 @@ def suite_plans() -> list[Row]:
 
     gpus = [parse_gpu(g) for g in TABLE_GPUS]
     c = Constants()
+    spread = load_spread()
     ran = measured_runs()
     rows = []
     for name, e in load_suite().items():
@@ -178,7 +182,14 @@ def suite_plans() -> list[Row]:
                 link,
                 f"{s.nnodes}x{s.gpus_per_node}",
                 phases=tuple(ph.phase for ph in plans[0].phases),
-                per_gpu=tuple((p.gpu.id, tuple(round(ph.total / GIB, 1) for ph in p.phases), p.fits) for p in plans),
+                per_gpu=tuple(
+                    (
+                        p.gpu.id,
+                        tuple(round(ph.total / GIB, 1) for ph in p.phases),
+                        verdict_margin(s, p, None, c, spread).word,
+                    )
+                    for p in plans
+                ),
                 host_gib=round(plan_host(s, []).peak.pss / GIB, 1),
                 not_modelled=tuple(not_modelled(job.keys, job.dropped)),
                 measured=ran.get(name, ()),
@@ -192,10 +203,7 @@ def _full_row(r: Row) -> str:
         return f"| {r.link} | out | {_cell(r.why or '')} | | | |"
     if r.why:
         return f"| {r.link} | {r.world} | does not plan: {_cell(r.why)} | | | |"
-    cells = "<br>".join(
-        f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({'fits' if fits else 'does NOT fit'})"
-        for gid, vals, fits in r.per_gpu
-    )
+    cells = "<br>".join(f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({word})" for gid, vals, word in r.per_gpu)
     return (
         f"| {r.link} | {r.world} | {'/'.join(r.phases)}: {cells} | {_host(r, '')} | {_behind(r, 'results')} "
         f"| {', '.join(r.not_modelled) or '-'} |"
@@ -222,7 +230,7 @@ def summary(rows: list[Row]) -> str:
     for r in rows:
         if r.out or r.why:
             continue
-        peaks = " | ".join(f"{max(vals):.1f} GiB ({'fits' if fits else 'does NOT fit'})" for _, vals, fits in r.per_gpu)
+        peaks = " | ".join(f"{max(vals):.1f} GiB ({word})" for _, vals, word in r.per_gpu)
         behind = _behind(r, "validation/verl-examples/results")
         lines.append(f"| {r.link} | {r.world} | {peaks} | {_host(r, ' GiB')} | {behind} |")
     refused = [r for r in rows if r.why and not r.out]
