@@ -122,6 +122,38 @@ def test_the_rename_table_is_what_both_schemas_give_now() -> None:
     assert vr.renamed("reward_model.model.fsdp_config.param_offload") is None
 
 
+def test_a_section_moves_where_one_new_section_holds_all_of_it_and_nowhere_else() -> None:
+    """The rename rule on small trees: a section gone whole to the one new section holding every key
+    of it (same types) moves; one with two such homes, or under a gone section, is not guessed."""
+    from verl_recipes.recipe.verl_renames import derive, flatten
+
+    fsdp = {"_target_": "str", "param_offload": "bool"}
+    old = flatten(
+        {
+            "actor": {"fsdp_config": fsdp},
+            "critic": {"model": {"path": "str", "fsdp_config": fsdp}},
+            "rm": {"model": {"fsdp_config": fsdp}, "sandbox": {"url": "str"}},
+        }
+    )
+    new = flatten(
+        {
+            "actor": {"fsdp_config": fsdp},
+            "critic": {"model": {"path": "str"}, "fsdp": {**fsdp, "seed": "int"}},
+            "rm": {"other": "str"},
+            "reward": {"sandbox": {"url": "str"}},
+            "sandbox": {"url": "str"},
+        }
+    )
+    assert derive(old, new) == {
+        "critic.model.fsdp_config": "critic.fsdp",
+        "critic.model.fsdp_config._target_": "critic.fsdp._target_",
+        "critic.model.fsdp_config.param_offload": "critic.fsdp.param_offload",
+    }
+    # with a value of another type, the section has no home
+    new["critic.fsdp.param_offload"] = "int"
+    assert derive(old, new) == {}
+
+
 def test_the_suite_records_each_script_and_why_one_is_out() -> None:
     doc = yaml.safe_load((SUITE / "suite.yaml").read_text())["examples"]
     assert len(doc) >= 70

@@ -237,7 +237,8 @@ def summary(rows: list[Row]) -> str:
     out = [r for r in rows if r.out]
     lines += [
         "",
-        f"{len(refused)} more entries of the suite do not plan under verl 0.9.1 and {len(out)} are out of it "
+        f"{len(refused)} more {'entry' if len(refused) == 1 else 'entries'} of the suite "
+        f"{'does' if len(refused) == 1 else 'do'} not plan under verl 0.9.1 and {len(out)} are out of it "
         "(Megatron, multimodal, mixture-of-experts, Ascend NPU, another rollout engine, a construct not read "
         "statically), each with its one line in [the full table](validation/verl-examples/table.md).",
     ]
