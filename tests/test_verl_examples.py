@@ -6,7 +6,6 @@ rehearsal runs `train` whole on this CPU (tiny synthetic model, verl's own datas
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -91,23 +90,25 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, capsys: py
     assert says in _err(capsys)
 
 
-def test_a_key_verl_moved_since_the_scripts_commit_plans_under_its_new_name(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """b178a3cd5's critic.model.fsdp_config.* is verl 0.9.1's critic.fsdp.*: the example plans, the
-    header says each rename, and the planner reads the offload under its 0.9.1 name."""
-    argv = ["plan", "--verl-example", "ppo-gemma", "--gpu", "h100-80g", "--json"]
-    assert main([*argv, "--set", "critic.fsdp.param_offload=true"]) in (0, 3)
-    doc = json.loads(capsys.readouterr().out)
+def test_a_key_verl_moved_since_the_scripts_commit_plans_under_its_new_name() -> None:
+    """b178a3cd5's critic.model.fsdp_config.* is verl 0.9.1's critic.fsdp.*: the example composes,
+    the header says each rename, and the planner reads the offload under its 0.9.1 name."""
+    from verl_recipes.plan.verl_script import compose_job, header
+    from verl_recipes.recipe.verl_job import verl_job
+    from verl_recipes.recipe.verl_suite import entry
+
+    cmd = entry("ppo-gemma").command()
+    job = verl_job(cmd, "ppo-gemma")
     assert (
-        "critic.model.fsdp_config.param_offload=false -> critic.fsdp.param_offload (verl 0.9.1's name for the key; "
-        "recipe/verl_renames.yaml)"
-    ) in doc["verl_job"]["mapped"]
-    assert main(argv) in (0, 3)
-    kept = json.loads(capsys.readouterr().out)
-    # the user's --set came after the job's renamed line and moved the critic's weights off the GPU
-    outside = [d["gpus"][0]["phases"]["outside"]["total_bytes"] for d in (doc, kept)]
-    assert outside[0] < outside[1], outside
+        "mapped: critic.model.fsdp_config.param_offload=false -> critic.fsdp.param_offload (verl 0.9.1's name for "
+        "the key; recipe/verl_renames.yaml)"
+    ) in header(job)
+    assert "critic.fsdp.optimizer_offload" in job.keys and "critic.model.fsdp_config.optimizer_offload" not in job.keys
+    cfg, s = compose_job(job)
+    assert cfg.critic.fsdp.param_offload is False and s.critic is not None and not s.critic.param_offload
+    # the user's --set comes after the job's renamed line, under the same name
+    _, s = compose_job(verl_job(cmd, "ppo-gemma", ["critic.fsdp.param_offload=true"]))
+    assert s.critic is not None and s.critic.param_offload
 
 
 def test_the_rename_table_is_what_both_schemas_give_now() -> None:
