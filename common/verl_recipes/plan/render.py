@@ -16,7 +16,7 @@ from verl_recipes.plan.advice import Advice, Calibrated, host_bytes, variant_lin
 from verl_recipes.predict.host import HostPlan
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
-from verl_recipes.predict.margin import NO, TIGHT, Margin, margin_lines
+from verl_recipes.predict.margin import FITS, NO, TIGHT, Margin, margin_lines
 from verl_recipes.predict.phases import Constants, GPUPlan
 
 
@@ -98,7 +98,7 @@ def _peak_table(j: Judgement) -> list[str]:
 
 def _word(j: Judgement, p: GPUPlan) -> str:
     m = j.margins.get(p.gpu.id)
-    return m.word if m is not None else ("fits" if j.fits[p.gpu.id] else NO)
+    return m.word if m is not None else (FITS if j.fits[p.gpu.id] else NO)
 
 
 def _headroom_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
