@@ -51,7 +51,7 @@ def test_plan_exits_1_when_the_job_does_not_fit_the_gpu_named() -> None:
     assert fits.result().returncode == 0, fits.result().stderr
     assert r.returncode == 1, r.stderr
     lines = r.stdout.splitlines()
-    i = next(i for i, ln in enumerate(lines) if ln.startswith("a100-40g: does NOT fit"))
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("a100-40g: does not fit"))
     # the variant the recipe ships for this card comes first, with its peak and its host RAM
     assert lines[i + 1].startswith("  a recipe variant fits: --variant 40gib (peak ")
     assert "host RAM about" in lines[i + 1]
@@ -71,7 +71,8 @@ def test_a_calibrated_prediction_decides_the_verdict_beside_the_planners_figure(
     assert r.returncode == 3, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "calibrated prediction" in ln)
     assert "expected/h100x32-ppo.yaml" in line and "79.2 of 79.6 GiB" in line and "78.8 GiB" in line
-    assert "h100-80g: does NOT fit" not in r.stdout
+    assert "h100-80g: does not fit" not in r.stdout
+    assert "does NOT fit" not in r.stdout  # one word set: fits, tight, does not fit (predict.margin)
     lines = r.stdout.splitlines()
     i = lines.index(next(ln for ln in lines if ln.startswith("h100-80g: tight: update_actor 79.2 of 79.6 GiB")))
     parts = [ln.split(":")[0].strip() for ln in lines[i + 1 : i + 5]]

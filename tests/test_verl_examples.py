@@ -56,9 +56,15 @@ def test_plan_of_a_script_says_what_it_mapped_and_what_it_does_not_model(
                 "-m",
                 "verl.trainer.main_ppo",
                 "actor_rollout_ref.model.path=Qwen/Qwen3-0.6B",
-                "critic.model.fsdp_config.param_offload=False",
+                "critic.model.fsdp_config.param_ofload=False",
             ],
-            "unknown verl config key 'critic.model.fsdp_config'",
+            # a key neither schema has, in a section verl moved: looked for under the new name
+            "unknown verl config key 'critic.model.fsdp_config.param_ofload'; "
+            "did you mean 'critic.fsdp.param_offload'?",
+        ),
+        (
+            ["--verl-example", "ppo-deepseek7b-llm"],
+            "'trainer.use_legacy_worker_impl': verl's schema had it at commit b178a3cd5, verl 0.9.1's has no such key",
         ),
         (
             [
@@ -82,6 +88,71 @@ def test_plan_of_a_script_says_what_it_mapped_and_what_it_does_not_model(
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *argv]) == 2
     assert says in _err(capsys)
+
+
+def test_a_key_verl_moved_since_the_scripts_commit_plans_under_its_new_name() -> None:
+    """b178a3cd5's critic.model.fsdp_config.* is verl 0.9.1's critic.fsdp.*: the example composes,
+    the header says each rename, and the planner reads the offload under its 0.9.1 name."""
+    from verl_recipes.plan.verl_script import compose_job, header
+    from verl_recipes.recipe.verl_job import verl_job
+    from verl_recipes.recipe.verl_suite import entry
+
+    cmd = entry("ppo-gemma").command()
+    job = verl_job(cmd, "ppo-gemma")
+    assert (
+        "mapped: critic.model.fsdp_config.param_offload=false -> critic.fsdp.param_offload (verl 0.9.1's name for "
+        "the key; recipe/verl_renames.yaml)"
+    ) in header(job)
+    assert "critic.fsdp.optimizer_offload" in job.keys and "critic.model.fsdp_config.optimizer_offload" not in job.keys
+    cfg, s = compose_job(job)
+    assert cfg.critic.fsdp.param_offload is False and s.critic is not None and not s.critic.param_offload
+    # the user's --set comes after the job's renamed line, under the same name
+    _, s = compose_job(verl_job(cmd, "ppo-gemma", ["critic.fsdp.param_offload=true"]))
+    assert s.critic is not None and s.critic.param_offload
+
+
+def test_the_rename_table_is_what_both_schemas_give_now() -> None:
+    """recipe/verl_renames.yaml derived again from the committed b178a3cd5 extract and the
+    installed verl's generated schema: a verl upgrade that moves or restores a key shows here."""
+    from verl_recipes.recipe import verl_renames as vr
+
+    again = "regenerate: python -m verl_recipes.recipe.verl_renames --write"
+    assert vr.table_text(vr.extract_types(), vr.installed_types()) == vr.TABLE_FILE.read_text(), again
+    assert vr.renamed("critic.model.fsdp_config.optimizer_offload") == "critic.fsdp.optimizer_offload"
+    # a section with no single new home (reward_model.model.fsdp_config) is not guessed at
+    assert vr.renamed("reward_model.model.fsdp_config.param_offload") is None
+
+
+def test_a_section_moves_where_one_new_section_holds_all_of_it_and_nowhere_else() -> None:
+    """The rename rule on small trees: a section gone whole to the one new section holding every key
+    of it (same types) moves; one with two such homes, or under a gone section, is not guessed."""
+    from verl_recipes.recipe.verl_renames import derive, flatten
+
+    fsdp = {"_target_": "str", "param_offload": "bool"}
+    old = flatten(
+        {
+            "actor": {"fsdp_config": fsdp},
+            "critic": {"model": {"path": "str", "fsdp_config": fsdp}},
+            "rm": {"model": {"fsdp_config": fsdp}, "sandbox": {"url": "str"}},
+        }
+    )
+    new = flatten(
+        {
+            "actor": {"fsdp_config": fsdp},
+            "critic": {"model": {"path": "str"}, "fsdp": {**fsdp, "seed": "int"}},
+            "rm": {"other": "str"},
+            "reward": {"sandbox": {"url": "str"}},
+            "sandbox": {"url": "str"},
+        }
+    )
+    assert derive(old, new) == {
+        "critic.model.fsdp_config": "critic.fsdp",
+        "critic.model.fsdp_config._target_": "critic.fsdp._target_",
+        "critic.model.fsdp_config.param_offload": "critic.fsdp.param_offload",
+    }
+    # with a value of another type, the section has no home
+    new["critic.fsdp.param_offload"] = "int"
+    assert derive(old, new) == {}
 
 
 def test_the_suite_records_each_script_and_why_one_is_out() -> None:

@@ -34,13 +34,13 @@ from verl_recipes.measure import throughput as throughput_table
 from verl_recipes.paths import repo_root
 from verl_recipes.peers import compose as peers_compose
 from verl_recipes.peers import table as peers_table
-from verl_recipes.plan.advice import calibrated
+from verl_recipes.plan.advice import calibrated, verdict_margin
 from verl_recipes.plan.evidence import behind, sets_words
 from verl_recipes.plan.runs import committed_runs, lacks, read_run, results_dir, run_setup
 from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
 from verl_recipes.predict.gpus import catalogue, catalogued
 from verl_recipes.predict.inputs import setup_from_config
-from verl_recipes.predict.margin import load_spread, margin
+from verl_recipes.predict.margin import load_spread
 from verl_recipes.predict.model import Arch
 from verl_recipes.predict.phases import Constants, plan_gpu
 from verl_recipes.predict.setup import load_setup
@@ -264,11 +264,7 @@ def _plan_rows(recipes: dict[str, Recipe]) -> list[PlanRow]:
                 peak = p.peak.total / GIB
                 cal = calibrated(r, [variant] if variant else [], setup, g)
                 # the same verdict `plan` gives: the calibrated figure decides, with its margin
-                phase, fig_b = (cal.peak_phase, cal.peak_bytes) if cal else (p.peak.phase, p.peak.total)
-                ok = cal.fits if cal else p.fits
-                word = margin(
-                    setup, phase, fig_b, g.visible_bytes, c.nccl_bytes_per_communicator, starts=ok, doc=spread
-                )
+                word = verdict_margin(setup, p, cal, c, spread)
                 if cal is not None:
                     fig = cal.peak_bytes / GIB
                     cells.append(

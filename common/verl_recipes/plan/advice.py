@@ -36,7 +36,7 @@ from verl_recipes.predict.gpus import GPU, Budget, catalogue, parse_gpu
 from verl_recipes.predict.host import plan_host
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion, path_to_fit
-from verl_recipes.predict.margin import FITS, TIGHT, margin
+from verl_recipes.predict.margin import FITS, NO, TIGHT, Margin, margin
 from verl_recipes.predict.phases import Constants, GPUPlan, plan_gpu
 from verl_recipes.predict.setup import load_setup
 from verl_recipes.recipe.metadata import Recipe
@@ -204,15 +204,30 @@ def verdict(plan: GPUPlan, cal: Calibrated | None) -> bool:
     return cal.fits if cal is not None else plan.fits
 
 
-def verdict_line(plan: GPUPlan, cal: Calibrated | None, root: Path | None = None) -> str | None:
-    """The line that puts a calibrated prediction beside the planner's figure, or None."""
+def verdict_margin(
+    s: Setup, plan: GPUPlan, cal: Calibrated | None, c: Constants, doc: dict[str, Any] | None = None
+) -> Margin:
+    """The verdict on one GPU with the band that moves it, in `predict.margin`'s three words: the
+    calibrated or measured figure where there is one, else the planner's, against the card. `plan`,
+    the recipe tables and the table of verl's examples all say this one."""
+    phase, peak = (cal.peak_phase, cal.peak_bytes) if cal is not None else (plan.peak.phase, plan.peak.total)
+    return margin(
+        s, phase, peak, plan.gpu.visible_bytes, c.nccl_bytes_per_communicator, starts=verdict(plan, cal), doc=doc
+    )
+
+
+def verdict_line(
+    plan: GPUPlan, cal: Calibrated | None, root: Path | None = None, word: str | None = None
+) -> str | None:
+    """The line that puts a calibrated prediction beside the planner's figure, or None; `word` is the
+    verdict with its margin (`verdict_margin`), else the figure against the card alone."""
     if cal is None:
         return None
     where = _rel(cal.path, root)
     return (
         f"{plan.gpu.id}: {cal.kind} ({where}, {cal.how}): "
         f"{cal.peak_phase} {_gib(cal.peak_bytes)} of {_gib(plan.gpu.visible_bytes)} GiB: "
-        f"{'fits' if cal.fits else 'does NOT fit'}; the planner alone says {plan.peak.phase} "
+        f"{word or (FITS if cal.fits else NO)}; the planner alone says {plan.peak.phase} "
         f"{_gib(plan.peak.total)} GiB; the verdict follows the {cal.kind.split()[0]} figure"
     )
 

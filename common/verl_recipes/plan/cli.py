@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError, cli_types, inflight
+from verl_recipes import GIB, RecipeError, cli_types, inflight
 from verl_recipes.fixes import MERGE_FIX
 from verl_recipes.paths import repo_root
 from verl_recipes.plan.advice import (
@@ -48,6 +48,7 @@ from verl_recipes.plan.advice import (
     judged_gpu,
     measured,
     verdict,
+    verdict_margin,
 )
 from verl_recipes.plan.errors import main_errors
 from verl_recipes.plan.evidence import behind_line
@@ -369,9 +370,8 @@ def judgement(
 
 def _margin(s: Setup, p: Any, cal: Any, c: Constants) -> Margin:
     """The verdict's figure (the calibrated or measured one where there is one, else the
-    planner's) against its card, with the band that moves it (`predict.margin`)."""
-    phase, peak = (cal.peak_phase, cal.peak_bytes) if cal is not None else (p.peak.phase, p.peak.total)
-    return margin(s, phase, peak, p.gpu.visible_bytes, c.nccl_bytes_per_communicator, starts=verdict(p, cal))
+    planner's) against its card, with the band that moves it (`advice.verdict_margin`)."""
+    return verdict_margin(s, p, cal, c)
 
 
 def _headroom(
@@ -440,7 +440,16 @@ def _from_layers(args: argparse.Namespace, s: Setup) -> int:
         raise RecipeError("--from-layers predicts for one GPU type: give exactly one --gpu (e.g. --gpu h100-80g)")
     gpu = parse_gpu(args.gpu[0])
     result, fits = predict(s, gpu, args.from_layers)
-    print(render(result, fits, gpu))
+    peak = result["peak_phase"]
+    word = margin(
+        s,
+        peak,
+        round(result["predicted_gib"][peak] * GIB),
+        gpu.visible_bytes,
+        Constants().nccl_bytes_per_communicator,
+        starts=bool(result["fits"]),
+    ).word
+    print(render(result, fits, gpu, word))
     if args.write:
         command = shlex.join(["verl-recipes", "plan", *sys.argv[2:]]) if len(sys.argv) > 2 else "verl-recipes plan"
         doc = document(args.target, args.variant, s, gpu, result, fits, command)

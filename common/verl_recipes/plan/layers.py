@@ -52,6 +52,7 @@ from verl_recipes import GIB, RecipeError
 from verl_recipes.plan.runs import MeasuredRun, read_run, run_setup
 from verl_recipes.predict.gpus import GPU
 from verl_recipes.predict.inputs import Setup
+from verl_recipes.predict.margin import FITS, NO
 from verl_recipes.predict.phases import PHASES, Constants, plan_gpu
 from verl_recipes.rundir import PHASES as PHASES_LOG
 from verl_recipes.rundir import PROVENANCE, read_jsonl, read_provenance
@@ -378,7 +379,9 @@ def document(
     }
 
 
-def render(result: dict[str, Any], fits: list[LayoutFit], gpu: GPU) -> str:
+def render(result: dict[str, Any], fits: list[LayoutFit], gpu: GPU, word: str | None = None) -> str:
+    """The calibration's text; `word` is the verdict with its margin (`predict.margin`, as `plan`
+    gives it), else the figure against the card alone."""
     lines = []
     for f in fits:
         depths = ", ".join(map(str, f.depths))
@@ -402,7 +405,7 @@ def render(result: dict[str, Any], fits: list[LayoutFit], gpu: GPU) -> str:
     for ph, v in result["predicted_gib"].items():
         rng = f" [{band[ph][0]:.1f}, {band[ph][1]:.1f}]" if ph in band else ""
         lines.append(f"  {ph:15s} {v:7.1f}{rng} ({result['planner_gib'][ph]:.1f})")
-    verdict = "fits" if result["fits"] else "does NOT fit"
+    verdict = word or (FITS if result["fits"] else NO)
     peak = result["peak_phase"]
     tail = "" if band else f"; no error band ({'one depth' if all(len(f.depths) < 2 for f in fits) else 'two depths'})"
     if peak in band:

@@ -16,7 +16,7 @@ from verl_recipes.plan.advice import Advice, Calibrated, host_bytes, variant_lin
 from verl_recipes.predict.host import HostPlan
 from verl_recipes.predict.inputs import Setup
 from verl_recipes.predict.knobs import Suggestion
-from verl_recipes.predict.margin import Margin, margin_lines
+from verl_recipes.predict.margin import FITS, NO, TIGHT, Margin, margin_lines
 from verl_recipes.predict.phases import Constants, GPUPlan
 
 
@@ -98,7 +98,7 @@ def _peak_table(j: Judgement) -> list[str]:
 
 def _word(j: Judgement, p: GPUPlan) -> str:
     m = j.margins.get(p.gpu.id)
-    return m.word if m is not None else ("fits" if j.fits[p.gpu.id] else "does not fit")
+    return m.word if m is not None else (FITS if j.fits[p.gpu.id] else NO)
 
 
 def _headroom_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
@@ -146,7 +146,7 @@ def _advice_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
         return f"host RAM about {host_bytes(setup, j.fixes_off) / GIB:.0f} GiB"
 
     why = p.problems or [f"the calibrated prediction exceeds {_g(p.gpu.visible_bytes)} GiB"]
-    out = [f"{p.gpu.id}: does NOT fit: " + "; ".join(why)]
+    out = [f"{p.gpu.id}: {NO}: " + "; ".join(why)]
     adv = adv or Advice()
     judged = adv.judged_against
     if judged is not None:
@@ -182,11 +182,11 @@ def _advice_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
 def _verdict_lines(j: Judgement) -> list[str]:
     s, out = j.setup, []
     for p in j.plans:
-        cal_line = verdict_line(p, j.calibrated.get(p.gpu.id))
+        m = j.margins.get(p.gpu.id)
+        cal_line = verdict_line(p, j.calibrated.get(p.gpu.id), word=m.word if m is not None else None)
         if cal_line:
             out.append(cal_line)
         if j.fits[p.gpu.id]:
-            m = j.margins.get(p.gpu.id)
             out.append(
                 f"{p.gpu.id}: the planner's highest phase {p.peak.phase} {_g(p.peak.total)} of "
                 f"{_g(p.gpu.visible_bytes)} GiB; KV cache {p.kv_tokens} tokens "
@@ -194,7 +194,7 @@ def _verdict_lines(j: Judgement) -> list[str]:
             )
             if m is not None:
                 out += margin_lines(m, p.gpu.id)
-                if m.word == "tight":
+                if m.word == TIGHT:
                     out += _headroom_lines(j, p, j.headroom.get(p.gpu.id))
             continue
         out += _advice_lines(j, p, j.advice.get(p.gpu.id))

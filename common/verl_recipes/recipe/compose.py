@@ -28,6 +28,7 @@ from verl_recipes import RecipeError
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.recipe.provider_fields import PROVIDER_FIELDS, read_provider_fields
+from verl_recipes.recipe.verl_renames import gone, moved_prefix
 from verl_recipes.recipe.verl_schema import check_layer
 
 
@@ -126,6 +127,25 @@ def _suggest(base: Any, full_key: str) -> str:
     return by_leaf[0] if by_leaf else ""
 
 
+def _moved_hint(base: Any, delta: Any, full_key: str) -> tuple[str, str]:
+    """The key to name and the closest valid one. In a section verl moved since the commit verl's
+    examples are read at (`recipe.verl_renames`), a key neither schema has is named whole and
+    looked for under the section's new name: `critic.model.fsdp_config.param_ofload` ->
+    `critic.fsdp.param_offload`."""
+    if moved_prefix(full_key) is None:
+        return full_key, _suggest(base, full_key)
+    under = [k for k in _all_keys(delta) if k.startswith(full_key + ".")]
+    key = next((k for k in under if not any(u.startswith(k + ".") for u in under)), full_key)
+    moved = moved_prefix(key) or key
+    parent, _, leaf = moved.rpartition(".")
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.select(base, parent) if parent else base
+    if isinstance(node, DictConfig) and leaf in node:
+        return key, moved
+    return key, _suggest(base, moved)
+
+
 def _ready_to_merge(base: Any) -> Any:
     """`base` in struct mode (a key verl does not define fails), its free-form mappings open."""
     from omegaconf import OmegaConf
@@ -149,7 +169,7 @@ def merge_strict(base: Any, delta: Any, source: str, lines: dict[str, str] | Non
         merged = OmegaConf.merge(base, delta)  # a new config: `base` itself is left as it was
     except (ConfigKeyError, ConfigAttributeError) as e:
         full_key = str(getattr(e, "full_key", None) or getattr(e, "key", "?"))
-        hint = _suggest(base, full_key)
+        full_key, hint = _moved_hint(base, delta, full_key)
         line = (lines or {}).get(full_key)
         if line is not None:
             form = "++" if line.startswith("++") else ""
@@ -162,6 +182,9 @@ def merge_strict(base: Any, delta: Any, source: str, lines: dict[str, str] | Non
             )
             raise RecipeError(f"{source} {line}: unknown verl config key '{full_key}'{did}{plus}") from None
         did = f"; did you mean '{hint}'?" if hint else ""
+        old = gone(full_key) if not hint else None
+        if old:
+            did = f": verl's schema had it at commit {old[:9]}, verl 0.9.1's has no such key; drop it"
         raise RecipeError(f"{source}: unknown verl config key '{full_key}'{did}") from None
     except OmegaConfBaseException as e:  # e.g. a list where verl has a section
         where = getattr(e, "full_key", "") or "(top)"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from verl_recipes import RecipeError
 from verl_recipes.recipe.metadata import GPUSpec, ModelSpec, Recipe, SmokeSpec
 from verl_recipes.recipe.run_config import Layout
 from verl_recipes.recipe.verl_command import Override, VerlCommand, canonical
+from verl_recipes.recipe.verl_renames import renamed
 from verl_recipes.workload.arch import arch_for_model_id, bundled_archs, resolve_arch
 
 #: the GPU a verl example is written for (8 x 80 GB, A100 or H100): a rehearsal's default budget
@@ -138,12 +139,13 @@ def verl_job(
 ) -> VerlJob:
     """The project's job for a verl trainer call; `sets` are the user's own `--set` lines (after
     the job's), `arch` stands in for the script's model id."""
-    keys = cmd.keys()
     source = cmd.source
     if cmd.config_name not in (None, "ppo_trainer", "ppo_megatron_trainer"):
         raise RecipeError(
             f"{source}: --config-name {cmd.config_name}: verl's ppo_trainer and ppo_megatron_trainer are read"
         )
+    cmd, moved = _renamed(cmd)
+    keys = cmd.keys()
     # the user's own --set lines come after the job's: what they set is the job's too
     user = {o.key: o for o in (_set_override(x) for x in sets)}
     _refuse_unrunnable({**keys, **user}, source)
@@ -166,6 +168,7 @@ def verl_job(
         same = model is not None and _value(critic) == _value(model)
         to = "the actor's synthetic checkpoint" if same else f"the actor's architecture {arch} (the planner's critic)"
         mapped.append(f"critic.model.path={_value(critic)} -> {to}")
+    mapped += moved
     for key in _DATA:
         if key in keys:
             mapped.append(
@@ -261,6 +264,25 @@ def verl_job(
     )
 
 
+def _renamed(cmd: VerlCommand) -> tuple[VerlCommand, list[str]]:
+    """The command with each key verl moved since the commit verl's examples are read at under its
+    verl 0.9.1 name (`recipe.verl_renames`), and a mapped line for each. The launcher's keys and the
+    reward's are mapped by this module whatever their name; a Megatron job's schema is not the table's."""
+    if cmd.config_name not in (None, "ppo_trainer"):
+        return cmd, []
+    out, said = [], []
+    for o in cmd.overrides:
+        new = None if o.key in _LAUNCHER or _is_reward(o.key) else renamed(o.key)
+        if new is None:
+            out.append(o)
+            continue
+        sign = o.text[: len(o.text) - len(o.text.lstrip("+~"))]
+        out.append(Override(sign + new + o.text[len(sign) + len(o.key) :], new, o.line, o.raw))
+        value = o.text.partition("=")[2]
+        said.append(f"{o.key}={value} -> {new} (verl 0.9.1's name for the key; recipe/verl_renames.yaml)")
+    return replace(cmd, overrides=tuple(out)), said
+
+
 def _set_override(line: str) -> Override:
     """A user's --set line read as Hydra reads it (`verl_command.canonical`)."""
 
@@ -295,7 +317,8 @@ def _attention(keys: dict[str, Override], model: str) -> tuple[str, str] | None:
 
 
 def _is_reward(key: str) -> bool:
-    return key.startswith(("reward_model.", "reward.", "custom_reward_function."))
+    # reward_manager.*: the reward manager's section before verl moved it under reward.
+    return key.startswith(("reward_model.", "reward.", "custom_reward_function.", "reward_manager."))
 
 
 def _short(v: Any) -> str:
