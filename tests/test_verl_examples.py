@@ -230,7 +230,9 @@ def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_plan
         [m] = [m for m in ran[entry] if m.name == name]
         assert abs(m.peak_gib - peak) < 0.01, (m.peak_gib, peak)
         row = next(ln for ln in table.splitlines() if ln.startswith(f"| [{entry}]("))
-        assert f"measured: [{name}](results/{name}/report.md), {peak:.2f} GiB" in row
+        rank = read_provenance(run).rank_rehearsal  # a rank rehearsal says so before its link
+        said = f", rank rehearsal ({rank.rank} of {rank.world})" if rank else ""
+        assert f"measured{said}: [{name}](results/{name}/report.md), {peak:.2f} GiB" in row
         assert run in judged, f"{run.name} is not in validation/planner-errors.md's runs"
 
 

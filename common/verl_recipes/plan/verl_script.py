@@ -35,6 +35,9 @@ from verl_recipes.rundir import measured_runs as found
 from verl_recipes.rundir import read_provenance
 from verl_recipes.workload.arch import arch_config_path
 
+#: the folder of an entry's failed runs, beside its run folders (recipes' results/failed/)
+FAILED = "failed"
+
 
 def compose_job(job: VerlJob, layers: int | None = None, fixes_off: Sequence[str] = ()) -> tuple[Any, Setup]:
     """(composed config, Setup) of the job, as `train` composes it."""
@@ -131,11 +134,15 @@ class Measured:
 
 
 def measured_runs() -> dict[str, tuple[Measured, ...]]:
-    """The committed runs of the suite's entries, by entry (the recipe their provenance names)."""
+    """The committed runs of the suite's entries, by entry (the recipe their provenance names); a
+    run that failed (results/NAME/failed/<run name>, as a recipe's results/failed/) is left out:
+    its peak is where it stopped, not the entry's."""
     out: dict[str, list[Measured]] = {}
     root = repo_root()
     base = results_dir(root / VERL_EXAMPLES)
     for d in found(base):
+        if FAILED in d.relative_to(base).parts:  # evidence of a failure, not the entry's measurement
+            continue
         prov = read_provenance(d)
         run = read_run(d)
         phase, per = max(run.phases.items(), key=lambda kv: max(kv[1].values()))
