@@ -13,7 +13,11 @@ so the quickstart is rank 0 of its own world of one GPU.
 Its NVML peaks are held to the committed bounds for the card it runs on
 (validation/verl-examples/expected/gsm8k-quickstart/<run name>.yaml, through `check-bounds
 --verl-example`), and where none are committed for that card, every phase to the planner's figure
-within 10%, judged as `plan --errors` judges a committed run (`errors.run_error_rows`). The run
+within 10%, judged as `plan --errors` judges a committed run (`errors.run_error_rows`), but for
+an `outside` peak that is the very reading of the final validation's (`testing`, which the planner
+does not model and `plan --errors` leaves out): verl's validation after the last step holds its
+memory until verl exits, and the report counts those last samples as `outside`; such a peak is
+printed apart, not judged (2026-12-07: 50.63 GiB, the validation's, against a plan of 45.02). The run
 is named by the rule for the card (`h100x1-ppo-rank0of1`) and kept under gpu/campaign.sh's runs/
 (VERL_RECIPES_GPU_RUNS_DIR), ready to commit under validation/verl-examples/results/. CPU CI
 skips the GPU test (tests/conftest.py) and runs the checks that the line is the rehearsal it says
@@ -53,15 +57,31 @@ def bounds_file(family: str) -> str:
     return f"expected/{EXAMPLE}/{run_name(family)}.yaml"
 
 
+def validation_held(run: Path) -> dict[int, int]:
+    """GPU -> the `outside` peak that is the very reading of the `testing` phase's peak: verl's
+    validation after the last step (a pass the planner does not model; `plan --errors` leaves
+    `testing` out) held its memory until verl exited, and the report counts the samples after the
+    phase's end as `outside`, so that peak is the validation's, not loading or vLLM's start-up."""
+    from verl_recipes.plan.runs import read_run
+
+    phases = read_run(run).phases
+    testing, outside = phases.get("testing", {}), phases.get("outside", {})
+    return {gpu: b for gpu, b in outside.items() if testing.get(gpu) == b}
+
+
 def planner_misses(run: Path, tolerance: float = TOLERANCE) -> list[str]:
     """Each phase on each GPU whose NVML peak the planner's figure misses by more than
-    `tolerance`, one line each, as `plan --errors` judges a committed run; a run with no phase the
-    planner models is a miss too."""
+    `tolerance`, one line each, as `plan --errors` judges a committed run, but for an `outside`
+    peak that is the validation's (`validation_held`), which is reported apart; a run with no
+    phase the planner models is a miss too."""
     from verl_recipes import GIB
     from verl_recipes.plan.errors import run_error_rows
     from verl_recipes.plan.runs import read_run
 
-    rows = run_error_rows(read_run(run), str(run))
+    held = validation_held(run)
+    rows = [r for r in run_error_rows(read_run(run), str(run)) if not (r.phase == "outside" and r.gpu in held)]
+    for gpu, b in sorted(held.items()):
+        print(f"outside GPU {gpu}: {b / GIB:.2f} GiB, the validation's peak held to verl's exit: not judged")
     if not rows:
         return [f"{run}: no phase the planner models has an NVML peak"]
     return [
@@ -119,6 +139,25 @@ def test_the_comparisons_fail_a_doctored_run(tmp_path: Path) -> None:
     misses = planner_misses(run)
     assert len(misses) == 1 and misses[0].startswith("gen GPU 0: measured "), misses
     assert check_bounds(run, str(expected)) == 1
+
+
+def test_an_outside_peak_is_left_to_the_validation_only_where_it_is_the_validations_reading(tmp_path: Path) -> None:
+    """Runs on CPU, on the committed rehearsal (2026-12-07, H100): its `outside` peak, 50.63 GiB,
+    is the very reading of its final validation's (`testing`), held to verl's exit, and every phase
+    the planner models is within 10%; the same run with the validation's peak 1 GiB lower has an
+    `outside` peak of its own, judged, and missed by 11%."""
+    run = tmp_path / "results" / EXAMPLE / "h100x1-ppo-rank0of1"
+    shutil.copytree(EXAMPLES / "results" / EXAMPLE / run.name, run)
+    held = validation_held(run)
+    assert list(held) == [0] and abs(held[0] / 2**30 - 50.63) < 0.01
+    assert planner_misses(run) == []
+
+    summary = json.loads((run / "summary.json").read_text())
+    summary["phases"]["testing"]["gpu"]["0"]["used_gib"] -= 1.0
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert validation_held(run) == {}
+    misses = planner_misses(run)
+    assert len(misses) == 1 and misses[0].startswith("outside GPU 0: measured 50.63 GiB"), misses
 
 
 @pytest.mark.gpu
