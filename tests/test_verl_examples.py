@@ -234,6 +234,11 @@ def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_plan
         said = f", rank rehearsal ({rank.rank} of {rank.world})" if rank else ""
         assert f"measured{said}: [{name}](results/{name}/report.md), {peak:.2f} GiB" in row
         assert run in judged, f"{run.name} is not in validation/planner-errors.md's runs"
+    # a run that failed (results/<entry>/failed/<run name>) is judged by the planner-errors table
+    # with its cause, but stands behind no entry: its peak is where it stopped
+    failed = sorted(p.parent for p in (SUITE / "results").glob("*/failed/*/summary.json"))
+    assert failed and all(f in judged for f in failed)
+    assert not [m.name for ms in ran.values() for m in ms if "/failed/" in m.name]
 
 
 def test_train_rehearses_on_a_cpu_the_job_plan_judged(
