@@ -53,3 +53,12 @@ def fraction(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text} is above 1; give a fraction in (0, 1]")
     return value
+
+
+SET_HELP = "a verl config override (Hydra's KEY=VALUE, +KEY=VALUE adds a key), checked against verl's schema"
+
+
+def add_set_option(p: argparse.ArgumentParser, help: str = SET_HELP) -> None:
+    """`--set KEY=VALUE`, repeatable, into `sets`: one option with one meaning for every command
+    that composes a verl config (train, plan, show, rollout-bench, check-bounds)."""
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=help)

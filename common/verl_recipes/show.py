@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from verl_recipes import RecipeError
+from verl_recipes import RecipeError, cli_types
 from verl_recipes.predict.gpus import catalogue
 from verl_recipes.predict.inputs import setup_from_config
 from verl_recipes.predict.model import Arch
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--variant", action="append", default=[], help="a variant named in recipe.yaml (e.g. grpo); repeatable"
     )
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    cli_types.add_set_option(p)
     p.add_argument("--config-name", default=None, help="verl root config for a path (default ppo_trainer)")
     p.add_argument("--resolve", action="store_true", help="resolve ${...} interpolations")
     p.add_argument("--only", help="print only this subtree, e.g. actor_rollout_ref.rollout")

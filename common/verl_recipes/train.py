@@ -405,14 +405,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verl-script", type=Path, metavar="PATH", help="a verl job's bash script, as its users write it")
     p.add_argument("--verl-example", metavar="NAME", help="a verl example of validation/verl-examples/suite.yaml")
     p.add_argument("--variant", action="append", default=[], help="variant from recipe.yaml; repeatable")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a verl config override, checked against verl's schema",
-    )
+    cli_types.add_set_option(p)
     p.add_argument(
         "--model",
         type=Path,

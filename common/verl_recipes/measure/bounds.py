@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError, inflight
+from verl_recipes import RecipeError, cli_types, inflight
 from verl_recipes.layout import POOLS_SHARED
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.verl_suite import example_recipe
@@ -275,13 +275,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a verl example of validation/verl-examples/suite.yaml instead of a recipe: its bounds "
         "under validation/verl-examples/expected/NAME/, its runs under results/NAME/",
     )
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --verl-example: a --set line the entry needs to map (as `train` and `plan` take it)",
+    cli_types.add_set_option(
+        p, "with --verl-example: a --set line the entry needs to map (as `train` and `plan` take it)"
     )
     p.add_argument("--run", type=Path, help="a run folder (default: each bounds file's source run)")
     p.add_argument("--expected", help="one bounds file, relative to the recipe folder")

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_recipes import RecipeError, inflight
+from verl_recipes import RecipeError, cli_types, inflight
 from verl_recipes.measure.provenance import gpus, record
 from verl_recipes.recipe.metadata import Recipe, get_recipe
 from verl_recipes.recipe.run_config import compose_run, default_data_dir, gpu_layout
@@ -433,9 +433,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("rollout-bench", help="vLLM alone on exactly one step's rollout of a recipe")
     p.add_argument("recipe")
     p.add_argument("--variant", action="append", default=[], help="variant from recipe.yaml; repeatable")
-    p.add_argument(
-        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="a verl config override"
-    )
+    cli_types.add_set_option(p)
     p.add_argument("--calls", type=int, default=3, help="timed generate calls after one warm-up (default 3)")
     p.add_argument("--out", type=Path, help="the JSON record (default runs/rollout-bench-RECIPE-TIME.json)")
     p.add_argument(

@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         metavar="ID|NGiB",
         help=f"GPU to judge against (repeatable): {', '.join(catalogue())} or a size like 24GiB; default: all of them",
     )
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    cli_types.add_set_option(p)
     p.add_argument("--arch", help="bundled arch name or path to a config.json (for a config path)")
     p.add_argument(
         "--gpus",
