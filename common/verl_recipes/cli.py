@@ -44,6 +44,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "verl_recipes.measure.rollout_bench",
         "vLLM alone on exactly one step's rollout of a recipe (verl's gen against it)",
     ),
+    "vllm-pool": (
+        "verl_recipes.measure.vllm_pool",
+        "vLLM's worker's torch allocator, round by round (sleep, wake, generate), on vLLM alone",
+    ),
     "compare-runs": ("verl_recipes.measure.compare", "tokens/s and peak memory of runs against a baseline run"),
     "reap": ("verl_recipes.procs", "end the processes one run left behind, leaving other runs alone"),
     "wheelhouse": (
