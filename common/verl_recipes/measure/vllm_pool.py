@@ -56,6 +56,7 @@ import asyncio
 import datetime as _dt
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -383,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
         "sleep_level": args.sleep_level,
         "prompt_tokens": [len(p) for p in prompts],
     }
+    # a campaign's time limit ends the probe with SIGTERM: the rounds read so far are still written
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         asyncio.run(
             _measure(

@@ -51,7 +51,11 @@ def pool_stats() -> dict[str, Any]:
     import torch
 
     free, total = torch.cuda.mem_get_info()
-    return pick(torch.cuda.memory_stats(), torch.cuda.memory_snapshot(), free, total)
+    try:  # without the trace entries where this torch can leave them out: a reading between steps stays short
+        segments = torch.cuda.memory_snapshot(include_traces=False)
+    except TypeError:
+        segments = torch.cuda.memory_snapshot()
+    return pick(torch.cuda.memory_stats(), segments, free, total)
 
 
 def refill_dummy_weights(worker: Any) -> None:
