@@ -103,6 +103,7 @@ def test_a_rounds_summary_and_the_record(tmp_path: Path) -> None:
     assert s["awake_reserved_gib"] == 30.5 and s["peak_reserved_gib"] == 32.5
     assert s["growth_gib"] == 2.0 and s["growth_first_s_gib"] == 0.8  # gen starts at 0.6 s; 1.6 s is past 1 s
     assert s["growth_steps_gib"] == [0.4, 0.4, 1.2]
+    assert s["default_pool_growth_gib"] == 2.0 and s["default_pool_allocated_at_peak_gib"] == 0.0
     assert s["allocated_at_peak_gib"] == 31.2 and s["peak_allocated_gib"] == 31.2
     assert s["nvml_growth_gib"] == 2.0 and s["alloc_retries"] == 1 and s["generated_tokens"] == 10
     assert "growth +2.00 (first s +0.80) in 3 steps" in vp.summary_line(s)

@@ -32,10 +32,12 @@ record says which); gpu/probes/vllm-pool.sh runs one engine per setting. vLLM 0.
 pool and back on after, so the worker's own activations may use expandable segments.
 
 What a result means for the planner (each round's `growth_gib` = peak reserved above the level
-right after wake-up):
+right after wake-up; torch's reserved counts vLLM's sleep-mode pool too, constant within a round,
+and `default_pool_growth_gib` reads torch's default pool alone):
 - growth the same in every case and round, and proportional to max_num_seqs x vocabulary (the
-  sampler's fp32 logits, probabilities and logprobs of a full batch): a sampler term, modelled as
-  such; `nologprobs` / `greedy` lower it by the logprobs' / sampling's share;
+  sampler's fp32 logits, probabilities and logprobs of a full batch; gpu/probes/vllm-pool.sh runs
+  an engine at half max_num_seqs beside it): a sampler term, modelled as such; `nologprobs` /
+  `greedy` lower it by the logprobs' / sampling's share;
 - growth only (or far more) with gradual arrival, varying round to round, in many segments of
   repeated sizes, `inactive_split_gib` high and reserved far above allocated: the allocator's
   fragmentation as the batch size changes step by step while requests arrive; bounded by an
@@ -148,6 +150,9 @@ def round_summary(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "peak_inactive_split_gib": max(s["inactive_split_gib"] for s in gen),
         "growth_gib": round(peak["reserved_gib"] - base["reserved_gib"], 4),
         "growth_first_s_gib": round(max(s["reserved_gib"] for s in first) - base["reserved_gib"], 4),
+        # torch's default pool alone (vLLM's sleep-mode pool apart), which each sleep empties
+        "default_pool_growth_gib": round(max(s["default_pool_gib"] for s in gen) - base["default_pool_gib"], 4),
+        "default_pool_allocated_at_peak_gib": peak["default_pool_allocated_gib"],
         "growth_steps_gib": steps,
         "peak_nvml_used_gib": max(nvml) if nvml else None,
         "nvml_growth_gib": round(max(nvml) - base["nvml_used_gib"], 4)
