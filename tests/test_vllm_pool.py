@@ -115,3 +115,23 @@ def test_a_rounds_summary_and_the_record(tmp_path: Path) -> None:
     assert back["pytorch_cuda_alloc_conf"] == "max_split_size_mb:128"
     assert back["rounds"] == [s] and len(back["samples"]) == len(readings)
     assert back["samples"][1]["phase"] == "awake" and back["samples"][1]["nvml_used_gib"] == 31.5
+
+
+@pytest.mark.skipif(rb.vllm_available(), reason="this host measures; the CPU path is for hosts without vLLM")
+def test_the_campaigns_probe_runs_each_engine_and_says_how_each_ended(root: Path, tmp_path: Path) -> None:
+    """gpu/probes/vllm-pool.sh as the campaign line runs it: every engine of the probe is tried (one
+    failing leaves the next its turn), each refusal is its one line, and the probe's exit says so."""
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""}
+    run = tmp_path / "run"
+    res = subprocess.run(
+        ["bash", "gpu/probes/vllm-pool.sh", str(run), "--verl-example", "gsm8k-quickstart"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.splitlines() == [f"error: {vp.NO_GPU}"] * 4
+    assert run.is_dir() and not list(run.iterdir())

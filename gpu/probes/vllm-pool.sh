@@ -26,4 +26,6 @@ done
 # halves with it, the allocator's fragmentation need not
 timeout --kill-after=20 120 verl-recipes vllm-pool "$@" --cases verl,batched \
   --set actor_rollout_ref.rollout.max_num_seqs=128 --out "$run/vllm-pool-max-num-seqs-128.json" || rc=$?
+# the records hold every reading (tens of thousands of lines): kept gzipped, as the run logs are
+find "$run" -maxdepth 1 -name 'vllm-pool-*.json' -exec gzip -f {} +
 exit "$rc"

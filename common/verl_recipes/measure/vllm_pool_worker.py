@@ -79,5 +79,6 @@ def __getattr__(name: str) -> Any:
         def pool_refill_weights(self) -> None:
             refill_dummy_weights(self)
 
+    PoolStatsExtension.__qualname__ = name  # found by its module and name, as vLLM resolves it
     globals()[name] = PoolStatsExtension
     return PoolStatsExtension
