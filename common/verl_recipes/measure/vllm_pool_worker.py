@@ -60,11 +60,16 @@ def pool_stats() -> dict[str, Any]:
 
 def refill_dummy_weights(worker: Any) -> None:
     """After a level-2 sleep the weights' memory comes back uninitialized; verl writes the actor's
-    weights into it, and this stands in with vLLM's own dummy initialization (in place)."""
+    weights into it, and this stands in with vLLM's own dummy initialization (in place). verl's
+    receiver (bucketed_weight_transfer.py) ends its sync with `empty_cache`, and so does this: a
+    round starts on an empty default pool either way."""
+    import torch
     from vllm.model_executor.model_loader.weight_utils import initialize_dummy_weights
 
     runner = worker.model_runner
     initialize_dummy_weights(runner.get_model(), runner.model_config)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
 
 
 def __getattr__(name: str) -> Any:
