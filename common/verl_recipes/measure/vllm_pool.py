@@ -1,7 +1,8 @@
 """`verl-recipes vllm-pool`: what vLLM's worker's torch allocator does in a generation round, on
 vLLM alone, round after round, the way verl cycles it (sleep -> wake -> generate).
 
-Why: in verl's GSM8K quickstart (256 prompts a round, max_num_seqs 256, max_num_batched_tokens
+Why: in verl's GSM8K quickstart as run on an H100 on 2026-12-07 (gpu/hosts/2026-12-07-h100x1-rank-
+examples-2/, validation/planner-notes.yaml; 256 prompts a round, max_num_seqs 256, max_num_batched_tokens
 8192, chunked prefill, Qwen2.5-0.5B's 151,936-token vocabulary) vLLM's process memory above its
 awake level grows 1.7-6.5 GiB in the first second of every round, differently each round; vLLM's
 "Sleep mode freed" lines put it in the torch caching allocator's pool of vLLM's worker, which each
@@ -41,8 +42,12 @@ and `default_pool_growth_gib` reads torch's default pool alone):
 - growth only (or far more) with gradual arrival, varying round to round, in many segments of
   repeated sizes, `inactive_split_gib` high and reserved far above allocated: the allocator's
   fragmentation as the batch size changes step by step while requests arrive; bounded by an
-  allocator setting (`max_split_size_mb`, `garbage_collection_threshold`, `expandable_segments`),
-  whose case shows the bound; the planner then adds the bounded figure (or the recipe sets it);
+  allocator setting (`max_split_size_mb`, `expandable_segments`; `garbage_collection_threshold`
+  acts against `set_per_process_memory_fraction`, which vLLM's GPU worker never sets), whose
+  record shows the bound; the planner then adds the bounded figure (or the recipe sets it);
+- growth as large and as varied in `batched` as in `verl`: not the arrival but the mix of
+  chunked-prefill and decode batch shapes of the first steps; the allocator settings still tell
+  the bound;
 - allocated itself peaking high (allocated's peak near reserved's): real tensors, not
   fragmentation; read `allocated_gib` at the peak against the batch's tokens.
 - alloc_retries above 0: the allocator already freed cache and retried near the edge.
