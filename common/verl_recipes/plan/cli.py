@@ -4,6 +4,7 @@
     verl-recipes plan my-config.yaml --arch llama-2-7b --set data.train_batch_size=16 --json
     verl-recipes plan 70b-3d --variant tp1pp1 --gpus 1 --layers 2 --gpu h200-141g
     verl-recipes plan --errors [--tolerance 0.10] [--allow-empty]
+    verl-recipes plan --speed-errors [--write validation/speed-errors.md]
     verl-recipes plan 70b-3d --gpu h100-80g --from-layers RUN_L2 RUN_L4 --write recipes/70b-3d/expected/h100x32-ppo.yaml
     verl-recipes plan run_qwen2-7b.sh [-- KEY=VALUE ...]      (a verl script as written; also --verl-script)
     verl-recipes plan --verl-example grpo-qwen3-8b             (an entry of validation/verl-examples/suite.yaml)
@@ -125,6 +126,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--errors", action="store_true", help="the planner's error against every committed measured run")
+    p.add_argument(
+        "--speed-errors",
+        action="store_true",
+        help="the step-time model's error against every committed run's verl timings (verl_recipes.plan.speed_errors)",
+    )
     p.add_argument("--tolerance", type=cli_types.positive, default=0.10, help="--errors: allowed relative error (0.10)")
     p.add_argument("--allow-empty", action="store_true", help="--errors: pass when no run is committed")
     p.add_argument(
@@ -138,7 +144,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument(
         "--write",
         type=Path,
-        help="--errors: also write the error table (Markdown) here; --from-layers: write the predicted file here",
+        help="--errors, --speed-errors: also write the error table (Markdown) here; "
+        "--from-layers: write the predicted file here",
     )
     p.set_defaults(func=run)
 
@@ -206,6 +213,10 @@ def _costs(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.speed_errors:
+        from verl_recipes.plan.speed_errors import main_speed_errors
+
+        return main_speed_errors(write=args.write)
     if args.errors:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)
     if args.verl_examples:

@@ -66,6 +66,25 @@ class MeasuredRun:
         return max(lens) if lens else None
 
     @property
+    def mean_lengths(self) -> tuple[float, float] | None:
+        """The mean prompt and response tokens of steps 2+ (every step of a one-step run), from
+        verl's `prompt_length/mean` and `response_length/mean`: the tokens the run's steps
+        generated and trained on; None for a run that logged no step."""
+        rows, _ = rundir.read_jsonl(self.run_dir / rundir.VERL_METRICS)
+        steps = [
+            (int(r.get("step") or 0), d)
+            for r in rows
+            if "prompt_length/mean" in (d := r.get("data", r)) and "response_length/mean" in d
+        ]
+        steady = [d for n, d in steps if n >= rundir.STEADY_FROM] or [d for _, d in steps]
+        if not steady:
+            return None
+        return (
+            statistics.mean(float(d["prompt_length/mean"]) for d in steady),
+            statistics.mean(float(d["response_length/mean"]) for d in steady),
+        )
+
+    @property
     def fixes_off(self) -> tuple[str, ...]:
         """The verl fixes the run ran without (`fixes.recorded_off`)."""
         return recorded_off(self.provenance)

@@ -56,6 +56,18 @@ class SpeedPriors:
     # on a cold one (h200x1-ppo-start-cold).
     start_s: float = 150.0
 
+    def describe(self) -> str:
+        """The priors in one line, for every table that prints a figure built on them."""
+        return (
+            f"decode at {self.decode_efficiency:.0%} of the memory roofline, training at "
+            f"{self.train_mfu:.0%} of the card's bf16 peak, {self.start_s:.0f} s start-up"
+        )
+
+
+def load_priors() -> SpeedPriors:
+    """The priors every prediction of a step uses."""
+    return SpeedPriors()
+
 
 @dataclass(frozen=True)
 class Decode:
