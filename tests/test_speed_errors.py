@@ -1,21 +1,36 @@
-"""`plan --speed-errors` (verl_recipes.plan.speed_errors): the step-time model held to the runs."""
+"""`plan --speed-errors` (verl_recipes.plan.speed_errors, .speed_fit): the step-time model
+(verl_recipes.predict.speed) held to the committed runs, and its fitted priors regenerated from them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from verl_recipes.paths import repo_root
-from verl_recipes.plan.runs import read_run
-from verl_recipes.plan.speed_errors import judged_runs, markdown, measured_phases, speed_rows
-from verl_recipes.predict.speed import load_priors
+from verl_recipes.plan.runs import judged_setup, read_run
+from verl_recipes.plan.speed_errors import Judged, judged_runs, markdown, measured_phases, speed_rows
+from verl_recipes.plan.speed_fit import FIT_PATH, fit, render
+from verl_recipes.predict.gpus import catalogued
+from verl_recipes.predict.speed import FITTED, SpeedPriors, load_priors, seconds, terms
 
 QUICKSTART = "validation/verl-examples/results/gsm8k-quickstart/h100x1-ppo"
 
 
-def test_the_committed_table_is_what_the_command_writes_now() -> None:
+@pytest.fixture(scope="module")
+def judged() -> list[Judged]:
+    return judged_runs(repo_root())
+
+
+def test_the_committed_fit_and_table_are_what_the_command_writes_now(judged: list[Judged]) -> None:
     root = repo_root()
-    priors = load_priors()
-    text = markdown(speed_rows(judged_runs(root, priors)), priors)
-    committed = (root / "validation" / "speed-errors.md").read_text()
-    assert committed == text, "regenerate: verl-recipes plan --speed-errors --write validation/speed-errors.md"
+    assert (root / FIT_PATH).read_text() == render(fit(judged)), (
+        "regenerate: verl-recipes plan --speed-errors --write validation/speed-errors.md"
+    )
+    assert load_priors(root / FIT_PATH) == FITTED
+    text = markdown(speed_rows(judged, FITTED), FITTED)
+    assert (root / "validation" / "speed-errors.md").read_text() == text, (
+        "regenerate: verl-recipes plan --speed-errors --write validation/speed-errors.md"
+    )
 
 
 def test_measured_is_step_two_on_not_the_warm_up() -> None:
@@ -28,7 +43,31 @@ def test_measured_is_step_two_on_not_the_warm_up() -> None:
     assert measured["step"] == second["step"] < first["step"]
 
 
-def test_rank_rehearsals_are_not_judged() -> None:
-    labels = {j.label for j in judged_runs(repo_root(), load_priors())}
+def test_rank_rehearsals_are_not_judged(judged: list[Judged]) -> None:
+    labels = {j.label for j in judged}
     assert QUICKSTART in labels
-    assert not any("rank" in lab and "of" in lab.rsplit("/", 1)[-1] for lab in labels)
+    assert all(read_run(repo_root() / lab).provenance.rank_rehearsal is None for lab in labels)
+
+
+def test_a_micro_batch_pays_each_layer_of_each_pass() -> None:
+    """Qwen2.5-0.5B (24 layers), 256 sequences on one GPU: the update's 64 micro-batches of 4
+    (verl's quickstart) each run four passes (forward, the recomputed forward, a backward twice
+    a forward); old_log_prob's 32 micro-batches of 8 one."""
+    run = read_run(repo_root() / QUICKSTART)
+    s, gpu = judged_setup(run), catalogued(run.gpu_name)
+    assert gpu is not None
+    t = terms(s, gpu, 45, 511)
+    assert t.train["update_actor"].layer_passes == 4 * 24 * 64
+    assert t.train["old_log_prob"].layer_passes == 24 * 32
+    assert t.logit_steps == 256 * 511 * s.arch.vocab
+    bare, fitted = seconds(t, SpeedPriors()), seconds(t, replace(SpeedPriors(), layer_pass_s=0.002))
+    assert fitted["update_actor"] - bare["update_actor"] == pytest.approx(4 * 24 * 64 * 0.002)
+    # the roofline's own priors price no weight sync; the fitted ones do
+    assert "update_weights" not in bare and FITTED.weight_sync_s > 0
+
+
+def test_the_fit_reads_only_runs_with_every_rate_fix_on(judged: list[Judged]) -> None:
+    doc = fit(judged)
+    clean = {j.label for j in judged if not j.rate_fixes_off}
+    assert set(doc["evidence"]["runs"]) == clean and len(clean) < len(judged)
+    assert doc["evidence"]["training_phases"]["n"] >= 2 * len(doc["priors"])

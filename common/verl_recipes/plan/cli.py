@@ -428,8 +428,8 @@ def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = N
         )
         phases = ", ".join(f"{k} {v:.0f} s" for k, v in e.phases.items())
         lines.append(
-            f"  step, PREDICTED (decode at {pr.decode_efficiency:.0%} of the roofline, training at "
-            f"{pr.train_mfu:.0%} of {g.bf16_flops / 1e12:.0f} TFLOPS, every sequence at full length): {phases}; "
+            f"  step, PREDICTED ({pr.describe()}; predict/speed_fits.yaml; {g.bf16_flops / 1e12:.0f} TFLOPS, "
+            f"every sequence at full length): {phases}; "
             f"{e.step_s:.0f} s a step, {e.tokens:,} tokens, {e.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; "
             f"a run of 2 / 3 / 4 steps with a {pr.start_s:.0f} s start: "
             + " / ".join(f"{e.run_s(n):.0f}" for n in (2, 3, 4))

@@ -36,8 +36,9 @@ from verl_recipes import RecipeError, inflight
 from verl_recipes.paths import repo_root
 from verl_recipes.plan.runs import MeasuredRun, committed_runs, judged_setup, lacks
 from verl_recipes.predict.gpus import catalogued
-from verl_recipes.predict.speed import SpeedPriors, StepEstimate, estimate, load_priors
-from verl_recipes.rundir import steady_steps
+from verl_recipes.predict.speed import SpeedPriors, Terms, load_priors, seconds, terms
+from verl_recipes.recipe.compose import saved_config
+from verl_recipes.rundir import CONFIG, steady_steps
 
 #: verl's timed phases the model prices, in the order a step runs them, then the whole step
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights", "step")
@@ -65,7 +66,7 @@ class Judged:
 
     label: str
     run: MeasuredRun
-    estimate: StepEstimate
+    terms: Terms
     measured: dict[str, float]
     steps: int
     rate_fixes_off: tuple[str, ...]
@@ -83,8 +84,18 @@ def measured_phases(run: MeasuredRun) -> tuple[dict[str, float], int]:
     return out, len(timed)
 
 
-def judged_runs(root: Path | None = None, priors: SpeedPriors | None = None) -> list[Judged]:
-    """Every committed whole-job run with timed steps on a catalogued card, with its prediction."""
+def _bypass(run: MeasuredRun) -> bool:
+    """Whether the run took the rollout's log-probabilities for the actor's (verl's
+    `algorithm.rollout_correction.bypass_mode`): its old_log_prob recomputes nothing."""
+    from omegaconf import OmegaConf
+
+    cfg = saved_config(run.run_dir / CONFIG)
+    return bool(OmegaConf.select(cfg, "algorithm.rollout_correction.bypass_mode", default=False))
+
+
+def judged_runs(root: Path | None = None) -> list[Judged]:
+    """Every committed whole-job run with timed steps on a catalogued card, with the work the
+    model prices for it (`speed.terms`)."""
     base = root or repo_root()
     out = []
     for run in committed_runs(base):
@@ -96,18 +107,20 @@ def judged_runs(root: Path | None = None, priors: SpeedPriors | None = None) -> 
         if not measured or gpu is None or lengths is None:
             continue
         s = judged_setup(run)
-        e = estimate(s, gpu, round(lengths[0]), round(lengths[1]), priors)
-        out.append(Judged(str(run.run_dir.relative_to(base)), run, e, measured, steps, lacks(run, s, "rate")))
+        t = terms(s, gpu, round(lengths[0]), round(lengths[1]), not _bypass(run))
+        out.append(Judged(str(run.run_dir.relative_to(base)), run, t, measured, steps, lacks(run, s, "rate")))
     return out
 
 
-def speed_rows(judged: list[Judged]) -> list[Row]:
+def speed_rows(judged: list[Judged], priors: SpeedPriors) -> list[Row]:
+    """Predicted against measured, every timed phase of every run, with `priors`."""
     rows = []
     for j in judged:
+        predicted = seconds(j.terms, priors)
         for ph in PHASES:
             if ph not in j.measured:
                 continue
-            pred = j.estimate.step_s if ph == "step" else j.estimate.phases.get(ph)
+            pred = sum(predicted.values()) if ph == "step" else predicted.get(ph)
             rows.append(Row(j.label, ph, j.measured[ph], pred, j.steps, j.rate_fixes_off))
     return rows
 
@@ -178,7 +191,14 @@ def main_speed_errors(write: Path | None = None, root: Path | None = None) -> in
     """`plan --speed-errors [--write FILE]`."""
     base = root or repo_root()
     priors = load_priors()
-    rows = speed_rows(judged_runs(base, priors))
+    judged = judged_runs(base)
+    if write is not None:  # the fit first: the table is judged with it
+        from verl_recipes.plan.speed_fit import write_fit
+
+        fit_file = write_fit(judged, base)
+        print(f"wrote {fit_file}")
+        priors = load_priors(fit_file)
+    rows = speed_rows(judged, priors)
     if not rows:
         raise RecipeError("plan --speed-errors: no committed whole-job run with verl's step timings")
     print(format_table(rows))
