@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from verl_recipes.paths import repo_root
 from verl_recipes.plan.runs import judged_setup, read_run
-from verl_recipes.plan.speed_errors import Judged, judged_runs, markdown, measured_phases, speed_rows
-from verl_recipes.plan.speed_fit import FIT_PATH, fit, render
+from verl_recipes.plan.speed_errors import markdown, speed_rows
+from verl_recipes.plan.speed_fit import FIT_PATH, Judged, fit, judged_runs, measured_phases, render
 from verl_recipes.predict.gpus import catalogued
 from verl_recipes.predict.speed import FITTED, SpeedPriors, load_priors, seconds, terms
 

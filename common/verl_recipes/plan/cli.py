@@ -56,6 +56,7 @@ from verl_recipes.plan.evidence import behind_line
 from verl_recipes.plan.layers import document, predict, render
 from verl_recipes.plan.render import Judgement, plan_json, render_text
 from verl_recipes.plan.runs import capped_runs, memory_run, rate_run, unpriced_runs
+from verl_recipes.plan.speed_errors import main_speed_errors
 from verl_recipes.plan.verl_script import compose_job, header, suite_plans, suite_table, with_summary
 from verl_recipes.predict.budgets import TOLERANCE, largest
 from verl_recipes.predict.cost import compute_cost, from_verl_throughput, load_prices, pick_offer, prices_file
@@ -214,8 +215,6 @@ def _costs(
 
 def run(args: argparse.Namespace) -> int:
     if args.speed_errors:
-        from verl_recipes.plan.speed_errors import main_speed_errors
-
         return main_speed_errors(write=args.write)
     if args.errors:
         return main_errors(args.tolerance, args.allow_empty, write=args.write)

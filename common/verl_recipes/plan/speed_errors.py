@@ -34,14 +34,8 @@ from pathlib import Path
 
 from verl_recipes import RecipeError, inflight
 from verl_recipes.paths import repo_root
-from verl_recipes.plan.runs import MeasuredRun, committed_runs, judged_setup, lacks
-from verl_recipes.predict.gpus import catalogued
-from verl_recipes.predict.speed import SpeedPriors, Terms, load_priors, seconds, terms
-from verl_recipes.recipe.compose import saved_config
-from verl_recipes.rundir import CONFIG, steady_steps
-
-#: verl's timed phases the model prices, in the order a step runs them, then the whole step
-PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights", "step")
+from verl_recipes.plan.speed_fit import PHASES, Judged, judged_runs, write_fit
+from verl_recipes.predict.speed import SpeedPriors, load_priors, seconds
 
 
 @dataclass(frozen=True)
@@ -58,58 +52,6 @@ class Row:
         if self.predicted is None or not self.measured:
             return None
         return (self.predicted - self.measured) / self.measured
-
-
-@dataclass(frozen=True)
-class Judged:
-    """One run with what the model predicts for it."""
-
-    label: str
-    run: MeasuredRun
-    terms: Terms
-    measured: dict[str, float]
-    steps: int
-    rate_fixes_off: tuple[str, ...]
-
-
-def measured_phases(run: MeasuredRun) -> tuple[dict[str, float], int]:
-    """verl's `timing_s` per phase, the median of steps 2+ (a one-step run: its step), and the
-    number of steps read; empty where no step was timed."""
-    timed = [st for st in steady_steps(run.raw.get("steps") or []) if st.get("timing_s")]
-    out: dict[str, float] = {}
-    for ph in PHASES:
-        vals = [float(v) for st in timed if (v := st["timing_s"].get(ph)) is not None]
-        if vals:
-            out[ph] = statistics.median(vals)
-    return out, len(timed)
-
-
-def _bypass(run: MeasuredRun) -> bool:
-    """Whether the run took the rollout's log-probabilities for the actor's (verl's
-    `algorithm.rollout_correction.bypass_mode`): its old_log_prob recomputes nothing."""
-    from omegaconf import OmegaConf
-
-    cfg = saved_config(run.run_dir / CONFIG)
-    return bool(OmegaConf.select(cfg, "algorithm.rollout_correction.bypass_mode", default=False))
-
-
-def judged_runs(root: Path | None = None) -> list[Judged]:
-    """Every committed whole-job run with timed steps on a catalogued card, with the work the
-    model prices for it (`speed.terms`)."""
-    base = root or repo_root()
-    out = []
-    for run in committed_runs(base):
-        if run.provenance.rank_rehearsal is not None:
-            continue
-        measured, steps = measured_phases(run)
-        gpu = catalogued(run.gpu_name)
-        lengths = run.mean_lengths
-        if not measured or gpu is None or lengths is None:
-            continue
-        s = judged_setup(run)
-        t = terms(s, gpu, round(lengths[0]), round(lengths[1]), not _bypass(run))
-        out.append(Judged(str(run.run_dir.relative_to(base)), run, t, measured, steps, lacks(run, s, "rate")))
-    return out
 
 
 def speed_rows(judged: list[Judged], priors: SpeedPriors) -> list[Row]:
@@ -193,8 +135,6 @@ def main_speed_errors(write: Path | None = None, root: Path | None = None) -> in
     priors = load_priors()
     judged = judged_runs(base)
     if write is not None:  # the fit first: the table is judged with it
-        from verl_recipes.plan.speed_fit import write_fit
-
         fit_file = write_fit(judged, base)
         print(f"wrote {fit_file}")
         priors = load_priors(fit_file)

@@ -3,7 +3,9 @@
 `predict/speed.py` prices a step as work (`speed.terms`: FLOPs, layer passes, decode roofline,
 logits sampled) turned into seconds by priors (`speed.SpeedPriors`). Five of them are read here
 from the runs with every fix on that changes the rate (`plan.speed_errors.judged_runs`, evidence
-"rate": a run with verl's rollout poll or its own weight sync times verl's code, not the recipe's):
+"rate": a run with verl's rollout poll or its own weight sync times verl's code, not the recipe's),
+each re-planned at the tokens it logged and measured over steps 2+ (`judged_runs`, what
+`plan.speed_errors` says):
 
 - train_mfu and layer_pass_s, together, from every training phase of those runs;
 - decode_efficiency and sample_s_per_logit, together, from their rollouts (`gen`);
@@ -23,15 +25,19 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from verl_recipes import inflight
-from verl_recipes.plan.speed_errors import Judged
-from verl_recipes.predict.speed import FITS_SCHEMA, SpeedPriors, seconds
+from verl_recipes.paths import repo_root
+from verl_recipes.plan.runs import MeasuredRun, committed_runs, judged_setup, lacks
+from verl_recipes.predict.gpus import catalogued
+from verl_recipes.predict.speed import FITS_SCHEMA, SpeedPriors, Terms, seconds, terms
+from verl_recipes.recipe.compose import saved_config
+from verl_recipes.rundir import CONFIG, steady_steps
 
 #: where the data file sits in a checkout (the package's own copy is `speed.FITS_FILE`)
 FIT_PATH = Path("common/verl_recipes/predict/speed_fits.yaml")
@@ -41,6 +47,62 @@ HEADER = """\
 # Generated: `verl-recipes plan --speed-errors --write validation/speed-errors.md` rewrites it from
 # the runs named here (verl_recipes/plan/speed_fit.py says how); edit the runs, never the numbers.
 """
+
+#: verl's timed phases the model prices, in the order a step runs them, then the whole step
+PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights", "step")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One run with what the model predicts for it."""
+
+    label: str
+    run: MeasuredRun
+    terms: Terms
+    measured: dict[str, float]
+    steps: int
+    rate_fixes_off: tuple[str, ...]
+
+
+def measured_phases(run: MeasuredRun) -> tuple[dict[str, float], int]:
+    """verl's `timing_s` per phase, the median of steps 2+ (a one-step run: its step), and the
+    number of steps read; empty where no step was timed."""
+    timed = [st for st in steady_steps(run.raw.get("steps") or []) if st.get("timing_s")]
+    out: dict[str, float] = {}
+    for ph in PHASES:
+        vals = [float(v) for st in timed if (v := st["timing_s"].get(ph)) is not None]
+        if vals:
+            out[ph] = statistics.median(vals)
+    return out, len(timed)
+
+
+def _bypass(run: MeasuredRun) -> bool:
+    """Whether the run took the rollout's log-probabilities for the actor's (verl's
+    `algorithm.rollout_correction.bypass_mode`): its old_log_prob recomputes nothing."""
+    from omegaconf import OmegaConf
+
+    cfg = saved_config(run.run_dir / CONFIG)
+    return bool(OmegaConf.select(cfg, "algorithm.rollout_correction.bypass_mode", default=False))
+
+
+def judged_runs(root: Path | None = None) -> list[Judged]:
+    """Every committed whole-job run with timed steps on a catalogued card, with the work the
+    model prices for it (`speed.terms`)."""
+    base = root or repo_root()
+    out = []
+    for run in committed_runs(base):
+        if run.provenance.rank_rehearsal is not None:
+            continue
+        measured, steps = measured_phases(run)
+        gpu = catalogued(run.gpu_name)
+        lengths = run.mean_lengths
+        if not measured or gpu is None or lengths is None:
+            continue
+        s = judged_setup(run)
+        t = terms(s, gpu, round(lengths[0]), round(lengths[1]), not _bypass(run))
+        out.append(Judged(str(run.run_dir.relative_to(base)), run, t, measured, steps, lacks(run, s, "rate")))
+    return out
+
 
 TRAIN = ("old_log_prob", "ref", "values", "update_critic", "update_actor")
 
