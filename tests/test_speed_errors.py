@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from verl_recipes.paths import repo_root
@@ -21,9 +22,16 @@ def judged() -> list[Judged]:
     return judged_runs(repo_root())
 
 
-def test_the_committed_fit_and_table_are_what_the_command_writes_now(judged: list[Judged]) -> None:
+@pytest.fixture(scope="module")
+def fitted(judged: list[Judged]) -> dict[str, Any]:
+    return fit(judged)
+
+
+def test_the_committed_fit_and_table_are_what_the_command_writes_now(
+    judged: list[Judged], fitted: dict[str, Any]
+) -> None:
     root = repo_root()
-    assert (root / FIT_PATH).read_text() == render(fit(judged)), (
+    assert (root / FIT_PATH).read_text() == render(fitted), (
         "regenerate: verl-recipes plan --speed-errors --write validation/speed-errors.md"
     )
     assert load_priors(root / FIT_PATH) == FITTED
@@ -66,8 +74,10 @@ def test_a_micro_batch_pays_each_layer_of_each_pass() -> None:
     assert "update_weights" not in bare and FITTED.weight_sync_s > 0
 
 
-def test_the_fit_reads_only_runs_with_every_rate_fix_on(judged: list[Judged]) -> None:
-    doc = fit(judged)
+def test_the_fit_reads_only_runs_with_every_rate_fix_on(judged: list[Judged], fitted: dict[str, Any]) -> None:
     clean = {j.label for j in judged if not j.rate_fixes_off}
-    assert set(doc["evidence"]["runs"]) == clean and len(clean) < len(judged)
-    assert doc["evidence"]["training_phases"]["n"] >= 2 * len(doc["priors"])
+    ev = fitted["evidence"]
+    assert set(ev["runs"]) == clean and len(clean) < len(judged)
+    assert ev["training_phases"]["n"] >= 2 * len(fitted["priors"])
+    # one held-out figure per configuration, each named by one of the fit's own runs
+    assert len(ev["step_error_held_out"]) == ev["configurations"] and set(ev["step_error_held_out"]) <= clean

@@ -11,6 +11,10 @@ each re-planned at the tokens it logged and measured over steps 2+ (`judged_runs
 - decode_efficiency and sample_s_per_logit, together, from their rollouts (`gen`);
 - weight_sync_s, the median of their `update_weights`.
 
+Four priors on a handful of configurations: the file says how many, and, for each configuration,
+the step's error with its own runs left out of the fit, the figure to read before trusting a
+prediction for a configuration unlike them.
+
 Each pair is the point of a grid that makes the mean squared log(predicted / measured) least: a
 ratio, so a 0.3 s phase weighs as much as a 15 s one, and squared, so the one configuration unlike
 the others (a 0.5B model's many micro-batches, 256 sequences over a 151,936-token vocabulary) is
@@ -62,6 +66,7 @@ class Judged:
     measured: dict[str, float]
     steps: int
     rate_fixes_off: tuple[str, ...]
+    configuration: str  # runs of one configuration on one card share it (`_configurations`)
 
 
 def measured_phases(run: MeasuredRun) -> tuple[dict[str, float], int]:
@@ -89,7 +94,8 @@ def judged_runs(root: Path | None = None) -> list[Judged]:
     """Every committed whole-job run with timed steps on a catalogued card, with the work the
     model prices for it (`speed.terms`)."""
     base = root or repo_root()
-    out = []
+    out: list[Judged] = []
+    setups: dict[str, Any] = {}
     for run in committed_runs(base):
         if run.provenance.rank_rehearsal is not None:
             continue
@@ -100,7 +106,10 @@ def judged_runs(root: Path | None = None) -> list[Judged]:
             continue
         s = judged_setup(run)
         t = terms(s, gpu, round(lengths[0]), round(lengths[1]), not _bypass(run))
-        out.append(Judged(str(run.run_dir.relative_to(base)), run, t, measured, steps, lacks(run, s, "rate")))
+        label = str(run.run_dir.relative_to(base))
+        same = next((j.configuration for j in out if j.run.gpu_name == run.gpu_name and setups[j.label] == s), label)
+        setups[label] = s
+        out.append(Judged(label, run, t, measured, steps, lacks(run, s, "rate"), same))
     return out
 
 
@@ -147,12 +156,11 @@ def _spread(logs: list[float]) -> dict[str, Any]:
     }
 
 
-def fit(judged: Sequence[Judged]) -> dict[str, Any]:
-    """The data file's document from the judged runs (module docstring)."""
-    clean = [j for j in judged if not j.rate_fixes_off]
-    pr = SpeedPriors()
+def _priors(clean: Sequence[Judged]) -> tuple[SpeedPriors, list[float], list[float], list[float]]:
+    """The fitted priors from `clean` (module docstring), the log errors of the training phases
+    and of gen they leave, and the weight syncs."""
     pr, train_logs = _best(
-        clean, TRAIN, pr, {"train_mfu": _grid(0.05, 0.60, 111), "layer_pass_s": _grid(0.0, 0.005, 101)}
+        clean, TRAIN, SpeedPriors(), {"train_mfu": _grid(0.05, 0.60, 111), "layer_pass_s": _grid(0.0, 0.005, 101)}
     )
     pr, gen_logs = _best(
         clean,
@@ -161,7 +169,29 @@ def fit(judged: Sequence[Judged]) -> dict[str, Any]:
         {"decode_efficiency": _grid(0.30, 0.90, 61), "sample_s_per_logit": _grid(0.0, 1.0e-9, 101)},
     )
     syncs = [j.measured["update_weights"] for j in clean if "update_weights" in j.measured]
-    pr = replace(pr, weight_sync_s=round(statistics.median(syncs), 2))
+    return replace(pr, weight_sync_s=round(statistics.median(syncs), 2)), train_logs, gen_logs, syncs
+
+
+def _held_out(clean: Sequence[Judged]) -> dict[str, str]:
+    """Each configuration's step error when the fit leaves its runs out: how far the fit reaches
+    beyond what it was fitted to (the median over its runs)."""
+    out = {}
+    for conf in dict.fromkeys(j.configuration for j in clean):
+        pr = _priors([j for j in clean if j.configuration != conf])[0]
+        errs = [
+            sum(seconds(j.terms, pr).values()) / j.measured["step"] - 1
+            for j in clean
+            if j.configuration == conf and "step" in j.measured
+        ]
+        if errs:
+            out[next(j.label for j in clean if j.configuration == conf)] = f"{statistics.median(errs):+.0%}"
+    return out
+
+
+def fit(judged: Sequence[Judged]) -> dict[str, Any]:
+    """The data file's document from the judged runs (module docstring)."""
+    clean = [j for j in judged if not j.rate_fixes_off]
+    pr, train_logs, gen_logs, syncs = _priors(clean)
     rnd: Callable[[float], float] = lambda v: float(f"{v:.4g}")  # noqa: E731
     return {
         "schema": FITS_SCHEMA,
@@ -174,9 +204,13 @@ def fit(judged: Sequence[Judged]) -> dict[str, Any]:
         },
         "evidence": {
             "runs": [j.label for j in clean],
+            "configurations": len({j.configuration for j in clean}),
             "training_phases": _spread(train_logs),
             "gen": _spread(gen_logs),
             "update_weights": {"n": len(syncs), "min_s": round(min(syncs), 2), "max_s": round(max(syncs), 2)},
+            # the step's error for each configuration (named by its first run here) with its own runs
+            # left out of the fit
+            "step_error_held_out": _held_out(clean),
         },
     }
 
