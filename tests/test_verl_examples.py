@@ -6,6 +6,9 @@ rehearsal runs `train` whole on this CPU (tiny synthetic model, verl's own datas
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -305,3 +308,20 @@ def test_each_committed_run_shows_its_host_pss_and_the_planners_error_per_phase(
             assert host_cell.split("<br>")[0].endswith(" predicted"), host_cell
             assert want_host in host_cell.split("<br>"), (want_host, host_cell)
             assert want_errors in row, (want_errors, row)
+
+
+def test_the_suite_and_rename_tools_refuse_a_folder_or_commit_git_does_not_hold_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "common")}
+    repo = tmp_path / "verl"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    cases = [
+        ("verl_suite", ["--repo", str(tmp_path / "absent")], "cannot change to"),
+        ("verl_renames", ["--repo", str(repo), "--commit", "deadbeef"], "unknown revision"),
+    ]
+    for module, args, said in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", f"verl_recipes.recipe.{module}", *args], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: git -C ") and said in lines[0], proc.stderr

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError, inflight
+from verl_recipes import RecipeError, inflight, one_line_errors
 
 HERE = Path(__file__).resolve().parent
 TABLE_FILE = HERE / "verl_renames.yaml"
@@ -182,13 +182,25 @@ def table_text(old: Types, new: Types, commit: str = OLD_COMMIT) -> str:
     return head + body
 
 
+def git_out(repo: Path, *args: str) -> str:
+    """`git -C REPO ARGS`'s output; a folder that is no git directory, or a commit or path it does
+    not hold, is one line naming what git said."""
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise RecipeError("git is not installed here; the suite is read from a git directory of verl") from e
+    if proc.returncode:
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        said = next((ln for ln in lines if ln.startswith("fatal:")), lines[0])
+        raise RecipeError(
+            f"git -C {repo} {' '.join(args)}: {said} (--repo: a git directory of verl; --commit: a commit it holds)"
+        )
+    return proc.stdout
+
+
 def extract_text(repo: Path, commit: str) -> str:
-    full = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", commit], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    src = subprocess.run(
-        ["git", "-C", str(repo), "show", f"{full}:{GENERATED}"], check=True, capture_output=True, text=True
-    ).stdout
+    full = git_out(repo, "rev-parse", commit).strip()
+    src = git_out(repo, "show", f"{full}:{GENERATED}")
     head = (
         f"# verl's {GENERATED} at commit {full[:9]}: its keys and the type of each default\n"
         f"# ({ANY}: a ${{...}} reference). Written by `python -m verl_recipes.recipe.verl_renames --repo\n"
@@ -197,6 +209,7 @@ def extract_text(repo: Path, commit: str) -> str:
     return head + yaml.safe_dump({"commit": full, "keys": types_of(yaml.safe_load(src))}, sort_keys=False, width=200)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_recipes.recipe.verl_renames", description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, help="a git directory of verl (bare is fine): write the extract from it")

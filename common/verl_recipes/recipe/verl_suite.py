@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,11 +22,12 @@ from typing import Any
 
 import yaml
 
-from verl_recipes import RecipeError, inflight
+from verl_recipes import RecipeError, inflight, one_line_errors
 from verl_recipes.paths import repo_root
 from verl_recipes.recipe.metadata import Recipe
 from verl_recipes.recipe.verl_command import Override, VerlCommand, read_text
 from verl_recipes.recipe.verl_job import verl_job
+from verl_recipes.recipe.verl_renames import git_out
 
 #: verl's example folders the suite reads, and the quickstart of its documentation
 FOLDERS = ("examples/grpo_trainer", "examples/ppo_trainer")
@@ -131,10 +131,6 @@ def name_of(path: str) -> str:
     return f"{kind}-{stem}".replace("_", "-").replace(".", "")
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
-
-
 def quickstart_command(rst: str) -> str:
     """The GSM8K quickstart's trainer command in verl's docs: the `code-block:: bash` that calls it,
     at its own line numbers (the lines before it left blank)."""
@@ -180,13 +176,15 @@ def name_path(source: str) -> str:
 def read_repo(repo: Path, commit: str) -> dict[str, Any]:
     """Every script of FOLDERS and the quickstart at `commit`, read, and each one's reason where
     it is out."""
-    full = _git(repo, "rev-parse", commit).strip()
+    full = git_out(repo, "rev-parse", commit).strip()
     paths = [
-        p for p in _git(repo, "ls-tree", "--name-only", full, *(f + "/" for f in FOLDERS)).split() if p.endswith(".sh")
+        p
+        for p in git_out(repo, "ls-tree", "--name-only", full, *(f + "/" for f in FOLDERS)).split()
+        if p.endswith(".sh")
     ]
     doc: dict[str, Any] = {}
     for path in [QUICKSTART, *sorted(paths)]:
-        text = _git(repo, "show", f"{full}:{path}")
+        text = git_out(repo, "show", f"{full}:{path}")
         body = quickstart_command(text) if path == QUICKSTART else text
         rec: dict[str, Any] = {"path": path, "commit": full, "sha256": hashlib.sha256(text.encode()).hexdigest()}
         try:
@@ -204,6 +202,7 @@ def read_repo(repo: Path, commit: str) -> dict[str, Any]:
     return doc
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_recipes.recipe.verl_suite", description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, required=True, help="a git directory of verl (bare is fine)")
