@@ -425,7 +425,7 @@ def budgets_text(label: str, s: Setup, gpus: list[GPU], provider: str | None = N
             f"read / {g.bandwidth / 1e12:.2f} TB/s), {d.tokens_per_s:,.0f} generated tokens/s, "
             f"{d.rollout_s:.0f} s for {d.sequences} x {d.response_tokens} tokens"
         )
-        phases = ", ".join(f"{k} {v:.0f} s" for k, v in e.phases.items())
+        phases = ", ".join(f"{k} {v:.0f} s" if v >= 10 else f"{k} {v:.1f} s" for k, v in e.phases.items())
         lines.append(
             f"  step, PREDICTED ({pr.describe()}; predict/speed_fits.yaml; {g.bf16_flops / 1e12:.0f} TFLOPS, "
             f"every sequence at full length): {phases}; "

@@ -112,6 +112,12 @@ def markdown(rows: list[Row], priors: SpeedPriors) -> str:
         "figure a PREDICTION. error = (predicted - measured) / measured. Whole jobs only: a rank "
         "rehearsal's step is one rank's compute.\n",
         f"Priors: {priors.describe()}.\n",
+        "The priors beyond the roofline are fitted to the runs with every fix on that changes the rate "
+        "(`verl_recipes/plan/speed_fit.py`, `predict/speed_fits.yaml`): those rows are the fit's own; "
+        "each configuration's step error with its runs left out of the fit is the file's "
+        "`step_error_held_out`. A run without such a fix (last column) times verl's slower code "
+        "(its 2-second rollout poll, its own weight sync, unchunked log-probabilities): the model "
+        "prices the recipe's, so those rows read low.\n",
         "## Summary\n",
         "```",
         *summary(rows),
