@@ -23,7 +23,10 @@ the recipe's, and a large error there is the fix's absence. The summary gives, p
 median, 10th and 90th percentile of the error over every row and over the rows of runs with every
 rate fix on.
 
-`--write FILE` writes the table (validation/speed-errors.md is the committed one).
+`--write FILE` first regenerates the step-time model's fitted priors from these runs
+(`plan.speed_fit`, the data file `predict/speed_fits.yaml`), then writes the table judged with
+them (validation/speed-errors.md is the committed one). The runs are read and priced in
+`plan.speed_fit.judged_runs`, the one reader both use.
 """
 
 from __future__ import annotations
