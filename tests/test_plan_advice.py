@@ -136,3 +136,16 @@ def test_a_committed_run_of_the_job_on_that_gpu_is_shown_and_decides(capsys: pyt
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("h200-141g: measured run"))
     assert line.startswith("h200-141g: measured run (recipes/7b-lora/results/") and "on NVIDIA H200" in line
     assert "the planner alone says" in line
+
+
+def test_a_tight_jobs_margin_is_bought_first_with_a_knob_that_keeps_what_is_trained(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """verl's run_qwen2-7b_rm.sh on an H100 80GB is tight (79.2 of 79.6 GiB); LoRA would lower the
+    peak most, but a full fine-tune turned into a LoRA one is another job: the micro-batches that
+    buy the margin come first, and LoRA is never the knob named while such a one exists."""
+    r = _plan_here(capsys, "--verl-example", "ppo-qwen2-7b-rm", "--gpu", "h100-80g")
+    assert r.returncode == 3, r.stdout[-2000:]
+    buy = [ln for ln in r.stdout.splitlines() if ln.startswith("  to buy the margin: ")]
+    assert buy and buy[0].startswith("  to buy the margin: smaller micro-batches: "), buy
+    assert not any("LoRA" in ln for ln in buy), buy

@@ -264,8 +264,12 @@ def run(args: argparse.Namespace) -> int:
     asked = Composition(tuple(args.variant), tuple(args.sets), args.gpus, args.layers, tuple(args.verl_fix_off))
     j = judgement(label, s, recipe, asked, gpus, args.tokens_per_s, args.provider)
     print(json.dumps(plan_json(j), indent=2) if args.json else render_text(j))
-    # a gate: with --gpu, the worst verdict of the GPUs named decides (predict.margin.EXIT: 0 fits,
-    # 3 tight, 1 does not fit); without --gpu, plan only informs
+    return gate(j, gpus)
+
+
+def gate(j: Judgement, gpus: list[GPU]) -> int:
+    """plan's exit status, for a recipe and a verl job alike: with --gpu, the worst verdict of the
+    GPUs named (predict.margin.EXIT: 0 fits, 3 tight, 1 does not fit); without, plan only informs."""
     return max(EXIT[m.word] for m in j.margins.values()) if gpus else 0
 
 
@@ -281,33 +285,15 @@ def _verl_job(args: argparse.Namespace, vjob: Any) -> int:
     gpus = [parse_gpu(g) for g in args.gpu]
     label = f"{vjob.name}" + (f" at {args.layers} layer(s)" if args.layers else "")
     asked = Composition(layers=args.layers, fixes_off=tuple(args.verl_fix_off))
-    text, fits = judge(label, s, None, asked, gpus, args.tokens_per_s, args.provider, args.json)
+    j = judgement(label, s, None, asked, gpus, args.tokens_per_s, args.provider)
     lines = header(vjob)
     if args.json:
-        doc = json.loads(text)
+        doc = plan_json(j)
         doc["verl_job"] = {"source": vjob.source, "mapped": list(vjob.mapped), "header": lines}
         print(json.dumps(doc, indent=2))
     else:
-        print("\n".join([*lines, "", text]))
-    return 0 if not gpus or all(fits.values()) else 1
-
-
-def judge(
-    label: str,
-    s: Setup,
-    recipe: Recipe | None = None,
-    asked: Composition | None = None,
-    gpus: list[GPU] | None = None,
-    tokens_per_s: float | None = None,
-    provider: str | None = None,
-    as_json: bool = False,
-) -> tuple[str, dict[str, bool]]:
-    """The plan of one configuration (`recipe` composed as `asked`) on `gpus` (default: every
-    catalogued GPU), with what would make it fit where it does not, as text or JSON, and whether it
-    fits per GPU id (tight included): the calibrated prediction where the recipe has one for this
-    layout (`plan.advice`), else the planner's. `judgement` has the verdict in its three words."""
-    j = judgement(label, s, recipe, asked, gpus, tokens_per_s, provider)
-    return (json.dumps(plan_json(j), indent=2) if as_json else render_text(j)), j.fits
+        print("\n".join([*lines, "", render_text(j)]))
+    return gate(j, gpus)
 
 
 def judgement(
@@ -388,9 +374,11 @@ def _headroom(
     recipe: Recipe | None, asked: Composition, s: Setup, p: GPUPlan, cal: Calibrated | None, m: Margin, c: Constants
 ) -> Advice:
     """What buys a tight job its margin on one GPU: the recipe's variants and the planner's knobs
-    judged on the card less the band (and less what a calibration adds to the planner)."""
+    judged on the card less the band (and less what a calibration adds to the planner); of the
+    knobs that buy it, one that keeps what is trained (not LoRA, not bf16 master weights) first."""
     g = judged_gpu(p.gpu, excess(p, cal) + m.band)
     sg = [x for x in helpful(s, g, c) if x.plan.fits and x.knob.setup.world == s.world]
+    sg.sort(key=lambda x: x.knob.changes_training)  # stable: the lowest peak first within each kind
     return Advice(
         judged_against=g,
         variants=fitting_variants(recipe, asked, g),

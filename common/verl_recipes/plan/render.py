@@ -1,6 +1,6 @@
 """What `verl-recipes plan` prints: a judged job as text, or as JSON a script can read.
 
-`cli.judge` decides (the model's plans, the evidence per GPU, the verdict, the advice, the cost,
+`cli.judgement` decides (the model's plans, the evidence per GPU, the verdict, the advice, the cost,
 the host RAM) and hands one `Judgement` here; nothing here plans or reads a run, so the two
 outputs say the same thing by construction.
 """

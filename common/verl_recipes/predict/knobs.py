@@ -31,6 +31,9 @@ class Knob:
     name: str
     sets: tuple[str, ...]
     setup: Setup
+    # the knob changes what is trained, not only where and how: LoRA in place of every weight,
+    # bf16 master weights in place of fp32; a margin is bought with the others first
+    changes_training: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def _offload_knobs(s: Setup) -> list[Knob]:
             (fsdp and role.param_bytes == 4, "model_dtype bf16", "model_dtype=bf16", replace(role, param_bytes=2)),
         ]
         knobs += [
-            Knob(f"{which} {name}", (f"{key}.{setting}",), _with(s, which, changed))
+            Knob(f"{which} {name}", (f"{key}.{setting}",), _with(s, which, changed), name == "model_dtype bf16")
             for applies, name, setting, changed in options
             if applies
         ]
@@ -218,6 +221,7 @@ def _lora_knobs(s: Setup) -> list[Knob]:
                 f"actor LoRA rank {LORA_RANK}",
                 (f"actor_rollout_ref.model.lora_rank={LORA_RANK}",),
                 replace(s, actor=replace(s.actor, lora_rank=LORA_RANK), ref=ref),
+                changes_training=True,
             )
         )
     if s.critic is not None and s.critic.lora_rank == 0 and s.critic.backend == "fsdp":
@@ -226,6 +230,7 @@ def _lora_knobs(s: Setup) -> list[Knob]:
                 f"critic LoRA rank {LORA_RANK}",
                 (f"critic.model.lora_rank={LORA_RANK}",),
                 replace(s, critic=replace(s.critic, lora_rank=LORA_RANK)),
+                changes_training=True,
             )
         )
     return knobs
