@@ -149,3 +149,15 @@ def test_a_tight_jobs_margin_is_bought_first_with_a_knob_that_keeps_what_is_trai
     buy = [ln for ln in r.stdout.splitlines() if ln.startswith("  to buy the margin: ")]
     assert buy and buy[0].startswith("  to buy the margin: smaller micro-batches: "), buy
     assert not any("LoRA" in ln for ln in buy), buy
+
+
+def test_knobs_applied_twice_read_as_one_change_with_each_key_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """verl's run_qwen2-7b.sh on an H100 fits after halving its micro-batches twice: the line a
+    user copies names the knob once and sets each key once, at the last value (a key given twice
+    on a command line is the later one, which a reader should not have to know)."""
+    r = _plan_here(capsys, "--verl-example", "grpo-qwen2-7b", "--gpu", "h100-80g")
+    assert r.returncode == 1
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("  to fit on 8 GPU(s): "))
+    keys = [x.split("=")[0] for x in line.split(" --set ")[1:]]
+    assert len(keys) == len(set(keys)), line
+    assert "smaller micro-batches (x2): " in line and "ppo_micro_batch_size_per_gpu=10 " in line, line

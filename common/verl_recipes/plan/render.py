@@ -120,14 +120,26 @@ def _headroom_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
             f"host RAM about {host_bytes(best.knob.setup, j.fixes_off) / GIB:.0f} GiB)"
         )
     elif adv.path:
-        sets = [x for step in adv.path for x in step.knob.sets]
         out.append(
-            f"  to buy the margin: {' + '.join(st.knob.name for st in adv.path)}: --set {' --set '.join(sets)} "
-            f"(the planner's peak {_g(adv.path[-1].plan.peak.total)} GiB)"
+            f"  to buy the margin: {_path_text(adv.path)} (the planner's peak {_g(adv.path[-1].plan.peak.total)} GiB)"
         )
     if not out:
         out.append(f"  no recipe variant or knob of the planner buys {_g(m.band)} GiB on {p.gpu.id}")
     return out
+
+
+def _path_text(steps: list[Suggestion]) -> str:
+    """Knobs applied one after another as one change: each knob named once (with how many times
+    it was applied) and each key set once, at the value the last step gave it."""
+    names: dict[str, int] = {}
+    sets: dict[str, str] = {}
+    for st in steps:
+        names[st.knob.name] = names.get(st.knob.name, 0) + 1
+        for line in st.knob.sets:
+            key, _, value = line.partition("=")
+            sets[key] = value
+    named = " + ".join(n if k == 1 else f"{n} (x{k})" for n, k in names.items())
+    return f"{named}: --set " + " --set ".join(f"{k}={v}" for k, v in sets.items())
 
 
 def _dominant_terms(ref: GPUPlan) -> list[str]:
@@ -166,11 +178,8 @@ def _advice_lines(j: Judgement, p: GPUPlan, adv: Advice | None) -> list[str]:
     path, more = adv.path, adv.more_gpus_path
     for title, steps in ((f"to fit on {s.world} GPU(s)", path), ("to fit with more GPUs", more)):
         if steps:
-            sets = [x for step in steps for x in step.knob.sets]
-            out.append(
-                f"  {title}: {' + '.join(st.knob.name for st in steps)}: --set {' --set '.join(sets)} "
-                f"(peak {_g(steps[-1].plan.peak.total)} GiB; {ram(steps[-1].knob.setup)})"
-            )
+            last = steps[-1]
+            out.append(f"  {title}: {_path_text(steps)} (peak {_g(last.plan.peak.total)} GiB; {ram(last.knob.setup)})")
     if not path:
         out.append(
             f"  no combination of the planner's knobs fits on {s.world} GPU(s)"
