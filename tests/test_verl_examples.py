@@ -265,6 +265,9 @@ def test_train_rehearses_on_a_cpu_the_job_plan_judged(
     assert "== rank rehearsal (0 of 2)" in out
     assert out.splitlines()[0] == f"verl job: {SCRIPT} (28 keys set)"  # the header `plan` prints
     assert "not modelled: actor_rollout_ref.actor.entropy_from_logits_with_chunking" in out
+    # the pre-flight names the job as it was asked for, not by the keys the script sets
+    host = next(ln for ln in out.splitlines() if "host RAM: " in ln)
+    assert f"host RAM: --verl-script {SCRIPT} (one rank's processes) needs about " in host, host
     cfg = OmegaConf.load(run / "verl_config.yaml")
     assert cfg.trainer.total_training_steps == 2 and list(cfg.trainer.logger) == ["console", "file", "tensorboard"]
     assert cfg.actor_rollout_ref.actor.entropy_from_logits_with_chunking is True  # kept, as written

@@ -117,11 +117,17 @@ class Job:
     name: RunName
     # the command line named the run folder (--run-dir): the same command comes back to it
     run_dir_named: bool = True
+    # a verl job as the command line names it (`typed_name`), for the lines that name the job;
+    # None for a recipe id
+    typed: str | None = None
 
     @property
     def label(self) -> str:
-        """The job as the user types it, `7b-lora --variant 24gib --set k=v`: what the pre-flight's
+        """The job as the user types it, `7b-lora --variant 24gib --set k=v` or `--verl-example NAME`
+        with the user's own --set lines (not the dozens a verl script sets): what the pre-flight's
         host-RAM line names."""
+        if self.typed is not None:
+            return self.typed
         return " ".join(
             [self.recipe.id, *(f"--variant {v}" for v in self.variants), *(f"--set {x}" for x in self.sets)]
         )
@@ -221,6 +227,21 @@ def recipe_sets_layout(args: argparse.Namespace) -> tuple[Recipe, tuple[str, ...
     return vjob.recipe, vjob.sets, vjob.layout
 
 
+def typed_name(args: argparse.Namespace) -> str | None:
+    """A verl job as its command line names it, with the user's own --set lines; None for a recipe."""
+    if args.verl_example:
+        named = f"--verl-example {args.verl_example}"
+    elif args.verl_script:
+        named = f"--verl-script {args.verl_script}"
+    elif args.recipe and str(args.recipe).endswith(".sh"):
+        named = str(args.recipe)
+    elif args.rest:
+        named = "the verl command after --"
+    else:
+        return None
+    return " ".join([named, *(f"--set {x}" for x in args.sets)])
+
+
 def decide(args: argparse.Namespace) -> Job:
     """The job the command line asks for on this host; refuses in one line what cannot run."""
     recipe, sets, layout = recipe_sets_layout(args)
@@ -316,4 +337,5 @@ def decide(args: argparse.Namespace) -> Job:
         rank=rank,
         name=name,
         run_dir_named=args.run_dir is not None,
+        typed=typed_name(args),
     )
