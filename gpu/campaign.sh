@@ -12,6 +12,9 @@
 #     requires: `-`; NAME (an earlier run must have passed); `!NAME` (it must have failed: the next
 #               step of a bisection).
 #   OUT_DIR/status.tsv gets one line per run: name, exit code, seconds, run folder.
+#   A `train` line's run name begins with the card it is written for (`h200x1-...`); on a host of
+#   another card (CAMPAIGN_CARD, else this host's GPU family from NVML: `h100`) the run folder takes
+#   this host's card in its name, said in the log, so no folder names a card it did not run on.
 # Several campaigns may share a host, one per GPU set (CUDA_VISIBLE_DEVICES from the caller): after
 # each run only that run's own processes are ended (`verl-recipes reap`), never another campaign's.
 set -euo pipefail
@@ -26,6 +29,7 @@ trap 'echo "$?" >"$out/DONE"' EXIT
 command -v verl-recipes >/dev/null || { echo "campaign: verl-recipes is not on PATH; install the wheelhouse first" >&2; exit 2; }
 status="$out/status.tsv"
 touch "$status"
+card=${CAMPAIGN_CARD:-$(python3 -c 'from verl_recipes.job import local_gpus; print(local_gpus()[2])' 2>/dev/null || true)}
 
 # exit code of an earlier run in this campaign ("" if it has not run)
 rc_of() { awk -F'\t' -v n="$1" '$1 == n { rc = $2 } END { print rc }' "$status"; }
@@ -59,6 +63,11 @@ while IFS='|' read -r name limit requires what; do
     timeout --kill-after=30 "$limit" bash "${words[0]}" "$run" "${words[@]:1}" >"$run/script.log" 2>&1 || rc=$?
     verl-recipes reap --under "$run" || true
   else
+    leaf=${name##*/}
+    if [[ -n "$card" && "$leaf" =~ ^([a-z0-9]+)(x[0-9]+-.*)$ && "${BASH_REMATCH[1]}" != "$card" ]]; then
+      run="$out/runs/${name%"$leaf"}$card${BASH_REMATCH[2]}"
+      echo "== campaign: $name is named for a ${BASH_REMATCH[1]}; this host's card is a $card: its run folder is $run"
+    fi
     # shellcheck disable=SC2086
     timeout --kill-after=30 "$limit" verl-recipes train $what --run-dir "$run" --quiet || rc=$?
     [[ -d "$run" ]] && { verl-recipes reap "$run" || true; }

@@ -368,3 +368,27 @@ def test_start_takes_the_carried_trees_commit_and_every_run_records_it(root: Pat
     x = _offline_host(root, env, "exec", "true")
     assert x.returncode == 0 and "exec: VERL_RECIPES_GIT_COMMIT is not set" in x.stderr
     assert _offline_host(root, env | {"VERL_RECIPES_GIT_COMMIT": commit}, "exec", "true").stderr == ""
+
+
+def test_a_line_named_for_another_card_runs_into_a_folder_named_for_this_hosts(root: Path, tmp_path: Path) -> None:
+    """Campaign lines are written for one card (`h200x1-...`) and run on whichever host comes; a
+    folder named h200x1 holding an H100's run would tell a card it did not run on. gpu/campaign.sh
+    names the folder for this host's card (CAMPAIGN_CARD here, NVML on a GPU host) and says so;
+    the status line keeps the campaign's name, which a later line's `requires` names. The real
+    runner and a real `train --preview` (about 10 s)."""
+    bindir = Path(sys.executable).parent
+    if not (bindir / "verl-recipes").exists():
+        pytest.skip(f"verl-recipes is not installed beside {sys.executable} (pip install -e .)")
+    campaign, out = tmp_path / "c.txt", tmp_path / "out"
+    campaign.write_text("7b-lora/h200x1-ppo|300|-|7b-lora --preview --steps 1\n")
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CAMPAIGN_CARD": "h100"}
+    r = subprocess.run(
+        ["bash", "gpu/campaign.sh", str(campaign), str(out)], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    moved = out / "runs" / "7b-lora" / "h100x1-ppo"
+    said = f"is named for a h200; this host's card is a h100: its run folder is {moved}"
+    assert f"== campaign: 7b-lora/h200x1-ppo {said}" in r.stdout, r.stdout
+    assert (moved / "verl_config.yaml").is_file() and not (out / "runs" / "7b-lora" / "h200x1-ppo").exists()
+    name, rc, _, folder = (out / "status.tsv").read_text().strip().split("\t")
+    assert (name, rc, folder) == ("7b-lora/h200x1-ppo", "0", str(moved))
