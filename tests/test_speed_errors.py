@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+from verl_recipes import RecipeError
 from verl_recipes.paths import repo_root
+from verl_recipes.plan.comm_fit import FIT_PATH as COMM_FIT
+from verl_recipes.plan.errors import main_errors
 from verl_recipes.plan.runs import judged_setup, read_run
-from verl_recipes.plan.speed_errors import markdown, speed_rows
+from verl_recipes.plan.speed_errors import main_speed_errors, markdown, speed_rows
 from verl_recipes.plan.speed_fit import FIT_PATH, Judged, fit, judged_runs, measured_phases, render
 from verl_recipes.predict.gpus import catalogued
 from verl_recipes.predict.speed import FITTED, SpeedPriors, load_priors, seconds, terms
@@ -81,3 +85,13 @@ def test_the_fit_reads_only_runs_with_every_rate_fix_on(judged: list[Judged], fi
     assert ev["training_phases"]["n"] >= 2 * len(fitted["priors"])
     # one held-out figure per configuration, each named by one of the fit's own runs
     assert len(ev["step_error_held_out"]) == ev["configurations"] and set(ev["step_error_held_out"]) <= clean
+
+
+def test_a_write_into_a_missing_folder_writes_no_fit_first(tmp_path: Path) -> None:
+    """`--write` regenerates the fitted data files before the table; a table path in a folder that
+    does not exist is refused in one line before any of them is written, for both error tables."""
+    before = {p: p.stat().st_mtime_ns for p in (repo_root() / FIT_PATH, repo_root() / COMM_FIT)}
+    for main in (main_speed_errors, main_errors):
+        with pytest.raises(RecipeError, match="does not exist: create it"):
+            main(write=tmp_path / "absent" / "table.md")  # type: ignore[operator]
+    assert {p: p.stat().st_mtime_ns for p in before} == before

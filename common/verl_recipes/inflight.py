@@ -304,6 +304,16 @@ def staged_dir(target: Path, what: str) -> Iterator[Path]:
             held.release()
 
 
+def check_folder(target: Path, what: str = "") -> None:
+    """The one line for a file asked to go into a folder that does not exist; a command that writes
+    other files before it calls this first, so a bad path writes nothing."""
+    if not target.parent.is_dir():
+        raise RecipeError(
+            f"{what or 'the file'} goes to {target}, but the folder {target.parent} does not exist: "
+            "create it or give a path in an existing folder"
+        )
+
+
 @contextlib.contextmanager
 def staged_file(target: Path, what: str = "") -> Iterator[Path]:
     """A temporary path beside `target`, renamed onto it (atomically) when the block completes.
@@ -311,11 +321,7 @@ def staged_file(target: Path, what: str = "") -> Iterator[Path]:
     A missing folder is refused here, in one line, before anything is written: the temporary
     path sits in it, so without the check the first write would fail with an OSError naming
     the hidden temporary file, not the path the user gave."""
-    if not target.parent.is_dir():
-        raise RecipeError(
-            f"{what or 'the file'} goes to {target}, but the folder {target.parent} does not exist: "
-            "create it or give a path in an existing folder"
-        )
+    check_folder(target, what)
     tmp = partial_path(target)
     try:
         with writing(what or "the file", target):

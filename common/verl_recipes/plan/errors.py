@@ -153,6 +153,7 @@ def main_errors(
     if not 0 < tolerance < 1:
         raise RecipeError(f"--tolerance {tolerance}: give a fraction such as 0.10")
     if write is not None:  # the FSDP communicator fit first: the device rows are planned with it
+        inflight.check_folder(write, "the error table")
         comm_file = write_comm_fit(root or repo_root())
         print(f"wrote {comm_file}" if comm_file else "communicator fit: its runs are not in this checkout")
     rows, ok = error_rows(root, tolerance)

@@ -144,6 +144,7 @@ def main_speed_errors(write: Path | None = None, root: Path | None = None) -> in
     priors = load_priors()
     judged = judged_runs(base)
     if write is not None:  # the fit first: the table is judged with it
+        inflight.check_folder(write, "the speed error table")
         fit_file = write_fit(judged, base)
         print(f"wrote {fit_file}")
         priors = load_priors(fit_file)
