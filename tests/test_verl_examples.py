@@ -328,3 +328,34 @@ def test_the_suite_and_rename_tools_refuse_a_folder_or_commit_git_does_not_hold_
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: git -C ") and said in lines[0], proc.stderr
+
+
+def test_an_unmerged_lora_job_passes_verls_checks_on_a_host_without_vllm() -> None:
+    """verl's last start-up check (the LoRA ranks vLLM allows, for an adapter sent unmerged) imports
+    `verl.third_party.vllm`, which raises ValueError, not ImportError, where vLLM is absent: the
+    Qwen2.5-3B LoRA example's CPU rehearsal was refused as "verl refuses the configuration". The
+    checks pass with a note on such a host, and a check verl fails before that one is still its
+    refusal in one line."""
+    import importlib.util
+
+    from verl_recipes import RecipeError
+    from verl_recipes.plan.verl_script import compose_job
+    from verl_recipes.recipe.start_checks import verl_validate
+    from verl_recipes.recipe.verl_job import verl_job
+    from verl_recipes.recipe.verl_suite import entry
+    from verl_recipes.workload.arch import resolve_arch
+    from verl_recipes.workload.synth import shape_config
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: verl's LoRA-rank check runs whole")
+    e = entry("grpo-qwen2-5-3b-gsm8k-grpo-lora")
+    cfg, _ = compose_job(verl_job(e.command(), e.name))
+    assert cfg.actor_rollout_ref.model.lora_rank == 64 and cfg.actor_rollout_ref.rollout.name == "vllm"
+    assert not cfg.actor_rollout_ref.model.get("lora", {}).get("merge", False)  # the check is reached
+    note = verl_validate(cfg, shape_config(resolve_arch("qwen2.5-3b")))
+    assert note == "verl's LoRA-rank check for vLLM needs vLLM, which this host lacks; a GPU host runs it"
+    cfg.actor_rollout_ref.rollout.temperature = 0.0
+    cfg.actor_rollout_ref.rollout.val_kwargs.do_sample = True
+    cfg.actor_rollout_ref.rollout.val_kwargs.temperature = 0.0
+    with pytest.raises(RecipeError, match=r"^verl refuses the configuration at start-up: "):
+        verl_validate(cfg, shape_config(resolve_arch("qwen2.5-3b")))

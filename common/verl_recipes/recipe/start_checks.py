@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import io
 import json
 import tempfile
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +62,23 @@ def check_data(cfg: DictConfig, ours: Path) -> None:
             check_parquet(path, prompt_key, rows if len(files) == 1 else 1, f"{key}:", missing)
 
 
+_NO_VLLM = "verl's LoRA-rank check for vLLM needs vLLM, which this host lacks; a GPU host runs it"
+
+
+def _vllm_absent(e: BaseException) -> bool:
+    """Whether `e` is verl's import of vLLM failing because no vLLM is installed.
+
+    verl's LoRA-rank check (the last of `validate_config`, for an adapter vLLM receives unmerged)
+    imports `verl.third_party.vllm`, which raises ValueError ("vllm version None not supported"),
+    not ImportError, when the package is missing: on a CPU host that is a host without vLLM, not a
+    configuration verl refuses.
+    """
+    if importlib.util.find_spec("vllm") is not None:
+        return False
+    frames = traceback.extract_tb(e.__traceback__)
+    return isinstance(e, ValueError) and any("third_party/vllm" in f.filename.replace("\\", "/") for f in frames)
+
+
 def verl_validate(cfg: DictConfig, shape: dict[str, Any] | None = None) -> str | None:
     """verl's start-up validation on a copy; a refusal is one RecipeError line. Returns a note when
     a check needs a package this host lacks (vLLM's LoRA ranks on a CPU host).
@@ -86,8 +105,10 @@ def verl_validate(cfg: DictConfig, shape: dict[str, Any] | None = None) -> str |
         except ImportError as e:  # the last check imports vLLM for the LoRA ranks it allows
             if "vllm" not in str(e.name or e):
                 raise
-            return "verl's LoRA-rank check for vLLM needs vLLM, which this host lacks; a GPU host runs it"
+            return _NO_VLLM
         except Exception as e:  # verl raises AssertionError, ValueError and Hydra's InstantiationException
+            if _vllm_absent(e):
+                return _NO_VLLM
             msg = " ".join(str(e).split()) or type(e).__name__
             raise RecipeError(f"verl refuses the configuration at start-up: {msg}") from None
     notes = [x for x in said.getvalue().splitlines() if x.strip() and "All configuration checks passed" not in x]
