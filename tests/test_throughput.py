@@ -38,3 +38,19 @@ def test_the_table_carries_nemo_rls_figure_with_its_source_and_a_run_once_named(
     f = run_row(root / RUN)
     cells = f"| 1 x H200 | 8 x 8 = 64 answers | {f['avg_len']:,.0f} (answers) | {f['tokens_per_s_per_gpu']:,.0f} |"
     assert cells in named
+
+
+def test_every_prose_mention_of_nemo_rls_rate_is_a_published_figure_of_the_index(root: Path) -> None:
+    """A README sentence that quotes NeMo RL's tokens/s per GPU quotes a figure of
+    comparisons/throughput.yaml, the one owner of the published figures (a stale 1,562 once stood
+    in the 7b-lora summary beside the table's 1,581)."""
+    import re
+
+    published = {p["tokens_per_s_per_gpu"] for p in yaml.safe_load((root / INDEX).read_text())["published"]}
+    said = re.compile(r"NeMo[- ]RL(?: v[\d.]+)? publishes ([\d,]+) tokens/s per GPU")
+    found = []
+    for readme in [root / "README.md", *sorted(root.glob("recipes/*/README.md"))]:
+        for m in said.finditer(" ".join(readme.read_text().split())):
+            found.append((readme.relative_to(root), int(m.group(1).replace(",", ""))))
+    assert found, "no prose mention of NeMo RL's rate: the check reads nothing"
+    assert [f for f in found if f[1] not in published] == []
