@@ -139,8 +139,16 @@ class HostConstants:
     # of `--workers=16` and its parent, forked from the trainer), 6.28 GiB RSS mid-update in
     # 7b-lora's two packed runs and 6.46-6.80 in 70b-3d's four; the median. They are forked, so
     # their pages are the trainer's: PSS barely moves (the packed runs' PSS matched the fit
-    # without them), and the term is counted at RSS only.
+    # without them), and the term is counted at RSS only (`forked_peak_rss` says when it is held).
     inductor_workers_rss: int = round(6.6 * GIB)
+    # A dataloader worker (`data.dataloader_num_workers`) beyond the fits' two, and each of the
+    # validation dataloader's while a validation runs: forked from the TaskRunner after it read the
+    # dataset, so its pages are the TaskRunner's and PSS barely moves; counted at RSS only. Each
+    # held 0.83-0.86 GiB of RSS in the GSM8K quickstart's runs (eight for training, sixteen during
+    # its final validation: validation/verl-examples/results/gsm8k-quickstart/h100x1-ppo and
+    # -rank0of1) and 0.74-0.76 in 7b-lora's (two, no validation: h200x1-ppo-5, h200x1-grpo-8x8-2).
+    dataloader_worker_rss: int = round(0.84 * GIB)
+    fitted_dataloader_workers: int = 2
     extra_trainer_bytes: int = round(2.8 * GIB)
     extra_vllm_worker_bytes: int = round(1.9 * GIB)
     fitted_agent_workers: int = 2
@@ -500,7 +508,8 @@ def cpu_backup_sync(s: Setup, fixes_off: Iterable[str] = ()) -> bool:
 
 def compiles_entropy(s: Setup) -> bool:
     """Whether the trainer runs torch.compile, which starts inductor's compile workers at the first
-    log-prob pass (step 1) and keeps them to the end. verl 0.9.1's Megatron engine always compiles
+    log-prob pass (step 1) and keeps them until 60 s after its last compile (`forked_peak_rss`;
+    the short runs the term was read from ended inside that minute). verl 0.9.1's Megatron engine always compiles
     a piece of its vocab-parallel entropy (`_VocabParallelEntropy.forward`'s `mul_reduce`); the
     FSDP engine compiles `entropy_from_logits` when `use_torch_compile` (the default) and calls it
     on the padding-free path only (`use_remove_padding`), the padded path calling it uncompiled.
@@ -510,6 +519,22 @@ def compiles_entropy(s: Setup) -> bool:
     if s.actor.backend == "megatron":
         return True
     return s.remove_padding and s.torch_compile
+
+
+def forked_peak_rss(s: Setup, c: HostConstants) -> int:
+    """The RSS of the worker processes that come and go within the steps, at their largest: torch
+    inductor's compile pool (`compiles_entropy`), from the first compile in step 1 until 60 s
+    after the last (`torch._inductor.config.quiesce_async_compile_time`: the pool's workers exit,
+    its parent stays), or the validation dataloader's workers (`data.dataloader_num_workers`, a
+    `StatefulDataLoader` iterated by each validation, beside the train dataloader's). verl
+    validates every `test_freq` steps and at the last; the pool, compiling in step 1, has gone by
+    then unless the steps are short: the GSM8K quickstart's pool left 60 s after its last compile,
+    in step 2, and its final validation ran its sixteen dataloader workers without it
+    (validation/verl-examples/results/gsm8k-quickstart/h100x1-ppo). The larger of the two, not
+    their sum."""
+    inductor = c.inductor_workers_rss if compiles_entropy(s) else 0
+    validation = s.dataloader_workers * c.dataloader_worker_rss if s.validates else 0
+    return max(inductor, validation)
 
 
 def adapter_base_sync(s: Setup) -> bool:
@@ -617,9 +642,13 @@ def _bases(
     fitted = c.fitted_agent_workers + c.fitted_reward_workers + c.fitted_storage_units
     workers = agents + rewards + units - fitted
     pss_extra = train_extra - workers * c.pool_worker_shared_bytes
-    inductor = c.inductor_workers_rss if compiles_entropy(s) else 0
+    # forked workers, counted at RSS: the train dataloader's beyond the fits' for the whole run, and
+    # the larger of inductor's compile pool and a validation's dataloader workers, which do not meet
+    # (`forked_peak_rss`)
+    loaders = (s.dataloader_workers - c.fitted_dataloader_workers) * c.dataloader_worker_rss
+    forked = loaders + forked_peak_rss(s, c)
     return (
-        (c.base_train_rss + train_extra + inductor, c.base_train_pss + pss_extra),
+        (c.base_train_rss + train_extra + forked, c.base_train_pss + pss_extra),
         (c.base_first_sync_rss + train_extra, c.base_first_sync_pss + pss_extra),
         (c.base_load_rss + load_extra, c.base_load_pss + load_extra),
     )

@@ -138,6 +138,11 @@ class Setup:
     # `actor.use_torch_compile` (verl's default true): the FSDP engine compiles its entropy on the
     # padding-free path, which starts torch inductor's compile workers. Host RAM only.
     torch_compile: bool = field(default=True, compare=False)
+    # `data.dataloader_num_workers`: the worker processes of verl's train dataloader, forked from
+    # the TaskRunner for the whole run, and as many again for its validation dataloader while a
+    # validation runs (`trainer.test_freq` > 0: every test_freq steps and the last). Host RAM only.
+    dataloader_workers: int = field(default=8, compare=False)
+    validates: bool = field(default=False, compare=False)
     # The longest sequence (prompt + response) a measured run's batches held, from verl's logged
     # `prompt_length/max` + `response_length/max`; None (every plan of a configuration) means the
     # bound, `seq_len`. verl's trainer pads a micro-batch to its longest sequence, or packs it
@@ -385,6 +390,15 @@ def _pool(key: str, value: Any, what: str = "workers") -> int:
     return int(value)
 
 
+def _dataloader_workers(cfg: Any) -> int:
+    """`data.dataloader_num_workers` (verl's default 8; 0 loads in the TaskRunner itself)."""
+    key = "data.dataloader_num_workers"
+    value = int(_sel(cfg, key, 8, required=False))
+    if value < 0:
+        raise RecipeError(f"{key}={value}: give 0 (load in the trainer) or more worker processes")
+    return value
+
+
 def _reward_workers(cfg: Any) -> int:
     """`reward.num_workers`, or the legacy `reward_model.num_workers`, which verl 0.9.1 copies over
     it when set (its default is null)."""
@@ -546,6 +560,8 @@ def setup_from_config(cfg: Any, arch: Arch, fixes_off: Sequence[str] = ()) -> Se
         reward_workers=_reward_workers(cfg),
         storage_units=_pool(STORAGE_UNITS, _sel(cfg, STORAGE_UNITS, 8, required=False), "storage units"),
         torch_compile=bool(_sel(cfg, f"{a}.use_torch_compile", True, required=False)),
+        dataloader_workers=_dataloader_workers(cfg),
+        validates=int(_sel(cfg, "trainer.test_freq", -1, required=False)) > 0,
     )
     check_layout(setup)
     return setup
