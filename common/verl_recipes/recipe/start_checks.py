@@ -76,7 +76,7 @@ def _vllm_absent(e: BaseException) -> bool:
     if importlib.util.find_spec("vllm") is not None:
         return False
     frames = traceback.extract_tb(e.__traceback__)
-    return isinstance(e, ValueError) and any("third_party/vllm" in f.filename.replace("\\", "/") for f in frames)
+    return isinstance(e, ValueError) and any("/verl/third_party/vllm/" in f.filename for f in frames)
 
 
 def verl_validate(cfg: DictConfig, shape: dict[str, Any] | None = None) -> str | None:
