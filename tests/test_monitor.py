@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from verl_recipes import GIB
-from verl_recipes.measure.monitor import Monitor, _due, classify
+from verl_recipes.measure.monitor import PEAK_RISE, Monitor, _due, classify
 from verl_recipes.rundir import RUN_DIR_ENV, read_jsonl
 from verl_recipes.rundir import SAMPLES as SAMPLES_FILE
 
@@ -645,7 +645,9 @@ _SPIKE = textwrap.dedent(
 
 def test_pss_is_read_at_a_host_peak_between_periodic_reads(tmp_path: Path) -> None:
     """Periodic USS/PSS reads are minutes apart on a real run; a peak of seconds (the offloaded
-    recipe's load copy) still gets one, taken at the RSS high, not after it is gone."""
+    recipe's load copy) still gets one, taken at the RSS high, not after it is gone. The spike's
+    pages arrive over a few samples on a loaded host, and the monitor reads again at each rise of
+    PEAK_RISE: its highest read is within that of the high, and almost all of it the spike's own."""
     child = subprocess.Popen([sys.executable, "-c", _SPIKE])
     with Monitor(tmp_path, root_pid=child.pid, full_mem_s=600.0, peak_gap_s=0.3) as mon:
         child.wait(timeout=30)
@@ -653,9 +655,13 @@ def test_pss_is_read_at_a_host_peak_between_periodic_reads(tmp_path: Path) -> No
     periodic = [h for h in host if h["pss"] is not None and h.get("read") != "peak"]
     peaks = [h for h in host if h.get("read") == "peak"]
     assert len(periodic) == 1  # the first reading only: the next periodic one is 600 s away
-    assert max(h["rss"] for h in host) >= 400 * MiB
-    assert peaks and max(h["pss"] for h in peaks) >= 390 * MiB, [h["pss"] / MiB for h in peaks]
-    assert max(h["uss"] for h in peaks) >= 390 * MiB
+    high = max(h["rss"] for h in host)
+    assert high >= 400 * MiB
+    assert peaks, "no USS/PSS read at the spike"
+    read = max(peaks, key=lambda h: h["rss"])
+    assert read["rss"] * (1 + PEAK_RISE) >= high, ([h["rss"] / MiB for h in peaks], high / MiB)
+    # the interpreter's own pages are a few MiB of the read; after the spike is gone it is all of it
+    assert read["pss"] >= 0.95 * read["rss"] and read["uss"] >= 0.95 * read["rss"], read
     # each read raises the mark by 10% or more: a few reads, not one per sample
     assert mon.peak_reads == len(peaks) <= 4
     recs, _ = read_jsonl(tmp_path / SAMPLES_FILE)
