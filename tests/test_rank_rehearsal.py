@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from verl_recipes import RecipeError
-from verl_recipes.layout import ENV_RANK, JOB_POOLS, RankSpec, pool_share, rollout_stand_in
+from verl_recipes.layout import ENV_RANK, JOB_POOLS, RankSpec, adapter_slices, pool_share, rollout_stand_in
 from verl_recipes.worker import rank_rehearsal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +155,81 @@ def test_a_qwen2_stand_in_keeps_its_heads_whole_since_vllm_sizes_them_from_the_h
     assert rollout_stand_in(qwen2, 2) == {"intermediate_size": 18944 // 2}
     # the same widths under a model class that reads head_dim split their heads
     assert rollout_stand_in({**qwen2, "model_type": "llama"}, 2)["num_attention_heads"] == 14
+
+
+def _adapter(config: dict[str, Any]) -> dict[str, Any]:
+    """PEFT's adapter state dict (the tensors verl's sync sends) of a small model of `config`."""
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft).items()}
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_a_tp2_stand_ins_adapter_is_rank_0s_slice_in_the_stand_ins_shapes(model_type: str) -> None:
+    """verl's adapter sync sends each LoRA tensor whole; vLLM's TP1 stand-in holds rank 0's layer
+    sizes and copies the tensor whole. Sliced, each tensor has the shape the stand-in's own LoRA
+    tensor has (a model built at the stand-in's sizes), and holds rank 0's rows or columns, the
+    ones vLLM's TP2 rank 0 keeps. The control: the whole tensors do not fit the stand-in."""
+    pytest.importorskip("peft")
+    full = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1}
+    full |= {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128}
+    sizes = rollout_stand_in(full, 2)
+    whole, stand_in = _adapter(full), _adapter({**full, **sizes})
+    slices = adapter_slices(full, sizes)
+    # Qwen2's stand-in splits its MLP only (vLLM sizes its heads from the hidden size); Llama's both
+    attention = {"q_proj", "k_proj", "v_proj", "o_proj"} if model_type == "llama" else set()
+    split = {"gate_proj", "up_proj", "down_proj"} | attention
+    assert {proj for proj, _ in slices} == split
+    sliced = dict(rank_rehearsal.slice_adapter(whole.items(), slices))
+    assert {k: tuple(v.shape) for k, v in sliced.items()} == {k: tuple(v.shape) for k, v in stand_in.items()}
+    assert any(whole[k].shape != v.shape for k, v in stand_in.items())  # the control
+    for name, tensor in sliced.items():
+        rows, cols = tensor.shape
+        assert tensor.is_contiguous() and (tensor == whole[name][:rows, :cols]).all(), name
+
+
+def test_only_the_adapter_sync_to_a_stand_in_is_sliced() -> None:
+    """The worker reads the stand-in's sizes from the localized rollout config (a real composed
+    TP2 job), and verl's engine's `get_per_tensor_param` is wrapped so that the adapter-only sync
+    (a PEFT config, `base_sync_done`) is sliced; the base weights' sync (vLLM's loaders narrow
+    those themselves), a merged or full model's (no PEFT config) and a job without a stand-in are
+    sent as verl sends them."""
+    pytest.importorskip("verl")
+    pytest.importorskip("peft")
+    from transformers import AutoConfig
+
+    cfg = _job(variants=["40gib"])
+    assert rank_rehearsal.rollout_sizes(cfg.actor_rollout_ref.rollout) == {}
+    arch = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1}
+    arch |= {"num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128}
+    rank_rehearsal.localize(cfg, RankSpec(0, 2), arch)
+    sizes = rank_rehearsal.rollout_sizes(cfg.actor_rollout_ref.rollout)
+    assert sizes == rollout_stand_in(arch, 2) == {**sizes, "intermediate_size": 48, "num_attention_heads": 2}
+    whole = _adapter(arch)
+    engine = SimpleNamespace(model_config=SimpleNamespace(hf_config=AutoConfig.for_model(**arch)))
+
+    def verls(self: Any, layered_summon: bool = False, base_sync_done: bool = False) -> Any:
+        return whole.items(), ({"r": 4} if self.peft else None)
+
+    get = rank_rehearsal._make_per_tensor_param(verls, RankSpec(0, 2))
+    down = "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"
+    try:
+        rank_rehearsal._rollout_sizes.update(sizes)
+        for peft, base_sync_done, cols in ((True, True, 48), (True, False, 96), (False, True, 96)):
+            engine.peft = peft
+            params, _ = get(engine, layered_summon=False, base_sync_done=base_sync_done)
+            assert dict(params)[down].shape == (4, cols), (peft, base_sync_done)
+        rank_rehearsal._rollout_sizes.clear()
+        params, _ = get(engine, False, True)
+        assert dict(params)[down].shape == (4, 96)
+    finally:
+        rank_rehearsal._rollout_sizes.clear()
 
 
 def test_a_rank_rehearsal_refuses_what_one_gpu_cannot_stand_in_for() -> None:

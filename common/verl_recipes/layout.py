@@ -193,7 +193,8 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``). A TP1 model with
     heads/tp, max(1, KV heads/tp), intermediate/tp and the same explicit head size has the same
     weights and the same KV cache per token as such a rank; its loaders take the first rank's
-    slice of each full tensor the weight sync sends. The vocabulary stays whole (the embedding and
+    slice of each full tensor the weight sync sends (a LoRA adapter's are sliced before they are
+    sent: `adapter_slices`). The vocabulary stays whole (the embedding and
     output layer hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones
     every rank gathers), so every prompt token has a row. What the stand-in leaves out is labelled
     where its numbers are shown: vLLM's custom all-reduce buffers and NCCL communicators.
@@ -221,6 +222,37 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
         "intermediate_size": inter // tp,
         "head_dim": head_dim,
     }
+
+
+#: the HF config keys `rollout_stand_in` overrides: where the rollout's model differs from the trainer's
+STAND_IN_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim")
+
+
+def adapter_slices(arch: dict[str, Any], rollout: dict[str, int]) -> dict[tuple[str, str], int]:
+    """How much of each LoRA tensor the rollout's model holds, where its sizes (`rollout`, the
+    `STAND_IN_KEYS` of its HF overrides) are smaller than the trainer's (`arch`):
+    {(projection, "lora_A" | "lora_B"): length of the split dimension}.
+
+    A LoRA adapter's B matrix has the output rows of its layer and A the input columns. vLLM's
+    TP>1 layers take their rank's slice of each (``slice_lora_b`` of a column-parallel layer: the
+    q/k/v and gate/up rows; ``slice_lora_a`` of a row-parallel one: the o/down columns), while its
+    TP1 layers take the tensor whole, so a TP1 stand-in for rank 0 (`rollout_stand_in`) must be
+    sent rank 0's slice, the first rows or columns, or vLLM's ``set_lora`` refuses the copy
+    (Qwen2.5-3B at TP2, "size of tensor a (5504) must match ... (11008)", H100, 2026-12-07).
+    """
+    out: dict[tuple[str, str], int] = {}
+    inter = rollout.get("intermediate_size")
+    if inter and inter != int(arch["intermediate_size"]):
+        for key in (("gate_proj", "lora_B"), ("up_proj", "lora_B"), ("down_proj", "lora_A")):
+            out[key] = int(inter)
+    heads = rollout.get("num_attention_heads")
+    full_heads = int(arch["num_attention_heads"])
+    if heads and heads != full_heads:
+        head_dim = int(rollout.get("head_dim") or arch.get("head_dim") or int(arch["hidden_size"]) // full_heads)
+        kv = int(rollout.get("num_key_value_heads") or heads)
+        out[("q_proj", "lora_B")] = out[("o_proj", "lora_A")] = int(heads) * head_dim
+        out[("k_proj", "lora_B")] = out[("v_proj", "lora_B")] = kv * head_dim
+    return out
 
 
 # ---- Megatron's layout --------------------------------------------------------------------------

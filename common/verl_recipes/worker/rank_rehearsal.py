@@ -18,12 +18,21 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from verl_recipes import RecipeError
-from verl_recipes.layout import JOB_POOLS, RankSpec, layout_of, pool_share, rollout_stand_in
+from verl_recipes.layout import (
+    JOB_POOLS,
+    STAND_IN_KEYS,
+    RankSpec,
+    adapter_slices,
+    layout_of,
+    pool_share,
+    rollout_stand_in,
+)
 from verl_recipes.worker import megatron_rehearsal
 from verl_recipes.worker.import_hooks import after_import, replacing
 
@@ -338,6 +347,62 @@ def _make_batch_multiple(original: Any, spec: RankSpec) -> Any:
     return _get_required_batch_multiple
 
 
+# --- the TP rollout's stand-in receives rank 0's slice of each LoRA adapter tensor --------------
+
+#: the rollout model's sizes (`STAND_IN_KEYS` of its HF overrides) in this worker process, read
+#: where verl builds its actor-rollout worker from the localized config; empty: no stand-in
+_rollout_sizes: dict[str, int] = {}
+
+
+def rollout_sizes(rollout: Any) -> dict[str, int]:
+    """The `STAND_IN_KEYS` a rollout config's vLLM HF overrides set (`localize` puts the stand-in's there)."""
+    from omegaconf import OmegaConf
+
+    overrides = OmegaConf.select(rollout, "engine_kwargs.vllm.hf_overrides") if rollout is not None else None
+    return {k: int(v) for k, v in (overrides or {}).items() if k in STAND_IN_KEYS}
+
+
+def slice_adapter(params: Iterable[tuple[str, Any]], slices: dict[tuple[str, str], int]) -> Iterator[tuple[str, Any]]:
+    """PEFT's adapter tensors (``...<projection>.lora_A.weight`` [r, in], ``lora_B`` [out, r]) as
+    the rollout's model holds them (`adapter_slices`): B's first rows, A's first columns."""
+    for name, tensor in params:
+        parts = name.split(".")
+        for i, part in enumerate(parts[1:], start=1):
+            if part in ("lora_A", "lora_B"):
+                n = slices.get((parts[i - 1], part))
+                if n is not None:
+                    tensor = (tensor[:n] if part == "lora_B" else tensor[:, :n]).contiguous()
+                break
+        yield name, tensor
+
+
+def _make_worker_init(original: Any, spec: RankSpec) -> Any:
+    def __init__(self: Any, config: Any, role: str, *args: Any, **kwargs: Any) -> None:
+        original(self, config, role, *args, **kwargs)
+        _rollout_sizes.clear()
+        _rollout_sizes.update(rollout_sizes(config.get("rollout")))
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def _make_per_tensor_param(original: Any, spec: RankSpec) -> Any:
+    def get_per_tensor_param(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # verl 0.9.1's adapter sync: (name, tensor) pairs and the PEFT config when the LoRA
+        # adapter alone is sent (base_sync_done); the base weights go through vLLM's loaders,
+        # which narrow a full tensor to the rank's slice themselves.
+        params, peft = original(self, *args, **kwargs)
+        base_sync_done = kwargs.get("base_sync_done", args[1] if len(args) > 1 else False)
+        if peft is not None and base_sync_done and _rollout_sizes:
+            slices = adapter_slices(self.model_config.hf_config.to_dict(), _rollout_sizes)
+            if slices:
+                params = slice_adapter(params, slices)
+        return params, peft
+
+    get_per_tensor_param.__wrapped__ = original  # type: ignore[attr-defined]
+    return get_per_tensor_param
+
+
 def apply() -> RankSpec | None:
     """Register the rehearsal's patches in this process when `ENV_RANK` is set (driver and workers)."""
     spec = RankSpec.from_env()
@@ -368,6 +433,11 @@ def apply() -> RankSpec | None:
         "verl.single_controller.base.worker", _wrap("Worker._register_dispatch_collect_info", _make_register, spec)
     )
     after_import("torch.distributed", _wrap("broadcast_object_list", _make_broadcast_object_list, spec))
+    after_import("verl.workers.engine_workers", _wrap("ActorRolloutRefWorker.__init__", _make_worker_init, spec))
+    after_import(
+        "verl.workers.engine.fsdp.transformer_impl",
+        _wrap("FSDPEngine.get_per_tensor_param", _make_per_tensor_param, spec),
+    )
 
     megatron_rehearsal.apply()
     return spec
