@@ -245,6 +245,28 @@ def test_vllm_sleep_level_follows_verl() -> None:
     assert not [t for t in plan_host(merged).moment("train").terms if t.name.startswith("vLLM")]
 
 
+def test_an_fsdp1_adapter_sync_gathers_the_whole_model_to_the_host(root: Path) -> None:
+    """verl 0.9.1's layered summon finds no LoRA unit under FSDP1 and gathers the whole model into
+    host memory at each adapter sync: Llama-2-7B's weights and its r64 adapters (per layer 4 x
+    (64 x 4096 + 4096 x 64) attention, 2 x (64 x 4096 + 11008 x 64) gate and up, 64 x 11008 + 4096 x
+    64 down) in the recipe's bf16, at the first sync and every update_weights, not in train. FSDP2,
+    a merged LoRA and no layered summon take none. The Qwen2.5-3B rank that met it is within 5%."""
+    adapter = ["actor_rollout_ref.model.lora.merge=false", "actor_rollout_ref.rollout.load_format=safetensors"]
+    fsdp1 = ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.ref.strategy=fsdp"]
+    summon = ["actor_rollout_ref.rollout.layered_summon=true"]
+    _, s, _ = load_setup("7b-lora", ["grpo"], adapter + fsdp1 + summon)
+    hp = plan_host(s)
+    lora = 32 * (4 * 2 * 64 * 4096 + 2 * (64 * 4096 + 11008 * 64) + 64 * 11008 + 4096 * 64)
+    name = "verl's adapter sync: whole model"
+    assert _term(hp, "first sync", name) == _term(hp, "update_weights", name) == 2 * (LLAMA7B + lora)
+    assert not [t for t in hp.moment("train").terms if t.name.startswith(name)]
+    for sets in (adapter + summon, adapter + fsdp1, fsdp1 + summon):  # FSDP2, no summon, merged
+        _, other, _ = load_setup("7b-lora", ["grpo"], sets)
+        assert not [t for t in plan_host(other).moment("update_weights").terms if t.name.startswith(name)], sets
+    rows = {r.moment: r for r in host_rows(root) if "grpo-qwen2-5-3b-gsm8k-grpo-lora" in r.run}
+    assert abs(rows["outside"].rss_error) <= 0.05 and abs(rows["outside"].pss_error or 1.0) <= 0.05
+
+
 def test_host_model_against_the_committed_runs(root: Path) -> None:
     """The fitted base and the terms reproduce every committed 7B run's RSS at the moments the base
     was fitted on within 4% (the table is validation/planner-errors.md)."""

@@ -13,7 +13,8 @@ is one of the first runs, predicted from their fit (`host.FIRST_RUNS_FIT`). The 
 
     outside         the report's time outside every step (loading, vLLM start, the first sync,
                     and the run's end after its last step) vs the largest of `load`, `first
-                    sync` and `train` (`load` alone for a run that never reached step 1)
+                    sync` and `train` (`load` alone for a run that never reached step 1, with
+                    `first sync` for one that reached verl's "trainer ready", the sync's start)
     train           the largest of a step's phases other than the sync vs `train`
     update_weights  the sync inside a step vs `update_weights`
     peak            the run's peak vs the largest moment it reached (the figure `verify` uses)
@@ -37,6 +38,8 @@ from verl_recipes.predict.host import FIRST_RUNS, FITTED, HostConstants, HostPla
 from verl_recipes.predict.inputs import Setup
 
 ROWS = ("outside", "train", "update_weights", "peak")
+#: the start-up stage after which verl begins its first weight sync (`measure.startup.MILESTONES`)
+TRAINER_READY = "trainer ready"
 _NOT_TRAIN = {"outside", "update_weights"}
 
 
@@ -96,11 +99,13 @@ def run_fit(run: MeasuredRun, s: Setup, fits: Mapping[str, HostConstants] = FITT
     return host_fit(recorded_on(prov, RAY_START_FIX), s.rollout.executor == "uni", fits)
 
 
-def predicted(hp: HostPlan, stepped: bool) -> dict[str, tuple[int, int]]:
-    """moment -> (RSS, PSS) predicted, as the rows compare them."""
+def predicted(hp: HostPlan, stepped: bool, synced: bool = False) -> dict[str, tuple[int, int]]:
+    """moment -> (RSS, PSS) predicted, as the rows compare them. `synced`: a run without a step
+    that began verl's first weight sync (it died in it)."""
     load = hp.moment("load")
-    reached = [load] if not stepped else hp.moments
-    outside = [load] if not stepped else [load, hp.moment("first sync"), hp.moment("train")]
+    before = [load, hp.moment("first sync")] if synced else [load]
+    reached = before if not stepped else hp.moments
+    outside = before if not stepped else [load, hp.moment("first sync"), hp.moment("train")]
     out = {
         "outside": (max(m.rss for m in outside), max(m.pss for m in outside)),
         "train": (hp.moment("train").rss, hp.moment("train").pss),
@@ -127,7 +132,8 @@ def run_host_rows(run: MeasuredRun, label: str, fits: Mapping[str, HostConstants
     prov = run.provenance
     ranks = 1 if prov.rank_rehearsal else None
     hp = plan_host(s, run.fixes_off, run_fit(run, s, fits), ranks_here=ranks, pools_shared=prov.rank_pools_shared)
-    want = predicted(hp, stepped=bool(run.raw.get("steps")))
+    stages = [st.get("stage") for st in (run.raw.get("startup") or {}).get("stages") or []]
+    want = predicted(hp, stepped=bool(run.raw.get("steps")), synced=TRAINER_READY in stages)
     rows = []
     for moment in ROWS:
         if moment not in got:

@@ -37,6 +37,9 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
     streams `W + scaling * B @ A` out of place instead and takes no CPU copy
     (`verl_recipes.fixes.MERGE_FIX`, FSDP2 only);
     `--verl-fix-off lora-merge-out-of-place` restores verl's path.
+  * verl's adapter sync under FSDP1 with `rollout.layered_summon`: the layered summon finds no
+    LoRA tensor and `collect_lora_params` gathers the whole model into host memory on every rank
+    instead (`adapter_full_gather`), at each sync.
   * vLLM at sleep level 1 (a LoRA served as an adapter, `model.lora.merge: false`:
     `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
     (`CuMemAllocator.sleep(offload_tags=("weights",))`) while the trainer works; level 2 (full or
@@ -546,6 +549,19 @@ def adapter_base_sync(s: Setup) -> bool:
     return bool(a.lora_rank and not s.lora_merge and a.backend == "fsdp" and "dummy" in s.rollout.load_format)
 
 
+def adapter_full_gather(s: Setup) -> bool:
+    """Whether verl 0.9.1's adapter sync gathers the whole model into each rank's host memory: a
+    LoRA served as an adapter under FSDP1 with `rollout.layered_summon`. verl's LoRA wrap policy
+    makes every lora_A / lora_B leaf an FSDP unit of its own, whose own parameter is named
+    `weight`, so `layered_summon_lora_params` skips those units (no "lora_" in the names) and the
+    decoder layers' units leave them out as nested; it returns nothing, and `collect_lora_params`
+    falls back to `FSDP.summon_full_params(module, offload_to_cpu=True)`: every full weight copied
+    to the CPU (Qwen2.5-3B's rank of 2 on an H100: its training worker +12.1 GiB in the first
+    sync, the 11.5 GiB of its fp32 weights). FSDP2 gathers each unit's LoRA tensors alone."""
+    a = s.actor
+    return bool(a.lora_rank and not s.lora_merge and a.backend == "fsdp" and not a.fsdp2 and s.rollout.layered_summon)
+
+
 def sleep_level(s: Setup) -> int:
     """vLLM's sleep between generations (`vLLMHttpServer._resolve_sleep_level`, hybrid mode)."""
     if not s.rollout.free_cache_engine:
@@ -602,6 +618,7 @@ class _Sync:
     size: int  # that copy's size on the node, whether it is taken or not
     backup: list[HostTerm]
     first: list[HostTerm]
+    gather: list[HostTerm]  # what every adapter sync gathers to the host (`adapter_full_gather`)
 
 
 def _sync_terms(s: Setup, fixes_off: tuple[str, ...], per_node: int) -> _Sync:
@@ -619,7 +636,11 @@ def _sync_terms(s: Setup, fixes_off: tuple[str, ...], per_node: int) -> _Sync:
     if adapter_base_sync(s):
         base_copy = _exact(base_tensors(a), s.actor.param_bytes, 1) * per_node
         first = [HostTerm("verl's first adapter sync: CPU copy of the base model", base_copy)]
-    return _Sync(level, vllm, fused, size, backup, first)
+    gather = []
+    if adapter_full_gather(s):
+        whole = _exact(base_tensors(a) + lora_tensors(a, s.actor), s.actor.param_bytes, 1) * per_node
+        gather = [HostTerm("verl's adapter sync: whole model gathered to the CPU (FSDP1 layered summon)", whole)]
+    return _Sync(level, vllm, fused, size, backup, first, gather)
 
 
 def _bases(
@@ -704,9 +725,9 @@ def plan_host(
     base_t, base_s, base_l = _bases(s, c, per_node, _pools(s, ranks_here, pools_shared))
     moments = [
         HostMoment("load", *base_l, load),
-        HostMoment("first sync", *base_s, held + sync.vllm + sync.backup + sync.first),
+        HostMoment("first sync", *base_s, held + sync.vllm + sync.backup + sync.first + sync.gather),
         HostMoment("train", *base_t, held + optim + sync.vllm),
-        HostMoment("update_weights", *base_t, held + optim + sync.vllm + sync.backup),
+        HostMoment("update_weights", *base_t, held + optim + sync.vllm + sync.backup + sync.gather),
     ]
     return HostPlan(moments, sync.fused, sync.size, sync.level, notes)
 

@@ -106,6 +106,10 @@ class Rollout:
     # `rollout.load_format`: "dummy" (verl's default) starts vLLM with random weights, so verl's
     # first sync of a LoRA served as an adapter sends the whole base model. Host RAM only.
     load_format: str = field(default="dummy", compare=False)
+    # `rollout.layered_summon`: how verl's FSDP engine gathers a LoRA adapter for each sync (one
+    # FSDP unit at a time, else the whole model); under FSDP1 it falls back to a whole-model
+    # gather into host memory (predict/host.py, `adapter_full_gather`). Host RAM only.
+    layered_summon: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -515,6 +519,7 @@ def _rollout(cfg: Any, notes: list[str]) -> Rollout:
         name=str(name),
         executor=str(_sel(cfg, f"{r}.engine_kwargs.vllm.distributed_executor_backend", None, required=False) or "mp"),
         load_format=str(_sel(cfg, f"{r}.load_format", "dummy", required=False) or "dummy"),
+        layered_summon=bool(_sel(cfg, f"{r}.layered_summon", False, required=False)),
     )
     if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
         raise RecipeError(f"{r}.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1]")

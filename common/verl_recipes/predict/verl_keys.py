@@ -77,6 +77,7 @@ READ: tuple[str, ...] = (
             "enforce_eager",
             "dtype",
             "load_format",
+            "layered_summon",
             "log_prob_micro_batch_size_per_gpu",
             "log_prob_max_token_len_per_gpu",
             "agent.num_workers",
