@@ -193,10 +193,10 @@ def rollout_stand_in(arch: dict[str, Any], tp: int) -> dict[str, int]:
     (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``). A TP1 model with
     heads/tp, max(1, KV heads/tp), intermediate/tp and the same explicit head size has the same
     weights and the same KV cache per token as such a rank; its loaders take the first rank's
-    slice of each full tensor the weight sync sends (a LoRA adapter's are sliced before they are
-    sent: `adapter_slices`). The vocabulary stays whole (the embedding and
-    output layer hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones
-    every rank gathers), so every prompt token has a row. What the stand-in leaves out is labelled
+    slice of each full tensor the weight sync sends (a LoRA adapter's tensors are sliced before
+    they are sent: `adapter_slices`). The vocabulary stays whole (the embedding and output layer
+    hold vocab x hidden instead of 1/tp of it, the logits are the full-vocabulary ones every rank
+    gathers), so every prompt token has a row. What the stand-in leaves out is labelled
     where its numbers are shown: vLLM's custom all-reduce buffers and NCCL communicators.
 
     Some of vLLM's model classes take the head size as hidden size / heads and never read

@@ -22,6 +22,8 @@ from typing import Any
 
 from verl_recipes import rundir
 
+#: the last stage of verl's start-up: after it verl begins its first weight sync
+TRAINER_READY = "trainer ready"
 #: (stage name, regex of the log line that ends it), in the order verl 0.9.1 starts things.
 MILESTONES: tuple[tuple[str, str], ...] = (
     ("driver start, config check, Ray start", r"Started a local Ray instance"),
@@ -38,7 +40,7 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("vLLM worker process start", r"Loading model from scratch|Starting to load model"),
     ("vLLM load, compile, KV cache, CUDA graphs, warm-up", r"init engine \(profile, create kv cache"),
     ("vLLM server up, checkpoint engine", r"checkpoint engine manager initialized"),
-    ("trainer ready", r"all initialize finished"),
+    (TRAINER_READY, r"all initialize finished"),
 )
 FIRST_STEP = "first step begins (initial weight sync)"
 #: the one stage of a log that names none of verl's milestones (another training loop, or no log):

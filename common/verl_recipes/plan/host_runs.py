@@ -33,13 +33,12 @@ from pathlib import Path
 
 from verl_recipes import GIB
 from verl_recipes.fixes import RAY_START_FIX, recorded_on
+from verl_recipes.measure.startup import TRAINER_READY
 from verl_recipes.plan.runs import MeasuredRun, committed_runs, residual_line, run_setup
 from verl_recipes.predict.host import FIRST_RUNS, FITTED, HostConstants, HostPlan, host_fit, plan_host
 from verl_recipes.predict.inputs import Setup
 
 ROWS = ("outside", "train", "update_weights", "peak")
-#: the start-up stage after which verl begins its first weight sync (`measure.startup.MILESTONES`)
-TRAINER_READY = "trainer ready"
 _NOT_TRAIN = {"outside", "update_weights"}
 
 
