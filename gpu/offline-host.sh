@@ -144,7 +144,13 @@ case "$cmd" in
     export VERL_RECIPES_GIT_COMMIT="$commit"
     mkdir -p "$dir"
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES="$gpus"; fi
-    setsid nohup bash "$here/campaign.sh" "$campaign" "$dir" >"$dir/campaign.log" 2>&1 </dev/null &
+    # A finished campaign of the same NAME goes on in the same folder: its runs, status and log
+    # stay, and its DONE goes (else `wait` would answer CAMPAIGN DONE at once for the new one).
+    if [[ -e "$dir/DONE" ]]; then
+      rm -f "$dir/DONE"
+      echo "campaign $(basename "$dir") had ended; its runs and log stay, the new lines follow them"
+    fi
+    setsid nohup bash "$here/campaign.sh" "$campaign" "$dir" >>"$dir/campaign.log" 2>&1 </dev/null &
     echo "$commit" >"$dir/COMMIT"
     echo "campaign started at commit $commit: $dir/campaign.log"
     ;;

@@ -370,6 +370,43 @@ def test_start_takes_the_carried_trees_commit_and_every_run_records_it(root: Pat
     assert _offline_host(root, env | {"VERL_RECIPES_GIT_COMMIT": commit}, "exec", "true").stderr == ""
 
 
+def test_a_campaign_started_again_under_a_finished_name_is_waited_for(root: Path, tmp_path: Path) -> None:
+    """A second `start` under the NAME of a campaign that had ended (gpus-0, the default) once
+    kept the first one's DONE: `wait` answered CAMPAIGN DONE at once while the new line ran, and
+    the new log replaced the old. The finished campaign's runs, status and log stay; the new lines
+    follow them and `wait` waits for them."""
+    import time
+
+    bindir = Path(sys.executable).parent
+    if not (bindir / "verl-recipes").exists():
+        pytest.skip(f"verl-recipes is not installed beside {sys.executable} (pip install -e .)")
+    camp = tmp_path / "campaign"
+    env = {**os.environ, "PATH": f"{bindir}:/usr/bin:/bin", "CAMPAIGN_DIR": str(camp), "SITE": str(tmp_path / "site")}
+    env["VERL_RECIPES_GIT_COMMIT"] = "0123456789abcdef0123456789abcdef01234567"
+    script = tmp_path / "mark.sh"
+    script.write_text('sleep "$2"; echo ran >"$1/mark"\n')
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(f"one|60|-|bash {script} 0\n")
+    second.write_text(f"two|60|-|bash {script} 4\n")
+    assert _offline_host(root, env, "start", str(first), "0").returncode == 0
+    deadline = time.monotonic() + 50
+    while not (camp / "gpus-0" / "DONE").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (camp / "gpus-0" / "DONE").read_text().strip() == "0"
+    r = _offline_host(root, env, "start", str(second), "0")
+    assert r.returncode == 0 and "had ended; its runs and log stay" in r.stdout, r.stdout + r.stderr
+    t0 = time.monotonic()
+    w = _offline_host(root, env, "wait", "50", str(tmp_path / "out"))
+    assert w.returncode == 0 and w.stdout.strip().endswith("CAMPAIGN DONE"), w.stdout
+    assert time.monotonic() - t0 >= 2, "wait answered before the new line had run"
+    runs = camp / "gpus-0" / "runs"
+    assert (runs / "one" / "mark").is_file() and (runs / "two" / "mark").is_file()
+    status = (camp / "gpus-0" / "status.tsv").read_text().splitlines()
+    assert [line.split("\t")[:2] for line in status] == [["one", "0"], ["two", "0"]]
+    log = (camp / "gpus-0" / "campaign.log").read_text()
+    assert "campaign: one" in log and "campaign: two" in log
+
+
 def test_a_line_named_for_another_card_runs_into_a_folder_named_for_this_hosts(root: Path, tmp_path: Path) -> None:
     """Campaign lines are written for one card (`h200x1-...`) and run on whichever host comes; a
     folder named h200x1 holding an H100's run would tell a card it did not run on. gpu/campaign.sh
