@@ -309,6 +309,53 @@ print(json.dumps({"bad_before": int(bad), "bad_after": int(after), "same_shapes"
     assert got["same_shapes"] and got["loss_finite"]
 
 
+def test_the_fake_groups_all_gathers_run_outside_autograd_and_a_real_groups_as_they_are() -> None:
+    """torch 2.11's fake backend fills an all-gather's output through autograd, which refused
+    FSDP1's second adapter sync (its gather buffer carries history after the first summon); NCCL
+    fills it outside autograd. The rehearsal's group gathers under no_grad; a gloo group of the
+    same process is left as it is. A gather that reads the grad mode it runs under tells."""
+    code = """
+import json, torch, torch.distributed as dist
+from verl_recipes.layout import RankSpec
+from verl_recipes.worker.rank_rehearsal import FAKE_GATHERS, init_fake_group, outside_autograd_if_fake
+init_fake_group(RankSpec(0, 2))
+installed = [getattr(getattr(dist, n), "__wrapped__", None) is not None for n in FAKE_GATHERS]
+modes = []
+def gather(out, inp, group=None, async_op=False):
+    modes.append(torch.is_grad_enabled())
+    return dist.distributed_c10d.all_gather_into_tensor(out, inp, group, async_op)
+wrapped = outside_autograd_if_fake(gather)
+twice = outside_autograd_if_fake(wrapped) is wrapped
+buf = torch.zeros(8, requires_grad=True).clone()  # a tensor with autograd history, as FSDP's buffer
+with torch.enable_grad():
+    wrapped(buf, torch.ones(4))
+    dist.all_gather_into_tensor(buf, torch.ones(4))  # the patched name FSDP1 calls
+print(json.dumps({"installed": installed, "modes": modes, "twice": twice}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "common")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["installed"] == [True, True] and got["twice"]
+    assert got["modes"] == [False]  # under the fake group: no grad
+    real = """
+import json, os, torch, torch.distributed as dist
+from verl_recipes.worker.rank_rehearsal import outside_autograd_if_fake
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+modes = []
+def gather(out, inp, group=None, async_op=False):
+    modes.append(torch.is_grad_enabled())
+    return dist.all_gather_into_tensor(out, inp, group, async_op)
+with torch.enable_grad():
+    outside_autograd_if_fake(gather)(torch.zeros(4), torch.ones(4))
+print(json.dumps({"modes": modes}))
+"""
+    proc = subprocess.run([sys.executable, "-c", real], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["modes"] == [True]  # a real group: as it was
+
+
 def test_an_object_broadcast_from_an_absent_rank_leaves_the_receivers_objects() -> None:
     """torch's own ``broadcast_object_list`` under the fake group, on a rank that is not the
     source: without the rehearsal it sizes its buffer from a sizes tensor nothing was received

@@ -58,6 +58,39 @@ def init_fake_group(spec: RankSpec) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("fake", store=FakeStore(), rank=spec.rank, world_size=spec.world)
+    for name in FAKE_GATHERS:
+        if hasattr(dist, name):
+            setattr(dist, name, outside_autograd_if_fake(getattr(dist, name)))
+
+
+#: the all-gathers whose fake kernel autograd sees (torch.distributed's names FSDP1 calls)
+FAKE_GATHERS = ("all_gather_into_tensor", "_all_gather_base")
+
+
+def outside_autograd_if_fake(gather: Any) -> Any:
+    """`gather` run under `torch.no_grad()` where its group is a fake one, as NCCL's kernel is
+    outside autograd. torch 2.11's fake backend fills the output as `out.chunk(N)[i].copy_(in)`
+    with autograd live (pytorch/pytorch#181774, fixed in a later torch), and FSDP1's full-precision
+    gather buffer carries autograd history after one `summon_full_params(offload_to_cpu=True)`
+    with grad enabled (its copy back from the host: verl's adapter-sync fallback): the next summon's
+    gather into it raised "Output 0 of SplitBackward0 is a view and is being modified inplace"
+    (the Qwen2.5-3B LoRA rank of 2, H100, 2026-12-07). A real group is left as it is."""
+    import torch
+    import torch.distributed as dist
+
+    if getattr(gather, "__wrapped__", None) is not None and getattr(gather, "_fake_no_grad", False):
+        return gather
+
+    def wrapper(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
+        if torch.is_grad_enabled() and dist.get_backend(group) == "fake":
+            with torch.no_grad():
+                return gather(output_tensor, input_tensor, group, async_op)
+        return gather(output_tensor, input_tensor, group, async_op)
+
+    wrapper.__wrapped__ = gather  # type: ignore[attr-defined]
+    wrapper._fake_no_grad = True  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(gather, "__name__", "gather")
+    return wrapper
 
 
 def _make_initialize(original: Any, spec: RankSpec) -> Any:
