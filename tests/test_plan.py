@@ -287,6 +287,55 @@ def test_a_run_is_judged_at_the_longest_sequence_it_logged(tmp_path: Path) -> No
     assert run.longest_sequence is None  # a run that logged no step is judged at the bound
 
 
+def test_a_run_of_one_step_is_judged_as_its_first_step(root: Path, tmp_path: Path) -> None:
+    """torch's AdamW makes its moments at the first optimizer.step(): the Qwen2-7B rank of 8 that
+    ran one step held none in gen, old_log_prob and ref, and its update peaked without them (60.43
+    GiB against 67.40 planned with them, 60.31 without). A run of one step is planned as its
+    first step (`Setup.first_step`); the sync after the update, and every phase of a longer run,
+    hold the moments as the steady state does."""
+    from dataclasses import replace
+
+    from verl_recipes.plan.runs import MeasuredRun, judged_setup, read_run
+
+    arch = Arch.from_config(TINY)
+    gpu = GPU("t", "t", GIB, GIB)
+    critic = [*BASE, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2"]
+    steady = setup_from_config(_cfg(critic), arch)
+    first = replace(steady, first_step=True)
+    ps, pf = plan_gpu(steady, gpu), plan_gpu(first, gpu)
+    moments = 8 * TINY_PARAMS  # exp_avg and exp_avg_sq, fp32, of the actor's weights
+    critic_moments = _term(ps, "update_critic", "critic optimizer")
+    for phase in ("gen", "old_log_prob", "values"):
+        assert _term(pf, phase, "actor optimizer") == 0 and _term(ps, phase, "actor optimizer") == moments
+        assert _term(pf, phase, "critic optimizer") == 0 < _term(ps, phase, "critic optimizer")
+    # the critic's update comes before the actor's: its moments are made there, the actor's later
+    assert _term(pf, "update_actor", "critic optimizer") == critic_moments
+    # the step's sync follows the update: both roles' moments, as in the steady state
+    assert pf.phase("update_weights").total == ps.phase("update_weights").total  # type: ignore[union-attr]
+    # the first update: its forward and backward without the moments, or the step with them and
+    # the AdamW temporary, whichever is larger; the steady state holds both at once
+    upd = pf.phase("update_actor")
+    assert upd is not None
+    names = [t.name for t in upd.terms]
+    without = ps.phase("update_actor").total - moments  # type: ignore[union-attr]
+    step = sum(t.bytes for t in ps.phase("update_actor").terms) - sum(  # type: ignore[union-attr]
+        _term(ps, "update_actor", p)
+        for p in ("actor activations", "actor logits", "actor unsharded fp32", "actor FSDP unsharded")
+    )
+    assert upd.total == max(without, step), names
+    assert ps.phase("update_actor").total > upd.total  # type: ignore[union-attr]
+    # Megatron's optimizer is not judged by it
+    mf, ms = (plan_gpu(replace(x, actor=replace(x.actor, backend="megatron")), gpu) for x in (first, steady))
+    assert _term(mf, "gen", "actor optimizer") == _term(ms, "gen", "actor optimizer") > 0
+    # which runs: the committed Qwen2-7B rank (one step) and the quickstart's whole run (two)
+    examples = root / "validation" / "verl-examples" / "results"
+    one = read_run(examples / "grpo-qwen2-7b-seq-balance" / "h100x1-grpo-rank0of8")
+    two = read_run(examples / "gsm8k-quickstart" / "h100x1-ppo")
+    assert (one.steps_run, judged_setup(one).first_step) == (1, True)
+    assert (two.steps_run, judged_setup(two).first_step) == (2, False)
+    assert MeasuredRun(tmp_path / "summary.json", "", {}, "", {}).steps_run == 0
+
+
 def test_tiny_lora_optimizer_only_for_adapters() -> None:
     arch = Arch.from_config(TINY)
     s = setup_from_config(_cfg([*BASE, "actor_rollout_ref.model.lora_rank=4"]), arch)

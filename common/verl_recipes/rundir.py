@@ -293,6 +293,12 @@ class Provenance:
         rank = self.raw.get("rank_rehearsal")
         return bool(isinstance(rank, dict) and rank.get("pools") == POOLS_SHARED)
 
+    @property
+    def user_sets(self) -> tuple[str, ...]:
+        """The `--set` lines the command that made the run gave, in order (`sets` holds them
+        after everything a recipe or a verl script composed before them)."""
+        return tuple(v for k, v in zip(self.argv[:-1], self.argv[1:], strict=True) if k == "--set")
+
     def argv_value(self, flag: str) -> str | None:
         """The value given to `flag` on the command line that made the run (None: not given)."""
         return self.argv[self.argv.index(flag) + 1] if flag in self.argv[:-1] else None

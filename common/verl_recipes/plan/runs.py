@@ -66,6 +66,11 @@ class MeasuredRun:
         return max(lens) if lens else None
 
     @property
+    def steps_run(self) -> int:
+        """The steps the run's summary holds (a run that died in its first step holds that one)."""
+        return len(self.raw.get("steps") or [])
+
+    @property
     def mean_lengths(self) -> tuple[float, float] | None:
         """The mean prompt and response tokens of steps 2+ (every step of a one-step run), from
         verl's `prompt_length/mean` and `response_length/mean`: the tokens the run's steps
@@ -156,8 +161,9 @@ def run_setup(run: MeasuredRun) -> Any:
 
 def judged_setup(run: MeasuredRun) -> Any:
     """The Setup a run is held against: the one it trained with, its trainer's micro-batches sized at
-    the longest sequence it logged (`Setup.logged_seq_len`) rather than the configuration's bound."""
-    return replace(run_setup(run), logged_seq_len=run.longest_sequence)
+    the longest sequence it logged (`Setup.logged_seq_len`) rather than the configuration's bound,
+    and a run of one step as its first step (`Setup.first_step`: no AdamW moments before its update)."""
+    return replace(run_setup(run), logged_seq_len=run.longest_sequence, first_step=run.steps_run == 1)
 
 
 def _saved_config(path: Path) -> Any:

@@ -109,14 +109,18 @@ class Measured:
     # the PSS peak predicted for what it ran (`host_runs.run_host_rows`, moment `peak`): the node's
     # for a whole job, one rank's share of the node for a rank rehearsal
     host_predicted_gib: float | None = None
+    # the `--set` lines `train --verl-example` ran it with beyond the script's own (a micro-batch
+    # the card holds, vLLM for a script's sglang rollout): the run is of the script so changed
+    user_sets: tuple[str, ...] = ()
 
     def words(self, base: str) -> str:
         """`base` is the link's path to the results folder from the file the words go into."""
         rank = f", rank rehearsal ({self.rank.rank} of {self.rank.world})" if self.rank else ""
+        sets = f", with {' '.join(f'`--set {s}`' for s in self.user_sets)}" if self.user_sets else ""
         errors = ", ".join(f"{ph} {e:+.1%}" for ph, e in self.errors)
         per_phase = f"; planner's error per phase: {errors}" if errors else ""
         return (
-            f"measured{rank}: [{self.name}]({base}/{self.name}/report.md), {self.peak_gib:.2f} GiB "
+            f"measured{rank}{sets}: [{self.name}]({base}/{self.name}/report.md), {self.peak_gib:.2f} GiB "
             f"({self.phase}) on one {self.gpu}, {self.date}{per_phase}"
         )
 
@@ -158,7 +162,18 @@ def measured_runs() -> dict[str, tuple[Measured, ...]]:
         peak = next((r for r in run_host_rows(run, label) if r.moment == "peak"), None)
         pss = peak.measured_pss / GIB if peak and peak.measured_pss else None
         host = peak.predicted_pss / GIB if peak else None
-        m = Measured(str(d.relative_to(base)), run.gpu_name, gib, phase, day, prov.rank_rehearsal, errors, pss, host)
+        m = Measured(
+            str(d.relative_to(base)),
+            run.gpu_name,
+            gib,
+            phase,
+            day,
+            prov.rank_rehearsal,
+            errors,
+            pss,
+            host,
+            prov.user_sets,
+        )
         out.setdefault(prov.recipe or "", []).append(m)
     return {k: tuple(v) for k, v in out.items()}
 
@@ -173,8 +188,8 @@ def suite_plans() -> list[Row]:
     rows = []
     for name, e in load_suite().items():
         link = f"[{name}](https://github.com/volcengine/verl/blob/{e.commit[:9]}/{e.path})"
-        if e.out:
-            rows.append(Row(name, link, _world(e), e.out, out=True))
+        if e.out:  # its runs, if any, ran with the --set that answers why (vLLM for sglang)
+            rows.append(Row(name, link, _world(e), e.out, out=True, measured=ran.get(name, ())))
             continue
         try:
             job = verl_job(e.command(), name)
@@ -207,7 +222,10 @@ def suite_plans() -> list[Row]:
 
 def _full_row(r: Row) -> str:
     if r.out:
-        return f"| {r.link} | out | {_cell(r.why or '')} | | | |"
+        if not r.measured:
+            return f"| {r.link} | out | {_cell(r.why or '')} | | | |"
+        host = "<br>".join(w for m in r.measured if (w := m.host_words()))
+        return f"| {r.link} | out | {_cell(r.why or '')} | {host} | {_behind(r, 'results')} | |"
     if r.why:
         return f"| {r.link} | {r.world} | does not plan: {_cell(r.why)} | | | |"
     cells = "<br>".join(f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({word})" for gid, vals, word in r.per_gpu)

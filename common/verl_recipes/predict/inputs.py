@@ -154,6 +154,12 @@ class Setup:
     # early or whose prompts are short trained on fewer tokens than the bound, and the planner is
     # judged against it at the tokens it held (`runs.judged_setup`: `plan --errors`, `compare-ranks`).
     logged_seq_len: int | None = field(default=None, compare=False)
+    # The plan is of a run's first step alone (a measured run of one step, `runs.judged_setup`):
+    # torch's AdamW makes its moments at the first `optimizer.step()`, after the last
+    # micro-batch's backward, so an FSDP role holds none in the phases before its first update
+    # and runs that update's forward and backward without them. False for every plan of a
+    # configuration: a job's steps 2+, where the moments stay.
+    first_step: bool = field(default=False, compare=False)
     # The trainer ran under PyTorch's fake process group (a rank rehearsal, `train --rank`): no
     # NCCL communicator and nothing of a real group's set-up on the device. False for every plan
     # of a configuration; a measured rehearsal sets it (`runs.run_setup`).

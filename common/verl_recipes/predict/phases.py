@@ -699,9 +699,23 @@ def _optimizer_share(role: Role, phase: str, updating: bool) -> float:
     return 0.0 if role.optimizer_offload else 1.0
 
 
+#: a step's phases in verl's order: the step's own sync (`update_weights`) follows the actor's update
+STEP_ORDER = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights")
+
+
+def _before_first_update(s: Setup, role: Role, is_critic: bool, phase: str) -> bool:
+    """Whether `phase` of a first-step plan (`Setup.first_step`) runs before the role's AdamW has
+    made its moments: an FSDP role's phases up to its own update, that update's forward and
+    backward included. Megatron's optimizer is not judged here (its share is `_optimizer_share`'s)."""
+    if not s.first_step or role.backend != "fsdp" or phase not in STEP_ORDER:
+        return False
+    return STEP_ORDER.index(phase) <= STEP_ORDER.index("update_critic" if is_critic else "update_actor")
+
+
 def _role_resident(s: Setup, role: Role, is_critic: bool, active: bool, phase: str) -> list[Term]:
     """One role's state held on the GPU in `phase`; `active`: the role computes in it."""
     updating = phase == ("update_critic" if is_critic else "update_actor")
+    optim = 0.0 if _before_first_update(s, role, is_critic, phase) else _optimizer_share(role, phase, updating)
     on_gpu = active or not role.param_offload
     if phase == "update_weights" and not is_critic and role.backend == "fsdp" and role.fsdp2 and not role.lora_rank:
         # FSDP2 without LoRA streams each shard to the GPU on its own (`_skip_staging`).
@@ -709,7 +723,7 @@ def _role_resident(s: Setup, role: Role, is_critic: bool, active: bool, phase: s
     # Megatron's main-grad buffer stays allocated unless param_offload frees it between
     # updates (verl loads it back only for training, `load_megatron_model_to_gpu(load_grad=)`).
     grads = updating or (role.backend == "megatron" and not role.param_offload)
-    return _state(s, role, is_critic, weights=on_gpu, grads=grads, optim=_optimizer_share(role, phase, updating))
+    return _state(s, role, is_critic, weights=on_gpu, grads=grads, optim=optim)
 
 
 def _resident(s: Setup, phase: str) -> list[Term]:
@@ -772,9 +786,11 @@ def _sync_and_gen_phases(s: Setup, fx: _Fixed) -> list[PhasePlan]:
     # verl's update_weights ends by resuming vLLM's KV cache (engine_workers.update_weights, step 4)
     # once the trainer has offloaded: the phase's peak is the larger of the sync and that end
     # state, which is generation's (measured: 7b-lora h200x1-ppo, update_weights peak = gen peak).
+    # (a step's sync follows its update: a first step's end state holds the moments gen lacked)
     gen_terms = fx.base + _resident(s, "gen") + fx.vllm_full
-    if sum(t.bytes for t in gen_terms) > sum(t.bytes for t in sync):
-        sync = gen_terms
+    end = fx.base + _resident(replace(s, first_step=False), "gen") + fx.vllm_full
+    if sum(t.bytes for t in end) > sum(t.bytes for t in sync):
+        sync = end
     return [PhasePlan("update_weights", sync), PhasePlan("gen", gen_terms)]
 
 
@@ -784,7 +800,22 @@ def _compute_phases(s: Setup, fx: _Fixed, c: Constants) -> list[PhasePlan]:
     actor, critic = s.actor, s.critic
 
     def phase(name: str, role: Role, is_critic: bool, train: bool) -> PhasePlan:
-        return PhasePlan(name, fx.base + _resident(s, name) + _work(s, role, is_critic, train, c) + fx.vllm_idle)
+        terms = fx.base + _resident(s, name) + _work(s, role, is_critic, train, c) + fx.vllm_idle
+        if train and _before_first_update(s, role, is_critic, name):
+            # the first update: its forward and backward without the moments, then the step, where
+            # the moments are made beside the gradients while the micro-batches' tensors are gone
+            moments = _state(s, role, is_critic, weights=False, grads=False, optim=1.0)[2]
+            temp = _adamw_temp(s, role, _params(s, role, is_critic))
+            step = [
+                *fx.base,
+                *_resident(s, name),
+                moments,
+                Term(f"{role.name} AdamW step temporary (sqrt of exp_avg_sq, all at once)", temp, "trainer"),
+                *fx.vllm_idle,
+            ]
+            if sum(t.bytes for t in step) > sum(t.bytes for t in terms):
+                terms = step
+        return PhasePlan(name, terms)
 
     phases = [phase("old_log_prob", actor, False, False)]
     if s.ref == "in_actor":
