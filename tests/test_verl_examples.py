@@ -296,6 +296,7 @@ def test_each_committed_run_shows_its_host_pss_and_the_planners_error_per_phase(
     readme = (SUITE.parents[1] / "README.md").read_text()
     runs = sorted(p.parent for p in (SUITE / "results").glob("*/*/summary.json"))
     assert runs
+    suite = load_suite()
     for run in runs:
         entry, name = run.parent.name, f"{run.parent.name}/{run.name}"
         label = f"validation/verl-examples/results/{name}"
@@ -312,7 +313,7 @@ def test_each_committed_run_shows_its_host_pss_and_the_planners_error_per_phase(
         want_errors = "planner's error per phase: " + ", ".join(f"{r[1]} {r[5]}" for r in device)
         # an entry out as written (its run answered why with a --set) is in the full table alone,
         # with no prediction of its own beside the run's
-        out = bool(load_suite()[entry].out)
+        out = bool(suite[entry].out)
         for text in (table,) if out else (table, readme):
             row = next(ln for ln in text.splitlines() if ln.startswith(f"| [{entry}]("))
             cells = [c.strip() for c in row.split("|")[1:-1]]

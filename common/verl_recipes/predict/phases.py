@@ -788,7 +788,7 @@ def _sync_and_gen_phases(s: Setup, fx: _Fixed) -> list[PhasePlan]:
     # state, which is generation's (measured: 7b-lora h200x1-ppo, update_weights peak = gen peak).
     # (a step's sync follows its update: a first step's end state holds the moments gen lacked)
     gen_terms = fx.base + _resident(s, "gen") + fx.vllm_full
-    end = fx.base + _resident(replace(s, first_step=False), "gen") + fx.vllm_full
+    end = fx.base + _resident(replace(s, first_step=False), "gen") + fx.vllm_full if s.first_step else gen_terms
     if sum(t.bytes for t in end) > sum(t.bytes for t in sync):
         sync = end
     return [PhasePlan("update_weights", sync), PhasePlan("gen", gen_terms)]

@@ -14,6 +14,7 @@ communication time, no imbalance between ranks; its step time is a compute-only 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import json
 import os
@@ -78,18 +79,17 @@ def outside_autograd_if_fake(gather: Any) -> Any:
     import torch
     import torch.distributed as dist
 
-    if getattr(gather, "__wrapped__", None) is not None and getattr(gather, "_fake_no_grad", False):
+    if getattr(gather, "_fake_no_grad", False):
         return gather
 
+    @functools.wraps(gather)
     def wrapper(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
         if torch.is_grad_enabled() and dist.get_backend(group) == "fake":
             with torch.no_grad():
                 return gather(output_tensor, input_tensor, group, async_op)
         return gather(output_tensor, input_tensor, group, async_op)
 
-    wrapper.__wrapped__ = gather  # type: ignore[attr-defined]
     wrapper._fake_no_grad = True  # type: ignore[attr-defined]
-    wrapper.__name__ = getattr(gather, "__name__", "gather")
     return wrapper
 
 
