@@ -21,7 +21,7 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
     blocks cached, so a 86 MiB MLP matrix holds 128 MiB of RAM: Llama-2-7B's 12.55 GiB of bf16
     weights pin 16.5 GiB. An FSDP1 forward-only reference (`CPUOffload(offload_params=True)`)
     pins its local shard and a CPU gradient buffer of the same size per unit (torch's
-    `FlatParamHandle.init_flat_param_attributes`).
+    `FlatParamHandle.init_flat_param_attributes`), at its first forward, in step 1.
   * optimizer and gradients on the host: with the offload policy, AdamW's two moments are created
     on the CPU next to the parameters (pageable, exact size) and each reduce-scattered gradient is
     copied there (pinned); `optimizer_offload` alone moves the moments with `non_blocking` copies
@@ -430,6 +430,18 @@ def _resident(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> lis
     return []
 
 
+def _pins_at_first_forward(role: Role) -> bool:
+    """Whether a role's host weights are made at its first forward rather than in its build: an
+    FSDP1 forward-only reference (`CPUOffload(offload_params=True)`) pins its shard and makes its
+    pinned gradient buffer in `FlatParamHandle.init_flat_param_attributes`, which FSDP1's lazy
+    init calls at the module's first forward (torch 2.11 `_runtime_utils._lazy_init`), in step 1's
+    reference log-probs, after loading and the first weight sync. The Qwen2-7B GRPO rank 0 of 8
+    bears it out: its load moment held 52.22 GiB RSS, the planner's 62.66 less the reference's
+    9.0 GiB of pinned blocks within 2.8%
+    (validation/verl-examples/results/grpo-qwen2-7b-seq-balance/h100x1-grpo-rank0of8)."""
+    return role.backend == "fsdp" and not role.fsdp2 and _forward_only(role)
+
+
 def _optimizer(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> list[HostTerm]:
     """Optimizer moments and gradients on the host once the first update has made them.
     `exact_pin`: the fix `megatron-optimizer-exact-pinned` is on (each Megatron state at its size)."""
@@ -719,13 +731,16 @@ def plan_host(
     optim_exact = MEGATRON_OPT_PIN_FIX not in fixes_off
     optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit, optim_exact))]
     held = [t for r, _ in roles for t in resident[r.name]]
-    load = _load_terms(s, roles, resident, per_node, cpu_loading_ranks(s, ranks_here))
+    # what the roles hold before their first forward: an FSDP1 reference pins at its first (step 1)
+    built = {r.name: [] if _pins_at_first_forward(r) else resident[r.name] for r, _ in roles}
+    held_built = [t for r, _ in roles for t in built[r.name]]
+    load = _load_terms(s, roles, built, per_node, cpu_loading_ranks(s, ranks_here))
     sync = _sync_terms(s, fixes_off, per_node)
     notes = [_megatron_note(s, exact_pin, optim_exact)] if s.backend == "megatron" else []
     base_t, base_s, base_l = _bases(s, c, per_node, _pools(s, ranks_here, pools_shared))
     moments = [
         HostMoment("load", *base_l, load),
-        HostMoment("first sync", *base_s, held + sync.vllm + sync.backup + sync.first + sync.gather),
+        HostMoment("first sync", *base_s, held_built + sync.vllm + sync.backup + sync.first + sync.gather),
         HostMoment("train", *base_t, held + optim + sync.vllm),
         HostMoment("update_weights", *base_t, held + optim + sync.vllm + sync.backup + sync.gather),
     ]
