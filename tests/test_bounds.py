@@ -13,6 +13,7 @@ from verl_recipes import RecipeError
 from verl_recipes.cli import main
 from verl_recipes.measure.bounds import check, measured, write_bounds
 from verl_recipes.recipe.metadata import get_recipe
+from verl_recipes.rundir import read_provenance
 from verl_recipes.rundir import read_summary as load_summary
 
 RUN = Path("recipes/7b-lora/results/h200x1-ppo")  # verl's merged sync: expected/h200x1-ppo-verl-sync.yaml
@@ -268,7 +269,7 @@ def test_a_rank_that_ran_its_share_of_the_pools_is_not_held_to_whole_pool_host_b
         ([], "give a recipe id or --verl-example NAME"),
         (["7b-lora", "--verl-example", "gsm8k-quickstart"], "give a recipe id or --verl-example NAME"),
         (["7b-lora", "--set", "data.train_batch_size=8"], "--set applies to --verl-example"),
-        (["--verl-example", "gsm8k-quickstart"], "validation/verl-examples/expected/gsm8k-quickstart/"),
+        (["--verl-example", "ppo-gemma"], "validation/verl-examples/expected/ppo-gemma/"),
         (["--verl-example", "gsm8k-quickstar"], "did you mean gsm8k-quickstart?"),
     ],
 )
@@ -281,3 +282,22 @@ def test_check_bounds_of_a_verl_example_refuses_bad_input_in_one_line(
     assert main(["check-bounds", *argv]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and says in err[0], err
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "validation" / "verl-examples"
+EXAMPLE_BOUNDS = sorted(p.name for p in (EXAMPLES / "expected").iterdir())
+
+
+@pytest.mark.parametrize("example", EXAMPLE_BOUNDS)
+def test_each_verl_examples_committed_runs_hold_its_bounds(example: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every verl example with bounds (validation/verl-examples/expected/NAME/) passes
+    `check-bounds --verl-example NAME`, given the `--set` lines its runs were made with (an entry
+    out as written, such as a script on sglang, is planned through them): each bounds file
+    against its own source runs, one `ok` line each."""
+    files = sorted((EXAMPLES / "expected" / example).glob("*.yaml"))
+    assert files
+    runs = [EXAMPLES / yaml.safe_load(f.read_text())["source_runs"][0] for f in files]
+    sets = sorted({v for run in runs for v in read_provenance(run).user_sets})
+    assert main(["check-bounds", "--verl-example", example, *(a for v in sets for a in ("--set", v))]) == 0
+    ok = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("ok ")]
+    assert len(ok) == len(files), ok
