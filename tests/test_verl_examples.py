@@ -239,8 +239,11 @@ def test_each_committed_run_stands_behind_its_entry_and_is_held_against_the_plan
         sets = prov.user_sets
         said += f", with {' '.join(f'`--set {s}`' for s in sets)}" if sets else ""
         assert f"measured{said}: [{name}](results/{name}/report.md), {peak:.2f} GiB" in row
-        if suite[entry].out:  # an entry out as written (an sglang rollout) stands on a run of its --set
-            assert sets and row.split(" | ")[1] == "out", row[:200]
+        if suite[entry].out:  # an entry out as written (an sglang rollout) stands on a run of its --set,
+            # planned through the --set lines its runs share
+            common = [v for v in sets if all(v in m.user_sets for m in ran[entry])]
+            as_run = f" (as run: {' '.join(f'`--set {v}`' for v in common)})"
+            assert sets and row.split(" | ")[0].endswith(as_run) and row.split(" | ")[1] != "out", row[:300]
         assert run in judged, f"{run.name} is not in validation/planner-errors.md's runs"
     # a run that failed (results/<entry>/failed/<run name>) is judged by the planner-errors table
     # with its cause, but stands behind no entry: its peak is where it stopped
@@ -311,14 +314,14 @@ def test_each_committed_run_shows_its_host_pss_and_the_planners_error_per_phase(
         held = f"{share}{host[7]} predicted"
         want_host = f"{name}: PSS peak {host[6]} measured, {held} ({host[8]})"
         want_errors = "planner's error per phase: " + ", ".join(f"{r[1]} {r[5]}" for r in device)
-        # an entry out as written (its run answered why with a --set) is in the full table alone,
-        # with no prediction of its own beside the run's
-        out = bool(suite[entry].out)
-        for text in (table,) if out else (table, readme):
+        # an entry out as written (its run answered why with a --set) is planned as it ran, in
+        # both tables, its prediction beside the run's
+        for text in (table, readme):
             row = next(ln for ln in text.splitlines() if ln.startswith(f"| [{entry}]("))
+            assert not suite[entry].out or "(as run: `--set " in row, row[:300]
             cells = [c.strip() for c in row.split("|")[1:-1]]
             host_cell = next(c for c in cells if "PSS peak" in c)
-            assert out or host_cell.split("<br>")[0].endswith(" predicted"), host_cell
+            assert host_cell.split("<br>")[0].endswith(" predicted"), host_cell
             assert want_host in host_cell.split("<br>"), (want_host, host_cell)
             assert want_errors in row, (want_errors, row)
 

@@ -88,6 +88,9 @@ class Row:
     host_gib: float = 0.0
     not_modelled: tuple[str, ...] = ()
     measured: tuple[Measured, ...] = ()  # the entry's committed runs
+    # an entry out as written (a script on sglang), planned through the `--set` lines every one of
+    # its runs was made with: what was measured is the script so changed, and the plan is of that
+    planned_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,14 +191,16 @@ def suite_plans() -> list[Row]:
     rows = []
     for name, e in load_suite().items():
         link = f"[{name}](https://github.com/volcengine/verl/blob/{e.commit[:9]}/{e.path})"
-        if e.out:  # its runs, if any, ran with the --set that answers why (vLLM for sglang)
-            rows.append(Row(name, link, _world(e), e.out, out=True, measured=ran.get(name, ())))
+        runs = ran.get(name, ())
+        sets = _common_sets(runs) if e.out else ()
+        if e.out and not sets:
+            rows.append(Row(name, link, _world(e), e.out, out=True, measured=runs))
             continue
-        try:
-            job = verl_job(e.command(), name)
+        try:  # an entry out as written plans with the --set its runs ran with (vLLM for sglang)
+            job = verl_job(e.command(), name, sets)
             _, s = compose_job(job)
         except RecipeError as err:
-            rows.append(Row(name, link, _world(e), str(err)))
+            rows.append(Row(name, link, _world(e), e.out or str(err), out=bool(e.out), measured=runs))
             continue
         plans = [plan_gpu(s, g, c) for g in gpus]
         rows.append(
@@ -214,10 +219,23 @@ def suite_plans() -> list[Row]:
                 ),
                 host_gib=round(plan_host(s, []).peak.pss / GIB, 1),
                 not_modelled=tuple(not_modelled(job.keys, job.dropped)),
-                measured=ran.get(name, ()),
+                measured=runs,
+                planned_with=sets,
             )
         )
     return rows
+
+
+def _common_sets(runs: Sequence[Measured]) -> tuple[str, ...]:
+    """The `--set` lines every run of an entry was made with, in the first run's order."""
+    if not runs:
+        return ()
+    return tuple(v for v in runs[0].user_sets if all(v in m.user_sets for m in runs[1:]))
+
+
+def _as_run(r: Row) -> str:
+    """The words after an entry planned through its runs' `--set` lines."""
+    return f" (as run: {' '.join(f'`--set {v}`' for v in r.planned_with)})" if r.planned_with else ""
 
 
 def _full_row(r: Row) -> str:
@@ -230,7 +248,7 @@ def _full_row(r: Row) -> str:
         return f"| {r.link} | {r.world} | does not plan: {_cell(r.why)} | | | |"
     cells = "<br>".join(f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({word})" for gid, vals, word in r.per_gpu)
     return (
-        f"| {r.link} | {r.world} | {'/'.join(r.phases)}: {cells} | {_host(r, '')} | {_behind(r, 'results')} "
+        f"| {r.link}{_as_run(r)} | {r.world} | {'/'.join(r.phases)}: {cells} | {_host(r, '')} | {_behind(r, 'results')} "
         f"| {', '.join(r.not_modelled) or '-'} |"
     )
 
@@ -257,7 +275,7 @@ def summary(rows: list[Row]) -> str:
             continue
         peaks = " | ".join(f"{max(vals):.1f} GiB ({word})" for _, vals, word in r.per_gpu)
         behind = _behind(r, "validation/verl-examples/results")
-        lines.append(f"| {r.link} | {r.world} | {peaks} | {_host(r, ' GiB')} | {behind} |")
+        lines.append(f"| {r.link}{_as_run(r)} | {r.world} | {peaks} | {_host(r, ' GiB')} | {behind} |")
     refused = [r for r in rows if r.why and not r.out]
     out = [r for r in rows if r.out]
     lines += [
@@ -293,7 +311,9 @@ def suite_table(rows: list[Row] | None = None) -> str:
         "entry's runs committed in `results/` (`verl-recipes train --verl-example NAME`), with the",
         "device peak measured over every phase beside the prediction and the planner's error per phase",
         "((predicted - measured) / measured, as `validation/planner-errors.md` gives it, a rank rehearsal",
-        "planned as its rank); an entry without one is a prediction only. Under the host RAM, each run's",
+        "planned as its rank); an entry without one is a prediction only, and one out as written whose",
+        "runs answered why with a `--set` (vLLM for a script's sglang) is planned as they ran it (as run:",
+        "its runs' common `--set` lines). Under the host RAM, each run's",
         "measured host PSS peak beside the PSS peak predicted for what it ran: the node's, or for a rank",
         "rehearsal its rank's share of the node (one rank's processes and its share of the job's CPU",
         "worker pools, `predict/host.py`'s `plan_host`).",
