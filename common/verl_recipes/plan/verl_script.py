@@ -248,8 +248,8 @@ def _full_row(r: Row) -> str:
         return f"| {r.link} | {r.world} | does not plan: {_cell(r.why)} | | | |"
     cells = "<br>".join(f"{gid}: {' / '.join(f'{v:.1f}' for v in vals)} ({word})" for gid, vals, word in r.per_gpu)
     return (
-        f"| {r.link}{_as_run(r)} | {r.world} | {'/'.join(r.phases)}: {cells} | {_host(r, '')} | {_behind(r, 'results')} "
-        f"| {', '.join(r.not_modelled) or '-'} |"
+        f"| {r.link}{_as_run(r)} | {r.world} | {'/'.join(r.phases)}: {cells} | {_host(r, '')} "
+        f"| {_behind(r, 'results')} | {', '.join(r.not_modelled) or '-'} |"
     )
 
 
