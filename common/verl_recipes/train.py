@@ -45,6 +45,7 @@ from verl_recipes.job import Job, decide
 from verl_recipes.layout import ENV_RANK
 from verl_recipes.measure import outcome
 from verl_recipes.measure.provenance import record
+from verl_recipes.measure.relay import relay
 from verl_recipes.plan.advice import closing_line
 from verl_recipes.predict.gpus import parse_gpu
 from verl_recipes.predict.inputs import Setup
@@ -316,14 +317,8 @@ def launch(job: Job, checked: Preflight) -> int:
         proc = subprocess.Popen(
             mon, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=procs.die_with_parent()
         )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            logf.write(line)
-            logf.flush()
-            if not job.quiet:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-        return proc.wait()
+        # a run whose vLLM failed and whose trainer waits on it is stopped (`measure.relay`)
+        return relay(proc, logf, echo=not job.quiet)
 
 
 def run_record(job: Job, cfg: Any, cmd: list[str], env: dict[str, str], vllm_util: float | None) -> dict[str, Any]:
