@@ -273,8 +273,9 @@ def test_an_fsdp1_reference_pins_its_shard_at_its_first_forward(root: Path) -> N
     """FSDP1's CPUOffload pins a forward-only reference's shard and its gradient buffer in its lazy
     init, at the first forward (step 1), not in loading: Llama-2-7B's reference in fp32 on one GPU
     pins per decoder layer 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 parameters (809.5 MB, a 1 GiB
-    block) and the root unit's two embeddings and norm (1,048.6 MB, a 1 GiB block), twice. The
-    Qwen2-7B GRPO rank 0 of 8, whose reference is that, loaded within 5% of the planner."""
+    block) and the root unit's two embeddings and norm (1,048.6 MB, a 1 GiB block), twice, and
+    holds its pageable shard beside them through that forward. The Qwen2-7B GRPO rank 0 of 8,
+    whose reference is that, loaded and ran that forward within 5% of the planner."""
     full = ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.use_kl_loss=true"]
     fsdp1 = ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.ref.strategy=fsdp"]
     _, s, _ = load_setup("7b-lora", ["grpo"], full + fsdp1)
@@ -287,12 +288,18 @@ def test_an_fsdp1_reference_pins_its_shard_at_its_first_forward(root: Path) -> N
     assert _term(hp, "train", name) == _term(hp, "update_weights", name) == 2 * (32 + 1) * GIB
     for moment in ("load", "first sync"):
         assert not [t for t in hp.moment(moment).terms if t.name == name], moment
+    # in that forward each unit's pageable flat parameter stays until its reshard: the fp32 shard
+    # (every parameter, one rank of one) on the host a second time, in train only
+    twice = "ref shard before its first forward (pageable, freed at its reshard)"
+    assert _term(hp, "train", twice) == LLAMA7B * 4
+    assert not [t for t in hp.moment("update_weights").terms if t.name == twice]
     # FSDP2's forced offload policy pins in the build: there from loading on
     _, s2, _ = load_setup("7b-lora", ["grpo"], full)
     assert any("ref weights, pinned" in t.name for t in plan_host(s2).moment("first sync").terms)
     rank = "verl-examples/results/grpo-qwen2-7b-seq-balance/h100x1-grpo-rank0of8"
     rows = {r.moment: r for r in host_rows(root) if r.run.endswith(rank)}
     assert abs(rows["outside"].rss_error) <= 0.05 and abs(rows["outside"].pss_error or 1.0) <= 0.05
+    assert abs(rows["train"].rss_error) <= 0.05  # read in the reference's first forward
 
 
 def test_host_model_against_the_committed_runs(root: Path) -> None:

@@ -442,6 +442,21 @@ def _pins_at_first_forward(role: Role) -> bool:
     return role.backend == "fsdp" and not role.fsdp2 and _forward_only(role)
 
 
+def _unpinned_shard(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
+    """What an FSDP1 reference holds beside its new pinned blocks during its first forward: each
+    unit's flat parameter stays in its pageable storage, built on the CPU, until the unit reshards
+    after its forward and takes the pinned copy as its data (`_use_sharded_flat_param`), so for
+    that forward the shard is on the host twice. The Qwen2-7B rank's training worker rose to 14.97
+    GiB there and settled at 11.5-11.8 (its reference's fp32 shard 3.55 GiB)."""
+    shapes = base_tensors(s.arch, critic) + lora_tensors(s.arch, role)
+    return [
+        HostTerm(
+            f"{role.name} shard before its first forward (pageable, freed at its reshard)",
+            _exact(shapes, role.param_bytes, s.world),
+        )
+    ]
+
+
 def _optimizer(s: Setup, role: Role, critic: bool, exact_pin: bool = True) -> list[HostTerm]:
     """Optimizer moments and gradients on the host once the first update has made them.
     `exact_pin`: the fix `megatron-optimizer-exact-pinned` is on (each Megatron state at its size)."""
@@ -734,6 +749,7 @@ def plan_host(
     # what the roles hold before their first forward: an FSDP1 reference pins at its first (step 1)
     built = {r.name: [] if _pins_at_first_forward(r) else resident[r.name] for r, _ in roles}
     held_built = [t for r, _ in roles for t in built[r.name]]
+    first_forward = [t for r, crit in roles if _pins_at_first_forward(r) for t in node(_unpinned_shard(s, r, crit))]
     load = _load_terms(s, roles, built, per_node, cpu_loading_ranks(s, ranks_here))
     sync = _sync_terms(s, fixes_off, per_node)
     notes = [_megatron_note(s, exact_pin, optim_exact)] if s.backend == "megatron" else []
@@ -741,7 +757,7 @@ def plan_host(
     moments = [
         HostMoment("load", *base_l, load),
         HostMoment("first sync", *base_s, held_built + sync.vllm + sync.backup + sync.first + sync.gather),
-        HostMoment("train", *base_t, held + optim + sync.vllm),
+        HostMoment("train", *base_t, held + optim + sync.vllm + first_forward),
         HostMoment("update_weights", *base_t, held + optim + sync.vllm + sync.backup + sync.gather),
     ]
     return HostPlan(moments, sync.fused, sync.size, sync.level, notes)
