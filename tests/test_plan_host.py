@@ -76,6 +76,8 @@ BASE = [
     "trainer.nnodes=1",
 ]
 
+PROBE = "gpu/hosts/2026-12-07-h100x1-probe-fsdp1-ref/fsdp1_ref_pin.json"
+
 _70B = json.loads((ARCHS_DIR / "llama-2-70b" / "config.json").read_text())
 
 
@@ -274,8 +276,10 @@ def test_an_fsdp1_reference_pins_its_shard_at_its_first_forward(root: Path) -> N
     init, at the first forward (step 1), not in loading: Llama-2-7B's reference in fp32 on one GPU
     pins per decoder layer 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 parameters (809.5 MB, a 1 GiB
     block) and the root unit's two embeddings and norm (1,048.6 MB, a 1 GiB block), twice, and
-    holds its pageable shard beside them through that forward. The Qwen2-7B GRPO rank 0 of 8,
-    whose reference is that, loaded and ran that forward within 5% of the planner."""
+    holds its pageable shard from its build through that forward. The Qwen2-7B GRPO rank 0 of 8,
+    whose reference is that, loaded within 10% and ran that forward within 5% of the planner, and
+    the torch-only probe of the mechanism (gpu/probes/fsdp1_ref_pin.py on an H100) reads each
+    moment within 5% of the planner's terms."""
     full = ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.use_kl_loss=true"]
     fsdp1 = ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.ref.strategy=fsdp"]
     _, s, _ = load_setup("7b-lora", ["grpo"], full + fsdp1)
@@ -286,20 +290,28 @@ def test_an_fsdp1_reference_pins_its_shard_at_its_first_forward(root: Path) -> N
     root_unit = 2 * 32000 * 4096 + 4096
     assert layer * 4 <= GIB and root_unit * 4 <= GIB
     assert _term(hp, "train", name) == _term(hp, "update_weights", name) == 2 * (32 + 1) * GIB
+    # before it, the build's pageable shard (every parameter in fp32, one rank of one); through
+    # that forward both; after it, the pinned blocks alone
+    pageable = "ref shard, pageable (FSDP1, until its first forward's reshard)"
     for moment in ("load", "first sync"):
         assert not [t for t in hp.moment(moment).terms if t.name == name], moment
-    # in that forward each unit's pageable flat parameter stays until its reshard: the fp32 shard
-    # (every parameter, one rank of one) on the host a second time, in train only
-    twice = "ref shard before its first forward (pageable, freed at its reshard)"
-    assert _term(hp, "train", twice) == LLAMA7B * 4
-    assert not [t for t in hp.moment("update_weights").terms if t.name == twice]
+    assert _term(hp, "first sync", pageable) == LLAMA7B * 4
+    assert _term(hp, "train", pageable) == LLAMA7B * 4
+    assert not [t for t in hp.moment("update_weights").terms if t.name == pageable]
     # FSDP2's forced offload policy pins in the build: there from loading on
     _, s2, _ = load_setup("7b-lora", ["grpo"], full)
     assert any("ref weights, pinned" in t.name for t in plan_host(s2).moment("first sync").terms)
     rank = "verl-examples/results/grpo-qwen2-7b-seq-balance/h100x1-grpo-rank0of8"
     rows = {r.moment: r for r in host_rows(root) if r.run.endswith(rank)}
-    assert abs(rows["outside"].rss_error) <= 0.05 and abs(rows["outside"].pss_error or 1.0) <= 0.05
+    assert abs(rows["outside"].rss_error) <= 0.10 and abs(rows["outside"].pss_error or 1.0) <= 0.10
     assert abs(rows["train"].rss_error) <= 0.05  # read in the reference's first forward
+    # the probe of the mechanism on an H100 (torch 2.11): the build leaves the shard, the first
+    # forward adds the pinned blocks the planner counts, and the shard goes when it ends
+    probe = json.loads((root / PROBE).read_text())["gib"]
+    start, shard, pinned = probe["rss_start"], probe["shard_exact"], probe["pinned_planned"]
+    assert abs(probe["rss_wrapped"] - start - shard) <= 0.05 * shard
+    assert abs(probe["rss_first_forward_peak"] - start - (shard + pinned)) <= 0.05 * (shard + pinned)
+    assert abs(probe["rss_after_first_forward"] - start - pinned) <= 0.05 * pinned
 
 
 def test_host_model_against_the_committed_runs(root: Path) -> None:

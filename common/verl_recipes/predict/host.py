@@ -443,15 +443,19 @@ def _pins_at_first_forward(role: Role) -> bool:
 
 
 def _unpinned_shard(s: Setup, role: Role, critic: bool) -> list[HostTerm]:
-    """What an FSDP1 reference holds beside its new pinned blocks during its first forward: each
-    unit's flat parameter stays in its pageable storage, built on the CPU, until the unit reshards
-    after its forward and takes the pinned copy as its data (`_use_sharded_flat_param`), so for
-    that forward the shard is on the host twice. The Qwen2-7B rank's training worker rose to 14.97
-    GiB there and settled at 11.5-11.8 (its reference's fp32 shard 3.55 GiB)."""
+    """An FSDP1 reference's shard as its build leaves it: each unit's flat parameter in pageable
+    host memory (FSDP1 moves it back to the CPU after sharding it on the GPU), held until the
+    unit's first forward pins a copy and, at the unit's reshard, takes that copy as its data
+    (`_use_sharded_flat_param`): through that forward the shard is on the host twice. Measured
+    with torch 2.11 on an H100 (gpu/probes/fsdp1_ref_pin.py, rank 0 of 8 at Qwen2-7B widths, fp32:
+    gpu/hosts/2026-12-07-h100x1-probe-fsdp1-ref/): the build left 3.56 GiB (the shard, 3.55), the
+    first forward peaked 12.61 GiB above the start (the shard and the 9.00 GiB of pinned blocks)
+    and left 9.21; the Qwen2-7B GRPO rank 0 of 8's training worker fell by 3.52 GiB as that
+    forward ended."""
     shapes = base_tensors(s.arch, critic) + lora_tensors(s.arch, role)
     return [
         HostTerm(
-            f"{role.name} shard before its first forward (pageable, freed at its reshard)",
+            f"{role.name} shard, pageable (FSDP1, until its first forward's reshard)",
             _exact(shapes, role.param_bytes, s.world),
         )
     ]
@@ -747,9 +751,12 @@ def plan_host(
     optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit, optim_exact))]
     held = [t for r, _ in roles for t in resident[r.name]]
     # what the roles hold before their first forward: an FSDP1 reference pins at its first (step 1)
-    built = {r.name: [] if _pins_at_first_forward(r) else resident[r.name] for r, _ in roles}
+    # an FSDP1 reference holds its pageable shard from its build until its first forward, which
+    # pins it (`_pins_at_first_forward`): the shard then in both forms for that forward
+    unpinned = {r.name: node(_unpinned_shard(s, r, crit)) for r, crit in roles if _pins_at_first_forward(r)}
+    built = {r.name: unpinned.get(r.name, resident[r.name]) for r, _ in roles}
     held_built = [t for r, _ in roles for t in built[r.name]]
-    first_forward = [t for r, crit in roles if _pins_at_first_forward(r) for t in node(_unpinned_shard(s, r, crit))]
+    first_forward = [t for terms in unpinned.values() for t in terms]
     load = _load_terms(s, roles, built, per_node, cpu_loading_ranks(s, ranks_here))
     sync = _sync_terms(s, fixes_off, per_node)
     notes = [_megatron_note(s, exact_pin, optim_exact)] if s.backend == "megatron" else []
