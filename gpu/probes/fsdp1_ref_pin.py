@@ -140,4 +140,7 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: python3 gpu/probes/fsdp1_ref_pin.py OUT.json", file=sys.stderr)
         sys.exit(2)
+    if os.path.exists(sys.argv[1]):
+        print(f"fsdp1_ref_pin: {sys.argv[1]} exists; give a new file (nothing is overwritten)", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main(sys.argv[1]))
