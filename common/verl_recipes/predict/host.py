@@ -435,10 +435,7 @@ def _pins_at_first_forward(role: Role) -> bool:
     FSDP1 forward-only reference (`CPUOffload(offload_params=True)`) pins its shard and makes its
     pinned gradient buffer in `FlatParamHandle.init_flat_param_attributes`, which FSDP1's lazy
     init calls at the module's first forward (torch 2.11 `_runtime_utils._lazy_init`), in step 1's
-    reference log-probs, after loading and the first weight sync. The Qwen2-7B GRPO rank 0 of 8
-    bears it out: its load moment held 52.22 GiB RSS, the planner's 62.66 less the reference's
-    9.0 GiB of pinned blocks within 2.8%
-    (validation/verl-examples/results/grpo-qwen2-7b-seq-balance/h100x1-grpo-rank0of8)."""
+    reference log-probs, after loading and the first weight sync (measured: `_unpinned_shard`)."""
     return role.backend == "fsdp" and not role.fsdp2 and _forward_only(role)
 
 
@@ -750,7 +747,6 @@ def plan_host(
     optim_exact = MEGATRON_OPT_PIN_FIX not in fixes_off
     optim = [t for r, crit in roles for t in node(_optimizer(s, r, crit, optim_exact))]
     held = [t for r, _ in roles for t in resident[r.name]]
-    # what the roles hold before their first forward: an FSDP1 reference pins at its first (step 1)
     # an FSDP1 reference holds its pageable shard from its build until its first forward, which
     # pins it (`_pins_at_first_forward`): the shard then in both forms for that forward
     unpinned = {r.name: node(_unpinned_shard(s, r, crit)) for r, crit in roles if _pins_at_first_forward(r)}
