@@ -114,6 +114,36 @@ def test_time_bounds_are_one_sided(root: Path, capsys: pytest.CaptureFixture[str
     assert "faster than" in capsys.readouterr().out
 
 
+def test_memory_only_prints_the_time_and_judges_the_memory(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--memory-only` (what the GPU tests hold): a run at half the throughput and twice the step
+    time passes with both printed against their bands; the same run with a phase 30% over its
+    bound still fails, naming the phase."""
+    doc = yaml.safe_load((root / "recipes/7b-lora/expected/h200x1-ppo.yaml").read_text())
+    slow = _with_throughput(root, 0.5)
+    for st in slow["steps"]:
+        st["time_s"] *= 2
+    assert len(check(slow, doc, "x")) == 2
+    assert check(slow, doc, "x", judge_time=False) == []
+    out = capsys.readouterr().out
+    assert "step_time_s" in out and "throughput_tok_s" in out and out.count("not judged (--memory-only)") == 2
+    phase, gpus = next(iter(doc["bounds"]["memory_gib"].items()))
+    gpu, band = next(iter(gpus.items()))
+    for name, ph in slow["phases"].items():
+        if name == phase:
+            ph["gpu"][str(gpu)]["used_gib"] = band[1] * 1.3
+    errs = check(slow, doc, "x", judge_time=False)
+    assert len(errs) == 1 and f"phase {phase} GPU {gpu}" in errs[0], errs
+
+
+def test_memory_only_refuses_to_write_bounds(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--memory-only` judges a run; with `--write-bounds` it is one line, exit 2, nothing written."""
+    out = tmp_path / "b.yaml"
+    argv = ["check-bounds", "7b-lora", "--memory-only", "--write-bounds", str(root / DEFAULT), "--out", str(out)]
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "--memory-only" in err[0] and not out.exists()
+
+
 def test_step_time_is_the_median_of_steps_two_on(root: Path) -> None:
     """Step 1 carries compile and warm-up (49.9 s in h200x1-ppo-fast against 9.0-10.2 s after):
     the bounds' step time is the median of steps 2+, the figure the README and compare-runs give."""
@@ -293,11 +323,11 @@ def test_each_verl_examples_committed_runs_hold_its_bounds(example: str, capsys:
     """Every verl example with bounds (validation/verl-examples/expected/NAME/) passes
     `check-bounds --verl-example NAME`, given the `--set` lines its runs were made with (an entry
     out as written, such as a script on sglang, is planned through them): each bounds file
-    against its own source runs, one `ok` line each."""
+    against its own source runs, one `ok` line for each run of each file."""
     files = sorted((EXAMPLES / "expected" / example).glob("*.yaml"))
     assert files
-    runs = [EXAMPLES / yaml.safe_load(f.read_text())["source_runs"][0] for f in files]
+    runs = [EXAMPLES / r for f in files for r in yaml.safe_load(f.read_text())["source_runs"]]
     sets = sorted({v for run in runs for v in read_provenance(run).user_sets})
     assert main(["check-bounds", "--verl-example", example, *(a for v in sets for a in ("--set", v))]) == 0
     ok = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("ok ")]
-    assert len(ok) == len(files), ok
+    assert len(ok) == len(runs), ok

@@ -10,9 +10,10 @@ multi-GPU script that plans: its 2B PPO job (ppo-gemma, two GPUs) sets a key ver
 refuses, and the next is the 3B LoRA job, whose rank 0 of 2 is a line of its own (57 GiB planned);
 so the quickstart is rank 0 of its own world of one GPU.
 
-Its NVML peaks are held to the committed bounds for the card it runs on
+Its NVML peaks and host RAM are held to the committed bounds for the card it runs on
 (validation/verl-examples/expected/gsm8k-quickstart/<run name>.yaml, through `check-bounds
---verl-example`), and where none are committed for that card, every phase to the planner's figure
+--verl-example --memory-only`: its step time and throughput are printed, not judged), and
+where none are committed for that card, every phase to the planner's figure
 within 10%, judged as `plan --errors` judges a committed run (`errors.run_error_rows`), but for
 an `outside` peak that is the very reading of the final validation's (`testing`, which the planner
 does not model and `plan --errors` leaves out): verl's validation after the last step holds its
@@ -92,10 +93,12 @@ def planner_misses(run: Path, tolerance: float = TOLERANCE) -> list[str]:
 
 
 def check_bounds(run: Path, expected: str) -> int:
-    """`verl-recipes check-bounds --verl-example` on the run: its exit code."""
+    """`verl-recipes check-bounds --verl-example --memory-only` on the run: its exit code. Its
+    memory is judged, its speed printed: the same rehearsal took 57.2 s a step on one H100 and
+    72.0 on another (2026-12-07), every phase's memory within 1%."""
     from verl_recipes.cli import main
 
-    return main(["check-bounds", "--verl-example", EXAMPLE, "--run", str(run), "--expected", expected])
+    return main(["check-bounds", "--verl-example", EXAMPLE, "--run", str(run), "--expected", expected, "--memory-only"])
 
 
 def test_the_line_rehearses_rank_0_of_the_quickstarts_own_job() -> None:
