@@ -71,6 +71,9 @@ class Role:
     # FSDP2 CPUOffloadPolicy (`offload_policy: true`): parameters, gradients and the optimizer
     # step live on the CPU for good; the GPU holds only the units being computed.
     offload_policy: bool = False
+    # FSDP1 `use_orig_params` (verl's default false): the module's parameters are plain views of
+    # the flat parameter between forwards (`host.gather_outlives_sync`)
+    orig_params: bool = False
     # Megatron
     tp: int = 1
     pp: int = 1
@@ -319,6 +322,7 @@ def _fsdp_role(
         ulysses_sp=sp,
         fsdp2=str(_sel(cfg, f"{base}.strategy", "fsdp")) == "fsdp2",
         offload_policy=bool(_sel(cfg, f"{engine}.offload_policy", False, required=False)),
+        orig_params=bool(_sel(cfg, f"{engine}.use_orig_params", False, required=False)),
     )
 
 
