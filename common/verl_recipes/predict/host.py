@@ -687,7 +687,7 @@ def _sync_terms(s: Setup, fixes_off: tuple[str, ...], per_node: int) -> _Sync:
         whole = _exact(base_tensors(a) + lora_tensors(a, s.actor), s.actor.param_bytes, 1) * per_node
         gather = [HostTerm("verl's adapter sync: whole model gathered to the CPU (FSDP1 layered summon)", whole)]
     held_gather = []
-    if gather and gather_outlives_sync(s):
+    if gather_outlives_sync(s):
         held = "verl's adapter sync's whole-model copy, held until the actor's next forward"
         held_gather = [HostTerm(held, gather[0].bytes)]
     return _Sync(level, vllm, fused, size, backup, first, gather, held_gather)
