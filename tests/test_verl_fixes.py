@@ -7,6 +7,7 @@ module (one gloo rank).
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def test_fixed_critic_lora_trains_adapters_and_value_head(value_model_dir: Path)
     applied = verl_fixes.apply()
     fixes = ["critic-attn-implementation", "critic-lora-token-cls", "lora-merge-out-of-place", "logprobs-chunked"]
     fixes += ["critic-engine-batching", "ray-local-start", "packed-attention", "replay-buffer-poll"]
-    fixes += ["megatron-weights-exact-pinned", "megatron-optimizer-exact-pinned"]
+    fixes += ["megatron-weights-exact-pinned", "megatron-optimizer-exact-pinned", "lora-layered-summon-fsdp1"]
     assert applied == fixes
     from verl.workers.engine.fsdp import transformer_impl
 
@@ -448,3 +449,38 @@ def test_fixed_replay_buffer_looks_every_fraction_of_a_second() -> None:
     assert _one_poll_s(rb) < 0.5
     # the asynchronous trainers read poll_interval for their own bookkeeping: left as verl has it
     assert ReplayBuffer(trainer_mode="async", **_replay_kwargs()).poll_interval == 2.0
+
+
+def test_fsdp1_adapter_sync_gathers_the_adapter_alone(tmp_path: Path) -> None:
+    """verl 0.9.1's layered summon under FSDP1, as two real gloo processes: verl's own function
+    finds nothing (its LoRA wrap policy makes each adapter leaf a unit whose parameter is `weight`),
+    so verl falls back to gathering the whole model to every rank's host. With the fix,
+    `collect_lora_params(layered_summon=True)` summons the adapter's 28 leaf units alone (no
+    decoder layer, not the root: no base weight is gathered) and returns on each rank the very
+    tensors, under the very names, that the whole-model summon's adapter has, though each rank
+    holds half the model."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from verl_recipes.fixes import LAYERED_SUMMON_FIX
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = root / "tests" / "fixtures" / "fsdp1_layered_summon.py"
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(root / "common")}
+    proc = subprocess.run([*run, str(probe), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert LAYERED_SUMMON_FIX in r["applied"]
+        assert r["verls"] == 0, "verl's own layered summon found the adapter: the fix may be obsolete"
+        assert len(r["whole"]) == 2 * 7 * 2  # layers x linear layers x (A, B)
+        assert r["fixed"] == r["whole"]
+        assert len(r["summoned"]) == len(r["whole"])
+        assert all(n.endswith((".lora_A.default", ".lora_B.default")) for n in r["summoned"]), r["summoned"]
+        assert r["shard_numel"] * 2 == r["model_numel"]  # each rank holds half: the values were gathered

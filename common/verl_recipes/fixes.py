@@ -50,6 +50,8 @@ class Fix:
     engine: str | None = None
     padding_free_only: bool = False
     critic_only: bool = False
+    # whether only a LoRA adapter synced by verl's layered summon under FSDP1 runs it
+    layered_fsdp1_only: bool = False
 
 
 ATTN_FIX = "critic-attn-implementation"
@@ -62,6 +64,7 @@ PACKED_ATTN_FIX = "packed-attention"
 REPLAY_POLL_FIX = "replay-buffer-poll"
 MEGATRON_PIN_FIX = "megatron-weights-exact-pinned"
 MEGATRON_OPT_PIN_FIX = "megatron-optimizer-exact-pinned"
+LAYERED_SUMMON_FIX = "lora-layered-summon-fsdp1"
 
 _FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 _MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
@@ -124,6 +127,15 @@ FIXES: dict[str, Fix] = {
             changes=frozenset({"host memory", "rate"}),
             engine="megatron",
         ),
+        Fix(
+            LAYERED_SUMMON_FIX,
+            12,
+            "verl.utils.fsdp_utils",
+            "an adapter sync under FSDP1 copies the whole model to every rank's host memory",
+            # the sync's host copy and its time; the device gathers one unit at a time either way
+            changes=frozenset({"host memory", "rate"}),
+            layered_fsdp1_only=True,
+        ),
     )
 }
 
@@ -131,11 +143,13 @@ FIXES: dict[str, Fix] = {
 @dataclass(frozen=True)
 class RunKind:
     """What of verl's code a run executes, as far as the fixes reach: its engine, whether a model
-    took the padding-free path, whether it trained a critic."""
+    took the padding-free path, whether it trained a critic, whether it synced a LoRA adapter
+    through verl's layered summon under FSDP1."""
 
     backend: str  # verl's engine: "fsdp" | "megatron"
     padding_free: bool
     critic: bool
+    layered_fsdp1: bool = False
 
 
 def executes(name: str, kind: RunKind) -> bool:
@@ -145,6 +159,7 @@ def executes(name: str, kind: RunKind) -> bool:
         fix.engine in (None, kind.backend)
         and (kind.padding_free or not fix.padding_free_only)
         and (kind.critic or not fix.critic_only)
+        and (kind.layered_fsdp1 or not fix.layered_fsdp1_only)
     )
 
 

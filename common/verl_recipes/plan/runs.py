@@ -26,6 +26,7 @@ from typing import Any
 from verl_recipes import GIB, RecipeError, rundir
 from verl_recipes.fixes import EVERYTHING, Evidence, RunKind, concerning, recorded_off
 from verl_recipes.paths import repo_root
+from verl_recipes.predict.host import layered_fsdp1
 from verl_recipes.predict.inputs import Setup, setup_from_config
 from verl_recipes.predict.model import Arch
 from verl_recipes.recipe.compose import saved_config
@@ -184,15 +185,16 @@ _CRITIC_PADDING_FREE = "critic.model.use_remove_padding"
 
 def run_kind(run: MeasuredRun, s: Setup) -> RunKind:
     """What of verl's code the run executed (`fixes.RunKind`), from `s`, the Setup it
-    trained: its engine, its critic, and whether a model took verl's padding-free path, the
-    actor's (`Setup.remove_padding`) or the critic's own `use_remove_padding` in its saved
-    verl_config.yaml (verl's default, true, where the file leaves it out)."""
+    trained: its engine, its critic, its adapter sync (`host.layered_fsdp1`), and whether a model
+    took verl's padding-free path, the actor's (`Setup.remove_padding`) or the critic's own
+    `use_remove_padding` in its saved verl_config.yaml (verl's default, true, where the file
+    leaves it out)."""
     from omegaconf import OmegaConf
 
     critic_free = s.critic is not None and bool(
         OmegaConf.select(_saved_config(run.run_dir / CONFIG), _CRITIC_PADDING_FREE, default=True)
     )
-    return RunKind(s.backend, s.remove_padding or critic_free, s.critic is not None)
+    return RunKind(s.backend, s.remove_padding or critic_free, s.critic is not None, layered_fsdp1(s))
 
 
 def lacks(run: MeasuredRun, s: Setup, what: Evidence) -> tuple[str, ...]:

@@ -37,11 +37,13 @@ Terms (bytes per trainer process, times the processes on the node unless said ot
     streams `W + scaling * B @ A` out of place instead and takes no CPU copy
     (`verl_recipes.fixes.MERGE_FIX`, FSDP2 only);
     `--verl-fix-off lora-merge-out-of-place` restores verl's path.
-  * verl's adapter sync under FSDP1 with `rollout.layered_summon`: the layered summon finds no
+  * verl's adapter sync under FSDP1 with `rollout.layered_summon`: verl's layered summon finds no
     LoRA tensor and `collect_lora_params` gathers the whole model into host memory on every rank
     instead (`adapter_full_gather`), at each sync; under FSDP1's default `use_orig_params: false`
     the copy outlives the sync until the actor's next forward (`gather_outlives_sync`), so the
-    next generation and a validation hold it too.
+    next generation and a validation hold it too. The recipes' default gathers the adapter alone
+    (`verl_recipes.fixes.LAYERED_SUMMON_FIX`); `--verl-fix-off lora-layered-summon-fsdp1`
+    restores verl's path.
   * vLLM at sleep level 1 (a LoRA served as an adapter, `model.lora.merge: false`:
     `vLLMHttpServer._resolve_sleep_level`) offloads its weights to pinned host memory
     (`CuMemAllocator.sleep(offload_tags=("weights",))`) while the trainer works; level 2 (full or
@@ -71,6 +73,7 @@ import yaml
 
 from verl_recipes import GIB, RecipeError
 from verl_recipes.fixes import (  # the merge takes no CPU copy
+    LAYERED_SUMMON_FIX,
     MEGATRON_OPT_PIN_FIX,
     MEGATRON_PIN_FIX,
     MERGE_FIX,
@@ -579,20 +582,28 @@ def adapter_base_sync(s: Setup) -> bool:
     return bool(a.lora_rank and not s.lora_merge and a.backend == "fsdp" and "dummy" in s.rollout.load_format)
 
 
-def adapter_full_gather(s: Setup) -> bool:
-    """Whether verl 0.9.1's adapter sync gathers the whole model into each rank's host memory: a
-    LoRA served as an adapter under FSDP1 with `rollout.layered_summon`. verl's LoRA wrap policy
+def layered_fsdp1(s: Setup) -> bool:
+    """Whether the actor's adapter syncs go through verl's layered summon under FSDP1: a LoRA
+    served as an adapter (not merged) on FSDP1 with `rollout.layered_summon`, the code fix 12
+    (`LAYERED_SUMMON_FIX`) replaces."""
+    a = s.actor
+    return bool(a.lora_rank and not s.lora_merge and a.backend == "fsdp" and not a.fsdp2 and s.rollout.layered_summon)
+
+
+def adapter_full_gather(s: Setup, fixes_off: Iterable[str] = ()) -> bool:
+    """Whether each adapter sync gathers the whole model into each rank's host memory: verl
+    0.9.1's layered summon under FSDP1 (`layered_fsdp1`) without fix 12. verl's LoRA wrap policy
     makes every lora_A / lora_B leaf an FSDP unit of its own, whose own parameter is named
     `weight`, so `layered_summon_lora_params` skips those units (no "lora_" in the names) and the
     decoder layers' units leave them out as nested; it returns nothing, and `collect_lora_params`
     falls back to `FSDP.summon_full_params(module, offload_to_cpu=True)`: every full weight copied
     to the CPU (Qwen2.5-3B's rank of 2 on an H100: its training worker +12.1 GiB in the first
-    sync, the 11.5 GiB of its fp32 weights). FSDP2 gathers each unit's LoRA tensors alone."""
-    a = s.actor
-    return bool(a.lora_rank and not s.lora_merge and a.backend == "fsdp" and not a.fsdp2 and s.rollout.layered_summon)
+    sync, the 11.5 GiB of its fp32 weights). FSDP2 gathers each unit's LoRA tensors alone, and so
+    does FSDP1 with the fix (`verl_recipes.worker.layered_summon`): the adapter alone reaches the host."""
+    return layered_fsdp1(s) and LAYERED_SUMMON_FIX in set(fixes_off)
 
 
-def gather_outlives_sync(s: Setup) -> bool:
+def gather_outlives_sync(s: Setup, fixes_off: Iterable[str] = ()) -> bool:
     """Whether the whole-model copy of an adapter sync (`adapter_full_gather`) stays in host memory
     after the sync, until the actor's next forward. In FSDP1's `_unshard_fsdp_state_params`
     (torch 2.11) the summon's `ExitStack` closes `_unflatten_as_params` before `handle.to_cpu()`:
@@ -604,7 +615,7 @@ def gather_outlives_sync(s: Setup) -> bool:
     the last sync, hold it. Qwen2.5-3B's rank 0 of 2 on an H100 (2026-12-07) read it three times:
     the training worker +12.1 GiB from each sync to the first 1.3 s of the next old_log_prob,
     through gen 1, gen 2 and the final validation."""
-    return adapter_full_gather(s) and not s.actor.orig_params
+    return adapter_full_gather(s, fixes_off) and not s.actor.orig_params
 
 
 def sleep_level(s: Setup) -> int:
@@ -683,11 +694,11 @@ def _sync_terms(s: Setup, fixes_off: tuple[str, ...], per_node: int) -> _Sync:
         base_copy = _exact(base_tensors(a), s.actor.param_bytes, 1) * per_node
         first = [HostTerm("verl's first adapter sync: CPU copy of the base model", base_copy)]
     gather = []
-    if adapter_full_gather(s):
+    if adapter_full_gather(s, fixes_off):
         whole = _exact(base_tensors(a) + lora_tensors(a, s.actor), s.actor.param_bytes, 1) * per_node
         gather = [HostTerm("verl's adapter sync: whole model gathered to the CPU (FSDP1 layered summon)", whole)]
     held_gather = []
-    if gather_outlives_sync(s):
+    if gather_outlives_sync(s, fixes_off):
         held = "verl's adapter sync's whole-model copy, held until the actor's next forward"
         held_gather = [HostTerm(held, gather[0].bytes)]
     return _Sync(level, vllm, fused, size, backup, first, gather, held_gather)

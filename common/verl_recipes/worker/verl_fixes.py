@@ -100,6 +100,7 @@ from verl_recipes.fixes import (
     CRITIC_LORA_FIX,
     ENV_FIXES_OFF,
     FIXES,
+    LAYERED_SUMMON_FIX,
     LOGPROBS_FIX,
     MEGATRON_OPT_PIN_FIX,
     MEGATRON_PIN_FIX,
@@ -108,7 +109,7 @@ from verl_recipes.fixes import (
     RAY_START_FIX,
     REPLAY_POLL_FIX,
 )
-from verl_recipes.worker import packed_attention, pinned_offload, sync_probe
+from verl_recipes.worker import layered_summon, packed_attention, pinned_offload, sync_probe
 from verl_recipes.worker.import_hooks import after_import
 from verl_recipes.worker.ray_start import RayLocalStart
 
@@ -456,6 +457,16 @@ def _patch_ray_start(main_ppo: ModuleType) -> None:
         main_ppo.ray = RayLocalStart(main_ppo.ray)  # type: ignore[attr-defined]
 
 
+def _patch_layered_summon(fsdp_utils: ModuleType) -> None:
+
+    # collect_lora_params looks the function up in its module at each call
+    if not hasattr(fsdp_utils.layered_summon_lora_params, "__wrapped__"):
+        ORIGINALS["layered_summon_lora_params"] = fsdp_utils.layered_summon_lora_params
+        fsdp_utils.layered_summon_lora_params = layered_summon.make_layered_summon(  # type: ignore[attr-defined]
+            fsdp_utils.layered_summon_lora_params
+        )
+
+
 #: the patch of every fix of the table (`verl_recipes.fixes.FIXES`), by name; each is registered
 #: for the verl module the table names
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
@@ -469,6 +480,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     REPLAY_POLL_FIX: _patch_replay_poll,
     MEGATRON_PIN_FIX: _patch_megatron_offload,
     MEGATRON_OPT_PIN_FIX: _patch_megatron_optimizer_offload,
+    LAYERED_SUMMON_FIX: _patch_layered_summon,
 }
 
 
