@@ -451,6 +451,36 @@ def test_fixed_replay_buffer_looks_every_fraction_of_a_second() -> None:
     assert ReplayBuffer(trainer_mode="async", **_replay_kwargs()).poll_interval == 2.0
 
 
+def _layered_summon_probe(tmp_path: Path, ranks: int) -> list[dict[str, Any]]:
+    """tests/fixtures/fsdp1_layered_summon.py as `ranks` real gloo processes: each rank's record."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = root / "tests" / "fixtures" / "fsdp1_layered_summon.py"
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(root / "common")}
+    proc = subprocess.run([*run, str(probe), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _gathers_the_adapter_alone(r: dict[str, Any]) -> None:
+    from verl_recipes.fixes import LAYERED_SUMMON_FIX
+
+    assert LAYERED_SUMMON_FIX in r["applied"]
+    assert r["verls"] == 0, "verl's own layered summon found the adapter: the fix may be obsolete"
+    assert len(r["whole"]) == 2 * 7 * 2  # layers x linear layers x (A, B)
+    assert r["fixed"] == r["whole"]
+    assert len(r["summoned"]) == len(r["whole"])
+    assert all(n.endswith((".lora_A.default", ".lora_B.default")) for n in r["summoned"]), r["summoned"]
+
+
 def test_fsdp1_adapter_sync_gathers_the_adapter_alone(tmp_path: Path) -> None:
     """verl 0.9.1's layered summon under FSDP1, as two real gloo processes: verl's own function
     finds nothing (its LoRA wrap policy makes each adapter leaf a unit whose parameter is `weight`),
@@ -459,28 +489,16 @@ def test_fsdp1_adapter_sync_gathers_the_adapter_alone(tmp_path: Path) -> None:
     decoder layer, not the root: no base weight is gathered) and returns on each rank the very
     tensors, under the very names, that the whole-model summon's adapter has, though each rank
     holds half the model."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    from verl_recipes.fixes import LAYERED_SUMMON_FIX
-
-    root = Path(__file__).resolve().parents[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    probe = root / "tests" / "fixtures" / "fsdp1_layered_summon.py"
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
-    env = {**os.environ, "PYTHONPATH": str(root / "common")}
-    proc = subprocess.run([*run, str(probe), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for rank in (0, 1):
-        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert LAYERED_SUMMON_FIX in r["applied"]
-        assert r["verls"] == 0, "verl's own layered summon found the adapter: the fix may be obsolete"
-        assert len(r["whole"]) == 2 * 7 * 2  # layers x linear layers x (A, B)
-        assert r["fixed"] == r["whole"]
-        assert len(r["summoned"]) == len(r["whole"])
-        assert all(n.endswith((".lora_A.default", ".lora_B.default")) for n in r["summoned"]), r["summoned"]
+    for r in _layered_summon_probe(tmp_path, 2):
+        _gathers_the_adapter_alone(r)
         assert r["shard_numel"] * 2 == r["model_numel"]  # each rank holds half: the values were gathered
+
+
+def test_fsdp1_adapter_sync_on_one_gpu_runs_with_the_fix_alone(tmp_path: Path) -> None:
+    """On one rank FSDP1 keeps the model unsharded (NO_SHARD), and verl's fallback, a summon to the
+    CPU, refuses it: a one-GPU FSDP1 job with a LoRA adapter and `rollout.layered_summon` stops at
+    its first adapter sync. The fix's summon stays on the device and returns the adapter."""
+    (r,) = _layered_summon_probe(tmp_path, 1)
+    assert r["verl_collect"].startswith("NotImplementedError: offload_to_cpu=True and NO_SHARD"), r["verl_collect"]
+    _gathers_the_adapter_alone(r)
+    assert r["shard_numel"] == r["model_numel"]

@@ -7,7 +7,9 @@ trainable leaf, each `lora_A.default` / `lora_B.default` Linear, a unit of its o
 parameter is named `weight`; and with `use_orig_params: false` (verl's default) a unit's parameters
 outside a summon are its flat parameter. So it returns nothing, and `collect_lora_params` falls back
 to `FSDP.summon_full_params(module, offload_to_cpu=True)`: every rank copies the whole model, base
-weights and all, to host memory on every sync (`verl_recipes.predict.host.adapter_full_gather`).
+weights and all, to host memory on every sync (`verl_recipes.predict.host.adapter_full_gather`);
+on one GPU, where FSDP1 keeps the model unsharded (NO_SHARD), torch refuses that summon and the
+job stops at its first adapter sync.
 
 Here a unit is chosen by its modules' names (a `lora_` module in the unit itself, nested units
 left to their own visit), summoned alone, and its own parameters are named from the model's root,

@@ -81,6 +81,13 @@ that list is a configuration, not a patch).
    with ``.to("cpu", non_blocking=True)`` at every offload (a pinned block per fp32 shard and Adam
    moment). The fix gives each state a page-locked host copy of its own size, made at its first
    offload and reused (`pinned_offload.make_optimizer_offload`).
+12. `verl.utils.fsdp_utils.layered_summon_lora_params` (a LoRA adapter's sync to vLLM with
+   ``rollout.layered_summon``) finds nothing under FSDP1, whose LoRA wrap policy makes every
+   adapter leaf a unit of its own, and verl falls back to gathering the whole model into every
+   rank's host memory on each sync (Qwen2.5-3B's rank of 2 on an H100: 11.5 GiB, in syncs of 19.9
+   and 21.4 s within steps of 63.9 and 43.4 s); on one GPU (FSDP1 unsharded) that fallback raises instead. The fix
+   (`verl_recipes.worker.layered_summon`) gathers the units that hold adapter tensors, one at a
+   time, and hands verl the same tensors under the same names.
 
 Fixes are registered with `verl_recipes.worker.import_hooks` and applied when verl imports the module
 they patch, so processes that never load verl's FSDP engine do not pay for importing it.
