@@ -24,12 +24,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-#: FSDP1 marks the module it wraps with this prefix in every name below a unit
-_WRAPPED = "_fsdp_wrapped_module."
 
-
-def _clean(name: str) -> str:
-    return name.replace(_WRAPPED, "")
+def unwrapped(name: str) -> str:
+    """A module or state-dict name without the wrapper prefixes FSDP1 and activation
+    checkpointing insert into module names (but not into state-dict keys)."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
 def _own_fqns(unit: Any) -> tuple[str, ...]:
@@ -54,8 +53,8 @@ def fsdp1_adapter(fsdp_module: Any) -> OrderedDict[str, Any]:
     for name, unit in fsdp_module.named_modules():
         if fsdp_version(unit) != 1:
             continue
-        prefix = _clean(name) + "." if name else ""
-        own = set(_own_fqns(unit))
+        prefix = unwrapped(name) + "." if name else ""
+        own = {unwrapped(n) for n in _own_fqns(unit)}
         # what PEFT picks from these names decides, before anything is gathered
         if not own or not get_peft_model_state_dict(peft_model, state_dict={prefix + n: empty for n in own}):
             continue
@@ -64,7 +63,7 @@ def fsdp1_adapter(fsdp_module: Any) -> OrderedDict[str, Any]:
         try:
             # recurse=False: nested units are summoned at their own visit, or not at all
             with FSDP.summon_full_params(unit, writeback=False, recurse=False):
-                full = {prefix + _clean(n): p for n, p in unit.named_parameters() if _clean(n) in own}
+                full = {prefix + unwrapped(n): p for n, p in unit.named_parameters() if unwrapped(n) in own}
                 picked = get_peft_model_state_dict(peft_model, state_dict=full)
                 adapter.update((k, v.detach().to("cpu", copy=True)) for k, v in picked.items())
         finally:

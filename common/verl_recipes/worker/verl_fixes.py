@@ -240,14 +240,8 @@ def _plain_lora_layers(module: Any) -> dict[str, Any] | None:
             continue
         if type(m) is not Linear or any(_variant(m, a) for a in m.lora_A):
             return None
-        out[f"{_unwrapped(name)}.base_layer.weight"] = m
+        out[f"{layered_summon.unwrapped(name)}.base_layer.weight"] = m
     return out
-
-
-def _unwrapped(name: str) -> str:
-    """A module or state-dict name without the wrapper prefixes FSDP1 and activation
-    checkpointing insert into module names (but not into state-dict keys)."""
-    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
 def _make_merged_lora_per_tensor_param(original: Any) -> Any:
@@ -276,7 +270,7 @@ def _make_merged_lora_per_tensor_param(original: Any) -> Any:
         # verl's own renaming (peft prefixes off, LoRA tensors dropped, HF checkpoint keys), applied
         # to the keys alone: out name -> state-dict key.
         names = convert_weight_keys(normalize_peft_param_name({k: k for k in state}), peft_model)
-        if {_unwrapped(k) for k in names.values()} & set(layers) != set(layers):
+        if {layered_summon.unwrapped(k) for k in names.values()} & set(layers) != set(layers):
             # a LoRA layer whose base weight is not among the tensors sent: verl's path, loudly
             log.warning("verl_recipes: LoRA layers not matched to state-dict keys; verl's merged sync is used")
             yield from original(self)
@@ -286,7 +280,7 @@ def _make_merged_lora_per_tensor_param(original: Any) -> Any:
                 for out_name, key in names.items():
                     param = state[key]
                     weight = full(param)
-                    layer = layers.get(_unwrapped(key))
+                    layer = layers.get(layered_summon.unwrapped(key))
                     delta = None if layer is None or drop else _lora_delta(layer, full)
                     if delta is not None:
                         # peft's `weight.data += delta`: one rounding into the weight's dtype
