@@ -618,6 +618,11 @@ def test_cli_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "7b-lora", "--gpu", "h200-141g", "--verl-fix-off", MERGE_FIX]) == 0
     assert "verl's merged LoRA sync copies the base weights to the CPU (12.6 GiB)" in capsys.readouterr().out
     assert main(["plan", "7b-lora", "--gpu", "v100"]) == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as bad_fix:  # a fix's name mistyped: one line naming the fixes
+        main(["plan", "7b-lora", "--verl-fix-off", "lora-layered-summon"])
+    err = capsys.readouterr().err.strip()
+    assert bad_fix.value.code == 2 and len(err.splitlines()) == 1 and "lora-layered-summon-fsdp1" in err
 
 
 def _fake_run(root: Path, scale: float) -> None:

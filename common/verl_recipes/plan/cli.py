@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from verl_recipes import GIB, RecipeError, cli_types, inflight
-from verl_recipes.fixes import MERGE_FIX
+from verl_recipes.fixes import FIXES, LAYERED_SUMMON_FIX, MERGE_FIX
 from verl_recipes.paths import repo_root
 from verl_recipes.plan.advice import (
     Advice,
@@ -117,7 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         action="append",
         default=[],
         metavar="NAME",
-        help=f"plan the run `verl-recipes train --verl-fix-off NAME` makes (host RAM: {MERGE_FIX})",
+        choices=list(FIXES),
+        help=f"plan the run `train --verl-fix-off NAME` makes (host RAM: {MERGE_FIX}, {LAYERED_SUMMON_FIX})",
     )
     p.add_argument(
         "--budgets",
