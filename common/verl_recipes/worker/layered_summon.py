@@ -11,10 +11,10 @@ weights and all, to host memory on every sync (`verl_recipes.predict.host.adapte
 on one GPU, where FSDP1 keeps the model unsharded (NO_SHARD), torch refuses that summon and the
 job stops at its first adapter sync.
 
-Here a unit is chosen by its modules' names (a `lora_` module in the unit itself, nested units
-left to their own visit), summoned alone, and its own parameters are named from the model's root,
-so PEFT's `get_peft_model_state_dict` picks the adapter's tensors out under the names the full
-summon gives them. Each unit's full tensors live on the device for the length of its summon only,
+Here a unit is chosen by the names of the parameters it holds itself (its flat parameter's, named
+from the model's root; nested units hold their own), where PEFT's `get_peft_model_state_dict` would
+keep any of them; it is summoned alone, and PEFT picks the adapter's tensors out under the names
+the full summon gives them. Each unit's full tensors live on the device for the length of its summon only,
 and the host receives the adapter alone. FSDP2 models go to verl's own function, which finds them.
 """
 
