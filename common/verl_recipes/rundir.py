@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, TypedDict
 
 from verl_recipes import RecipeError
+from verl_recipes.inflight import write_text
 from verl_recipes.layout import POOLS_SHARED, RankSpec
 
 #: set by the monitor and the launcher for every process of a run: where phases and metrics go.
@@ -198,12 +199,7 @@ def read_summary(run_dir: Path) -> Summary:
 def write_summary(out_dir: Path, summary: Mapping[str, Any]) -> Path:
     """summary.json, written under a temporary name and renamed: a reader sees all of it or none."""
     path = out_dir / SUMMARY
-    tmp = out_dir / f".{SUMMARY}.partial-{os.getpid()}"
-    try:
-        tmp.write_text(json.dumps(summary, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(path, json.dumps(summary, indent=1) + "\n", "the run's summary")
     return path
 
 
@@ -322,12 +318,7 @@ def read_provenance(run_dir: Path) -> Provenance:
 def write_provenance(run_dir: Path, record: dict[str, Any]) -> Path:
     """provenance.json, written under a temporary name and renamed (as `write_summary`)."""
     path = run_dir / PROVENANCE
-    tmp = run_dir / f".{PROVENANCE}.partial-{os.getpid()}"
-    try:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(path, json.dumps(record, indent=2) + "\n", "the run's provenance")
     return path
 
 
