@@ -1,8 +1,10 @@
-"""Shared test set-up: the checkout root, and skipping `gpu` tests on hosts without a GPU."""
+"""Shared test set-up: the checkout root, Ctrl-C as a terminal delivers it, and skipping `gpu` tests
+on hosts without a GPU."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -11,6 +13,14 @@ from verl_recipes import has_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VERL_RECIPES_ROOT", str(ROOT))
+
+# The interrupt tests send SIGINT to a command's process group as a terminal's Ctrl-C does. A shell
+# starts a background job (`nohup pytest ... &`) with SIGINT ignored, and an ignored signal stays
+# ignored across exec: every command the tests start would then never see the interrupt and run to
+# its end. A handler (not an ignore) is reset by exec, so each command starts as one typed at a
+# terminal would.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
