@@ -9,9 +9,10 @@ Megatron engine needs beyond them in `megatron_rehearsal`.
 
 What a rehearsal cannot measure is said wherever its numbers are shown: no NCCL buffers, no
 communication time, no imbalance between ranks; its step time is a compute-only lower bound.
-Nor does it learn at a world above 1: the gradient shards a reduce-scatter hands back hold
-zeros (every committed rank rehearsal of such a world logs a grad_norm of 0.0 for each model
-it updates), so the optimizer steps at full size and the weights do not move; a rehearsal
+Nor does it learn at a world above 1: the fake reduce-scatter writes nothing into the gradient
+shards it hands back, so they hold whatever their new buffer held (zeros on the GPU hosts
+here: every committed rank rehearsal of such a world logs a grad_norm of 0.0 for each model it
+updates; leftover values on a CPU); the optimizer steps at full size on them, and a rehearsal
 says what a step holds and costs, never what it learns.
 """
 
